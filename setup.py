@@ -1,0 +1,24 @@
+"""Maps each top-level folder to a `loraplex.<part>` subpackage (see ARCHITECTURE.md).
+
+`platform/` has no `__init__.py` at its root so it never shadows the standard library's
+`platform` module; it is a namespace portion, so packages are discovered as namespaces.
+"""
+
+from setuptools import find_namespace_packages, setup
+
+PARTS = ["platform", "adapters", "moe", "loader", "api", "migrations"]
+EXCLUDE = ["*__pycache__*", "*.egg-info*"]
+
+packages: list[str] = []
+package_dir: dict[str, str] = {}
+for part in PARTS:
+    package_dir[f"loraplex.{part}"] = part
+    packages.append(f"loraplex.{part}")
+    packages += [f"loraplex.{part}.{sub}" for sub in find_namespace_packages(where=part, exclude=EXCLUDE)]
+
+setup(
+    packages=packages,
+    package_dir=package_dir,
+    package_data={"": ["*.html", "*.css", "*.js", "*.ini", "*.mako", "*.json", "*.jinja"]},
+    include_package_data=True,
+)
