@@ -1,0 +1,8 @@
+"""Fast model loading: stream safetensors from object storage to the device, then warm up.
+
+`object_store` (S3 client with retries), `safetensors_header` (header validation),
+`range_plan` + `stream_reader` + `device_sink` (concurrent ranged GETs, tensor by tensor),
+`checkpoint_index` (sharded checkpoints), `select` (expert-parallel tensor filters),
+`quantize` (on-the-way-in quantization), `adapters` (PEFT adapter weights for the host tier),
+`timeline` (cold-start metrics) and `cuda_graphs` (decode-step graph capture on GPUs).
+"""

@@ -33,6 +33,7 @@ class Settings(BaseSettings):
     s3_secret_key: str = "loraplex-secret"
     s3_region: str = "us-east-1"
     broker_url: str | None = None
+    celery_queue: str = "loraplex"
 
     admin_key: str | None = None
 
@@ -47,6 +48,37 @@ class Settings(BaseSettings):
     max_name_length: int = 64
     presign_expiry_s: int = 3600
 
+    # Background jobs: a validating version whose job shows no heartbeat for this long is
+    # re-enqueued (its worker died); an upload left unfinished past the presign expiry plus
+    # this long is failed and its objects removed.
+    job_stale_after_s: int = 300
+
     # Deployment defaults.
     default_max_loras: int = 8
     default_max_lora_rank: int = 64
+
+    # Weight loader: concurrent ranged GETs and their size (see loraplex.loader.stream_reader).
+    loader_concurrency: int = 8
+    loader_chunk_bytes: int = 16 * 1024 * 1024
+
+    # Gateway (OpenAI-compatible inference). Redis holds rate limits, the replica registry
+    # and the model-resolution cache generation; unset -> `broker_url` (also Redis).
+    redis_url: str | None = None
+    rate_limit_rpm: int = 600
+    rate_limit_tpm: int = 2_000_000
+    max_request_bytes: int = 4 * 1024 * 1024
+    default_max_tokens: int = 1024
+    stream_buffer_frames: int = 256
+    stream_stall_timeout_s: float = 30.0
+    replica_read_timeout_s: float = 120.0
+    usage_flush_interval_s: float = 1.0
+    usage_batch_size: int = 200
+    resolve_cache_ttl_s: float = 2.0
+
+    def gateway_redis_url(self) -> str | None:
+        """Redis for the gateway: `redis_url`, else the Celery broker when it is Redis."""
+        if self.redis_url:
+            return self.redis_url
+        if self.broker_url and self.broker_url.startswith(("redis://", "rediss://", "unix://")):
+            return self.broker_url
+        return None

@@ -1,0 +1,1 @@
+"""Batched multi-LoRA shrink/expand kernels: the torch path (CPU) and Triton (GPU)."""

@@ -1,0 +1,341 @@
+"""The PEFT LoRA adapter format as-is: `adapter_config.json` and the tensor names inside
+`adapter_model.safetensors`, with per-module rank and scale resolution.
+
+Shared by the validation job (control plane) and the engine's adapter loader, so both accept
+and refuse exactly the same adapters. Matching rules follow PEFT's own (module keys relative to
+the causal-LM wrapper, e.g. ``model.layers.3.self_attn.q_proj``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# The projections a LoRA may target, and which block each lives in.
+ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+LORA_MODULES = ATTENTION_MODULES + MLP_MODULES
+_BLOCK_OF = {m: "self_attn" for m in ATTENTION_MODULES} | {m: "mlp" for m in MLP_MODULES}
+
+MAX_RANK = 4096
+MAX_LAYER_IDX = 100_000
+
+_TENSOR_NAME = re.compile(
+    r"base_model\.model\.model\.layers\.(?P<layer>0|[1-9][0-9]{0,5})\."
+    r"(?P<block>self_attn|mlp)\.(?P<module>[a-z]+_proj)\."
+    r"lora_(?P<kind>[AB])(?:\.(?P<adapter>[A-Za-z0-9_\-]{1,64}))?\.weight"
+)
+
+
+class AdapterFormatError(ValueError):
+    """An adapter's config or tensors do not follow the supported PEFT LoRA format."""
+
+
+@dataclass(frozen=True)
+class PeftAdapterConfig:
+    """The fields of a PEFT LoRA `adapter_config.json` that decide the adapter's math."""
+
+    r: int
+    lora_alpha: float
+    use_rslora: bool = False
+    target_modules: list[str] | str = field(default_factory=list)
+    rank_pattern: dict[str, int] = field(default_factory=dict)
+    alpha_pattern: dict[str, float] = field(default_factory=dict)
+    use_dora: bool = False
+    modules_to_save: list[str] | None = None
+    base_model_name_or_path: str | None = None
+    layers_to_transform: list[int] | None = None
+    layers_pattern: list[str] | None = None
+    exclude_modules: list[str] | str | None = None
+
+    def targets(self, module_path: str) -> bool:
+        """True when PEFT would attach this adapter to the module at `module_path`."""
+        return targets_module(self, module_path)
+
+
+@dataclass(frozen=True)
+class LoraTensorName:
+    """A parsed LoRA tensor name: which layer, which projection, A (down) or B (up)."""
+
+    layer_idx: int
+    module: str
+    module_path: str
+    kind: str
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _positive_rank(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_RANK:
+        raise AdapterFormatError(f"{what} must be an integer in 1..{MAX_RANK}, got {value!r}")
+    return value
+
+
+def _finite_alpha(value: Any, what: str) -> float:
+    if not _is_number(value) or not math.isfinite(value) or value <= 0:
+        raise AdapterFormatError(f"{what} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def _check_regex(pattern: str, what: str) -> None:
+    if len(pattern) > 1024:
+        raise AdapterFormatError(f"{what} is too long ({len(pattern)} characters, at most 1024)")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise AdapterFormatError(f"{what} is not a valid regular expression: {exc}") from exc
+
+
+def _str_list(value: Any, what: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise AdapterFormatError(f"{what} must be a list of non-empty strings")
+    if len(value) > 1024:
+        raise AdapterFormatError(f"{what} has too many entries ({len(value)}, at most 1024)")
+    return list(value)
+
+
+def _targets_field(value: Any, what: str) -> list[str] | str:
+    if isinstance(value, str):
+        if value != "all-linear":
+            _check_regex(value, what)
+        return value
+    names = _str_list(value, what)
+    if not names:
+        raise AdapterFormatError(f"{what} is empty: the adapter targets no module")
+    return sorted(set(names))
+
+
+def _pattern_dict(value: Any, what: str, check) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise AdapterFormatError(f"{what} must be an object mapping module patterns to values")
+    out = {}
+    for key, v in value.items():
+        _check_regex(key, f"{what} key {key!r}")
+        out[key] = check(v, f"{what}[{key!r}]")
+    return out
+
+
+def _load_json_object(raw: bytes | str | dict) -> dict:
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, bytes | bytearray | memoryview):
+        try:
+            raw = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise AdapterFormatError("adapter_config.json is not valid UTF-8") from exc
+    if not isinstance(raw, str):
+        raise AdapterFormatError(f"adapter config must be JSON bytes or a dict, got {type(raw)}")
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise AdapterFormatError(f"adapter_config.json is not valid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise AdapterFormatError("adapter_config.json must hold a JSON object")
+    return obj
+
+
+def _refuse_unsupported(obj: dict) -> None:
+    peft_type = obj.get("peft_type", "LORA")
+    if peft_type is not None and str(peft_type).upper() != "LORA":
+        raise AdapterFormatError(f"peft_type {peft_type!r} is not supported: only LORA adapters")
+    if obj.get("use_dora"):
+        raise AdapterFormatError("use_dora=true (DoRA adapters) is not supported yet")
+    if obj.get("modules_to_save"):
+        raise AdapterFormatError(
+            "modules_to_save is not supported yet: the adapter may only carry LoRA A/B matrices"
+        )
+    if obj.get("lora_bias"):
+        raise AdapterFormatError("lora_bias=true (a bias on lora_B) is not supported yet")
+    if obj.get("layer_replication"):
+        raise AdapterFormatError("layer_replication is not supported yet")
+    if obj.get("target_parameters"):
+        raise AdapterFormatError("target_parameters (LoRA on raw parameters) is not supported yet")
+    if obj.get("trainable_token_indices"):
+        raise AdapterFormatError("trainable_token_indices is not supported yet")
+    if obj.get("fan_in_fan_out"):
+        raise AdapterFormatError("fan_in_fan_out=true is not supported (Llama-style Linear only)")
+
+
+def parse_adapter_config(raw: bytes | str | dict) -> PeftAdapterConfig:
+    """Parse and check a PEFT `adapter_config.json` (bytes, text or an already-decoded dict).
+
+    Raises AdapterFormatError with a message fit to show the uploader.
+    """
+    obj = _load_json_object(raw)
+    _refuse_unsupported(obj)
+    if "r" not in obj:
+        raise AdapterFormatError("adapter_config.json is missing 'r' (the LoRA rank)")
+    r = _positive_rank(obj["r"], "r")
+    if "lora_alpha" not in obj:
+        raise AdapterFormatError("adapter_config.json is missing 'lora_alpha'")
+    alpha = _finite_alpha(obj["lora_alpha"], "lora_alpha")
+    use_rslora = obj.get("use_rslora", False)
+    if not isinstance(use_rslora, bool):
+        raise AdapterFormatError(f"use_rslora must be true or false, got {use_rslora!r}")
+    if obj.get("target_modules") is None:
+        raise AdapterFormatError("adapter_config.json is missing 'target_modules'")
+    targets = _targets_field(obj["target_modules"], "target_modules")
+    rank_pattern = _pattern_dict(obj.get("rank_pattern"), "rank_pattern", _positive_rank)
+    alpha_pattern = _pattern_dict(obj.get("alpha_pattern"), "alpha_pattern", _finite_alpha)
+
+    layers = obj.get("layers_to_transform")
+    if isinstance(layers, int) and not isinstance(layers, bool):
+        layers = [layers]
+    if layers is not None and (
+        not isinstance(layers, list)
+        or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers)
+    ):
+        raise AdapterFormatError("layers_to_transform must be a non-negative integer or a list")
+    layers_pattern = obj.get("layers_pattern")
+    if isinstance(layers_pattern, str):
+        layers_pattern = [layers_pattern] if layers_pattern else None
+    if layers_pattern is not None:
+        layers_pattern = _str_list(layers_pattern, "layers_pattern") or None
+    exclude = obj.get("exclude_modules")
+    if exclude is not None:
+        exclude = _targets_field(exclude, "exclude_modules") if exclude != [] else None
+
+    base = obj.get("base_model_name_or_path")
+    if base is not None and not isinstance(base, str):
+        raise AdapterFormatError("base_model_name_or_path must be a string")
+    return PeftAdapterConfig(
+        r=r,
+        lora_alpha=alpha,
+        use_rslora=use_rslora,
+        target_modules=targets,
+        rank_pattern=rank_pattern,
+        alpha_pattern=alpha_pattern,
+        use_dora=False,
+        modules_to_save=None,
+        base_model_name_or_path=base,
+        layers_to_transform=layers or None,
+        layers_pattern=layers_pattern,
+        exclude_modules=exclude,
+    )
+
+
+def parse_lora_tensor_name(name: str) -> LoraTensorName:
+    """Parse `base_model.model.model.layers.{i}.{self_attn|mlp}.{x}_proj.lora_{A|B}[.name].weight`."""
+    if not isinstance(name, str) or len(name) > 256:
+        raise AdapterFormatError(f"unexpected tensor name {str(name)[:80]!r}")
+    m = _TENSOR_NAME.fullmatch(name)
+    if m is None:
+        raise AdapterFormatError(
+            f"unexpected tensor name {name!r}: expected "
+            "base_model.model.model.layers.<i>.<self_attn|mlp>.<proj>.lora_<A|B>.weight"
+        )
+    module, block = m["module"], m["block"]
+    if _BLOCK_OF.get(module) != block:
+        raise AdapterFormatError(
+            f"unexpected tensor name {name!r}: {module} is not a LoRA target under {block} "
+            f"(supported: {', '.join(LORA_MODULES)})"
+        )
+    layer = int(m["layer"])
+    return LoraTensorName(
+        layer_idx=layer,
+        module=module,
+        module_path=f"model.layers.{layer}.{block}.{module}",
+        kind=m["kind"],
+    )
+
+
+def is_moe_config(hf_config: dict) -> bool:
+    """True for mixture-of-experts configs (Mixtral, Qwen-MoE, DeepSeek-style)."""
+    for key in ("num_local_experts", "num_experts", "n_routed_experts"):
+        value = hf_config.get(key)
+        if isinstance(value, int) and value > 0:
+            return True
+    return False
+
+
+def module_dims(hf_config: dict) -> dict[str, tuple[int, int]]:
+    """(in_features, out_features) of each LoRA-targetable projection of a HF decoder config.
+
+    MoE configs give the attention projections only: expert MLPs are not LoRA targets here.
+    """
+    try:
+        hidden = int(hf_config["hidden_size"])
+        heads = int(hf_config["num_attention_heads"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AdapterFormatError(f"base model config lacks a usable {exc}") from exc
+    kv_heads = int(hf_config.get("num_key_value_heads") or heads)
+    head_dim = int(hf_config.get("head_dim") or hidden // heads)
+    dims = {
+        "q_proj": (hidden, heads * head_dim),
+        "k_proj": (hidden, kv_heads * head_dim),
+        "v_proj": (hidden, kv_heads * head_dim),
+        "o_proj": (heads * head_dim, hidden),
+    }
+    if not is_moe_config(hf_config):
+        inter = int(hf_config["intermediate_size"])
+        dims |= {
+            "gate_proj": (hidden, inter),
+            "up_proj": (hidden, inter),
+            "down_proj": (inter, hidden),
+        }
+    return dims
+
+
+def _layer_index(cfg: PeftAdapterConfig, module_path: str) -> int | None:
+    if cfg.layers_pattern:
+        for pattern in cfg.layers_pattern:
+            m = re.match(rf"(?:^|.*?\.){pattern}\.(?P<idx>\d+)\.", module_path)
+            if m:
+                return int(m["idx"])
+        return None
+    m = re.match(r".*?\.[^.]*\.(?P<idx>\d+)\.", module_path)
+    return int(m["idx"]) if m else None
+
+
+def _matches_list_or_regex(spec: list[str] | str, module_path: str) -> bool:
+    if isinstance(spec, str):
+        return re.fullmatch(spec, module_path) is not None
+    return module_path in spec or any(module_path.endswith("." + t) for t in spec)
+
+
+def targets_module(cfg: PeftAdapterConfig, module_path: str) -> bool:
+    """PEFT's module-matching rule (target_modules, exclude_modules, layers_to_transform)."""
+    if cfg.exclude_modules and _matches_list_or_regex(cfg.exclude_modules, module_path):
+        return False
+    if cfg.target_modules == "all-linear":
+        return module_path.rsplit(".", 1)[-1] in LORA_MODULES
+    if isinstance(cfg.target_modules, str):
+        return re.fullmatch(cfg.target_modules, module_path) is not None
+    if not _matches_list_or_regex(cfg.target_modules, module_path):
+        return False
+    if cfg.layers_to_transform:
+        return _layer_index(cfg, module_path) in cfg.layers_to_transform
+    return True
+
+
+def _pattern_value(patterns: dict, module_path: str):
+    for key, value in patterns.items():
+        if re.match(rf"(.*\.)?({key})$", module_path):
+            return value
+    return None
+
+
+def rank_for(cfg: PeftAdapterConfig, module_path: str) -> int:
+    """The LoRA rank of one module: `rank_pattern`'s first matching key, else `r`."""
+    value = _pattern_value(cfg.rank_pattern, module_path)
+    return cfg.r if value is None else int(value)
+
+
+def alpha_for(cfg: PeftAdapterConfig, module_path: str) -> float:
+    """The LoRA alpha of one module: `alpha_pattern`'s first matching key, else `lora_alpha`."""
+    value = _pattern_value(cfg.alpha_pattern, module_path)
+    return cfg.lora_alpha if value is None else float(value)
+
+
+def scale_for(cfg: PeftAdapterConfig, module_path: str) -> float:
+    """The delta's scale: alpha/r, or alpha/sqrt(r) with rsLoRA (per-module alpha and r)."""
+    r = rank_for(cfg, module_path)
+    alpha = alpha_for(cfg, module_path)
+    return alpha / math.sqrt(r) if cfg.use_rslora else alpha / r

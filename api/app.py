@@ -1,0 +1,57 @@
+"""The FastAPI application factory (`uvicorn --factory loraplex.api.app:create_app`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import FastAPI
+
+from loraplex.platform.db.session import make_sessionmaker
+from loraplex.platform.jobs.celery_app import create_celery
+from loraplex.platform.jobs.dispatch import CeleryDispatcher
+from loraplex.platform.settings import Settings
+
+from .errors import BodyLimitMiddleware, install_error_handlers
+from .routes import adapters, admin, health, openai
+
+JSON_BODY_LIMIT = 1 << 20
+MULTIPART_OVERHEAD = 1 << 20
+
+
+def body_limit(settings: Settings) -> Callable[[str, str], int | None]:
+    """Per-route body limits: the adapter upload may carry both files; admin and the adapter
+    JSON routes get a small cap. Other routers enforce their own limits."""
+    upload_limit = settings.max_adapter_bytes + settings.max_config_bytes + MULTIPART_OVERHEAD
+
+    def limit_for(method: str, path: str) -> int | None:
+        if method == "POST" and path.rstrip("/") == "/v1/adapters":
+            return upload_limit
+        if path.startswith("/admin/") or (path.startswith("/v1/adapters/") and "/uploads" in path):
+            return JSON_BODY_LIMIT
+        return None
+
+    return limit_for
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the API for `settings` (from `LORAPLEX_*` env vars when None)."""
+    settings = settings if settings is not None else Settings()
+    app = FastAPI(
+        title="loraplex",
+        description="Multi-tenant LoRA hosting: admin and tenant adapter API.",
+        version="0.1.0",
+    )
+    app.state.settings = settings
+    app.state.sessions = make_sessionmaker(settings.database_url) if settings.database_url else None
+    app.state.dispatcher = (
+        CeleryDispatcher(create_celery(settings), settings.celery_queue)
+        if settings.broker_url
+        else None
+    )
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, limit_for=body_limit(settings))
+    app.include_router(health.router)
+    app.include_router(admin.router)
+    app.include_router(adapters.router)
+    app.include_router(openai.router)
+    return app

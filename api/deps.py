@@ -1,0 +1,122 @@
+"""Request dependencies: settings, DB sessions, job dispatch, admin and tenant authentication."""
+
+from __future__ import annotations
+
+import hmac
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session, sessionmaker
+
+from loraplex.platform.jobs.dispatch import JobDispatcher
+from loraplex.platform.services import audit
+from loraplex.platform.services.api_keys import touch_last_used, verify_api_key
+from loraplex.platform.settings import Settings
+
+from .errors import ApiError
+
+ADAPTERS_SCOPE = "adapters"
+
+
+@dataclass(frozen=True)
+class TenantCaller:
+    """An authenticated tenant request: whose, through which key."""
+
+    tenant_id: uuid.UUID
+    api_key_id: uuid.UUID
+
+    @property
+    def actor(self) -> str:
+        """The audit-log actor for this caller."""
+        return audit.key_actor(self.api_key_id)
+
+
+def get_settings(request: Request) -> Settings:
+    """The app's Settings."""
+    return request.app.state.settings
+
+
+def get_sessions(request: Request) -> sessionmaker[Session]:
+    """The app's session factory (503 when no database is configured)."""
+    sessions = getattr(request.app.state, "sessions", None)
+    if sessions is None:
+        raise ApiError(
+            503, "No database is configured (LORAPLEX_DATABASE_URL).", code="database_unavailable"
+        )
+    return sessions
+
+
+def get_db(sessions: sessionmaker[Session] = Depends(get_sessions)) -> Iterator[Session]:
+    """One transaction per request: committed when the handler returns, rolled back on error."""
+    session = sessions()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def get_dispatcher(request: Request) -> JobDispatcher:
+    """The job dispatcher (503 when no broker is configured)."""
+    dispatcher = getattr(request.app.state, "dispatcher", None)
+    if dispatcher is None:
+        raise ApiError(
+            503, "No job broker is configured (LORAPLEX_BROKER_URL).", code="broker_unavailable"
+        )
+    return dispatcher
+
+
+def _bearer(request: Request) -> str:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise ApiError(
+            401,
+            "You didn't provide an API key. Pass it as `Authorization: Bearer KEY`.",
+            code="missing_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return token
+
+
+def require_admin(request: Request) -> str:
+    """Admin routes: the bearer token must be the admin key."""
+    token = _bearer(request)
+    admin_key = get_settings(request).admin_key
+    if not admin_key:
+        raise ApiError(
+            403, "The admin API is disabled: no admin key is configured.", code="admin_disabled"
+        )
+    if not hmac.compare_digest(token.encode(), admin_key.encode()):
+        raise ApiError(
+            401,
+            "Incorrect admin key provided.",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return audit.ADMIN_ACTOR
+
+
+def require_tenant(
+    request: Request, sessions: sessionmaker[Session] = Depends(get_sessions)
+) -> TenantCaller:
+    """Tenant routes: a live API key with the `adapters` scope."""
+    token = _bearer(request)
+    with sessions() as session, session.begin():
+        key = verify_api_key(session, token)
+        if key is None:
+            raise ApiError(
+                401,
+                "Incorrect or revoked API key provided.",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if ADAPTERS_SCOPE not in (key.scopes or []):
+            raise ApiError(403, "This API key has no `adapters` scope.", code="insufficient_scope")
+        touch_last_used(session, key)
+        return TenantCaller(tenant_id=key.tenant_id, api_key_id=key.id)

@@ -1,0 +1,261 @@
+"""Tenant adapter API (Bearer tenant key): upload (multipart or presigned), list, get, delete.
+
+Every lookup is scoped to the caller's tenant: another tenant's adapter is a 404.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from typing import Any, BinaryIO
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.datastructures import UploadFile
+
+from loraplex.platform.jobs.dispatch import JobDispatcher
+from loraplex.platform.services import adapters as svc
+from loraplex.platform.services.errors import InvalidInput, NotFound
+from loraplex.platform.settings import Settings
+
+from .. import idempotent
+from ..deps import TenantCaller, get_db, get_dispatcher, get_sessions, get_settings, require_tenant
+from ..schemas import (
+    PresignedUploadCreate,
+    UploadComplete,
+    adapter_view,
+    upload_accepted_view,
+    version_view,
+)
+
+router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
+
+FORM_FIELDS = ("name", "base_model")
+MAX_FIELD_BYTES = 4096
+
+
+def _uploader(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    dispatcher: JobDispatcher,
+    caller: TenantCaller,
+) -> svc.Uploader:
+    return svc.Uploader(
+        settings=settings,
+        sessions=sessions,
+        dispatcher=dispatcher,
+        tenant_id=caller.tenant_id,
+        actor=caller.actor,
+    )
+
+
+def _text_field(form: Any, field: str) -> str:
+    value = form.get(field)
+    if value is None:
+        raise InvalidInput(
+            f"the multipart field {field!r} is required", param=field, code="missing_field"
+        )
+    if not isinstance(value, str):
+        raise InvalidInput(f"{field!r} must be a text field, not a file", param=field)
+    return value
+
+
+def _file_field(form: Any, field: str, required: bool = True) -> UploadFile | None:
+    value = form.get(field)
+    if value is None:
+        if required:
+            raise InvalidInput(
+                f"the multipart file {field!r} is required", param=field, code="missing_file"
+            )
+        return None
+    if not isinstance(value, UploadFile):
+        raise InvalidInput(f"{field!r} must be a file part", param=field)
+    return value
+
+
+async def _config_bytes(form: Any, limit: int) -> bytes | None:
+    value = form.get("adapter_config")
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return await value.read(limit + 1)
+
+
+def _sha256_file(fh: BinaryIO) -> str:
+    fh.seek(0)
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: fh.read(1 << 20), b""):
+        digest.update(chunk)
+    fh.seek(0)
+    return digest.hexdigest()
+
+
+@router.post("", status_code=202)
+async def upload_adapter(
+    request: Request,
+    settings: Settings = Depends(get_settings),
+    sessions: sessionmaker[Session] = Depends(get_sessions),
+    dispatcher: JobDispatcher = Depends(get_dispatcher),
+    caller: TenantCaller = Depends(require_tenant),
+) -> JSONResponse:
+    """Multipart upload of `adapter_config` + `adapter_model`: a new version, validated by a job."""
+    ctype = request.headers.get("content-type", "")
+    if not ctype.startswith("multipart/form-data"):
+        raise InvalidInput(
+            "upload with Content-Type multipart/form-data "
+            "(fields name, base_model; files adapter_config, adapter_model)",
+            code="invalid_content_type",
+        )
+    async with request.form(max_files=4, max_fields=8, max_part_size=MAX_FIELD_BYTES) as form:
+        name = _text_field(form, "name")
+        base_model = _text_field(form, "base_model")
+        config = await _config_bytes(form, settings.max_config_bytes)
+        weights = _file_field(form, "adapter_model")
+        assert weights is not None
+        size = weights.size if weights.size is not None else 0
+        up = _uploader(settings, sessions, dispatcher, caller)
+
+        def handler() -> dict[str, Any]:
+            version = svc.upload_adapter(up, name, base_model, config, weights.file, size)
+            return upload_accepted_view(version, name)
+
+        parts: tuple[Any, ...] = ()
+        if request.headers.get(idempotent.HEADER) is not None:
+            parts = (
+                name,
+                base_model,
+                hashlib.sha256(config or b"").hexdigest(),
+                _sha256_file(weights.file),
+            )
+        return await idempotent.respond(
+            request,
+            sessions,
+            scope=idempotent.tenant_scope(caller.tenant_id),
+            tenant_id=caller.tenant_id,
+            fingerprint_parts=parts,
+            status=202,
+            handler=handler,
+        )
+
+
+@router.post("/{name}/uploads", status_code=201)
+async def start_upload(
+    name: str,
+    body: PresignedUploadCreate,
+    request: Request,
+    settings: Settings = Depends(get_settings),
+    sessions: sessionmaker[Session] = Depends(get_sessions),
+    dispatcher: JobDispatcher = Depends(get_dispatcher),
+    caller: TenantCaller = Depends(require_tenant),
+) -> JSONResponse:
+    """Start a large upload: presigned S3 multipart part URLs for adapter_model.safetensors."""
+    up = _uploader(settings, sessions, dispatcher, caller)
+    config_bytes = json.dumps(body.adapter_config).encode("utf-8")
+
+    def handler() -> dict[str, Any]:
+        version, plan = svc.start_presigned_upload(
+            up, name, body.base_model, config_bytes, body.size
+        )
+        base = str(request.url_for("complete_upload", name=name, upload_id=str(version.id)))
+        return {
+            **upload_accepted_view(version, name),
+            "upload_id": str(version.id),
+            **plan,
+            "complete_url": base,
+        }
+
+    return await idempotent.respond(
+        request,
+        sessions,
+        scope=idempotent.tenant_scope(caller.tenant_id),
+        tenant_id=caller.tenant_id,
+        fingerprint_parts=(name, body.model_dump()),
+        status=201,
+        handler=handler,
+    )
+
+
+@router.post("/{name}/uploads/{upload_id}/complete", status_code=202, name="complete_upload")
+async def complete_upload(
+    name: str,
+    upload_id: str,
+    body: UploadComplete,
+    request: Request,
+    settings: Settings = Depends(get_settings),
+    sessions: sessionmaker[Session] = Depends(get_sessions),
+    dispatcher: JobDispatcher = Depends(get_dispatcher),
+    caller: TenantCaller = Depends(require_tenant),
+) -> JSONResponse:
+    """Finish a presigned upload with the parts' ETags; validation starts."""
+    try:
+        uid = uuid.UUID(upload_id)
+    except ValueError:
+        raise NotFound(f"no upload {upload_id[:64]!r}", code="upload_not_found") from None
+    up = _uploader(settings, sessions, dispatcher, caller)
+    parts = [(p.part_number, p.etag) for p in body.parts]
+
+    def handler() -> dict[str, Any]:
+        version = svc.complete_presigned_upload(up, name, uid, parts)
+        return upload_accepted_view(version, name)
+
+    return await idempotent.respond(
+        request,
+        sessions,
+        scope=idempotent.tenant_scope(caller.tenant_id),
+        tenant_id=caller.tenant_id,
+        fingerprint_parts=(name, upload_id, body.model_dump()),
+        status=202,
+        handler=handler,
+    )
+
+
+@router.get("")
+def list_adapters(
+    session: Session = Depends(get_db), caller: TenantCaller = Depends(require_tenant)
+) -> dict[str, Any]:
+    """The caller's adapters with their latest versions."""
+    rows = svc.list_adapters(session, caller.tenant_id)
+    return {"object": "list", "data": [adapter_view(a, v) for a, v in rows]}
+
+
+@router.get("/{name}")
+def get_adapter(
+    name: str, session: Session = Depends(get_db), caller: TenantCaller = Depends(require_tenant)
+) -> dict[str, Any]:
+    """One adapter and its latest version's status (and error, if it failed)."""
+    adapter, latest = svc.get_adapter(session, caller.tenant_id, name)
+    return adapter_view(adapter, latest)
+
+
+@router.get("/{name}/versions/{n}")
+def get_version(
+    name: str,
+    n: int,
+    session: Session = Depends(get_db),
+    caller: TenantCaller = Depends(require_tenant),
+) -> dict[str, Any]:
+    """One version of an adapter."""
+    adapter, version = svc.get_version(session, caller.tenant_id, name, n)
+    return version_view(adapter, version)
+
+
+@router.delete("/{name}", status_code=202)
+def delete_adapter(
+    name: str,
+    settings: Settings = Depends(get_settings),
+    sessions: sessionmaker[Session] = Depends(get_sessions),
+    dispatcher: JobDispatcher = Depends(get_dispatcher),
+    caller: TenantCaller = Depends(require_tenant),
+) -> dict[str, Any]:
+    """Delete the adapter and all its versions; a job removes the objects."""
+    adapter, job_id = svc.delete_adapter(_uploader(settings, sessions, dispatcher, caller), name)
+    return {
+        "object": "adapter.deleted",
+        "id": str(adapter.id),
+        "name": name,
+        "deleted": True,
+        "job_id": str(job_id),
+    }

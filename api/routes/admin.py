@@ -1,0 +1,173 @@
+"""Admin API (Bearer admin key): tenants, their API keys, deployments, base models."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session, sessionmaker
+
+from loraplex.platform.db.session import session_scope
+from loraplex.platform.services import api_keys, base_models, deployments, tenants
+from loraplex.platform.services.errors import NotFound
+from loraplex.platform.settings import Settings
+
+from .. import idempotent
+from ..deps import get_db, get_sessions, get_settings, require_admin
+from ..schemas import (
+    ApiKeyCreate,
+    DeploymentCreate,
+    TenantCreate,
+    api_key_view,
+    base_model_view,
+    deployment_view,
+    tenant_view,
+)
+
+router = APIRouter(prefix="/admin/v1", tags=["admin"], dependencies=[Depends(require_admin)])
+
+
+def _uuid(value: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise NotFound(f"no {what} with id {value[:64]!r}", code=f"{what}_not_found") from None
+
+
+def _listing(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"object": "list", "data": items}
+
+
+@router.post("/tenants", status_code=201)
+async def create_tenant(
+    body: TenantCreate,
+    request: Request,
+    sessions: sessionmaker[Session] = Depends(get_sessions),
+    actor: str = Depends(require_admin),
+) -> JSONResponse:
+    """Create a tenant."""
+
+    def handler() -> dict[str, Any]:
+        with session_scope(sessions) as session:
+            return tenant_view(tenants.create_tenant(session, body.name, actor=actor))
+
+    return await idempotent.respond(
+        request,
+        sessions,
+        scope=idempotent.ADMIN_SCOPE,
+        tenant_id=None,
+        fingerprint_parts=(body.model_dump(),),
+        status=201,
+        handler=handler,
+    )
+
+
+@router.get("/tenants")
+def list_tenants(session: Session = Depends(get_db)) -> dict[str, Any]:
+    """Every tenant."""
+    return _listing([tenant_view(t) for t in tenants.list_tenants(session)])
+
+
+@router.get("/tenants/{tenant_id}")
+def get_tenant(tenant_id: str, session: Session = Depends(get_db)) -> dict[str, Any]:
+    """One tenant."""
+    return tenant_view(tenants.get_tenant(session, _uuid(tenant_id, "tenant")))
+
+
+@router.post("/tenants/{tenant_id}/api-keys", status_code=201)
+async def create_api_key(
+    tenant_id: str,
+    body: ApiKeyCreate,
+    request: Request,
+    sessions: sessionmaker[Session] = Depends(get_sessions),
+    actor: str = Depends(require_admin),
+) -> JSONResponse:
+    """Create an API key; the response is the only time the plain `key` is shown."""
+    tid = _uuid(tenant_id, "tenant")
+
+    def handler() -> dict[str, Any]:
+        with session_scope(sessions) as session:
+            key, plain = api_keys.create_api_key(session, tid, body.name, body.scopes, actor=actor)
+            return api_key_view(key, plain)
+
+    def redact(view: dict[str, Any]) -> dict[str, Any]:
+        return {**view, "key": None}  # never store the secret: a replay shows the key once only
+
+    return await idempotent.respond(
+        request,
+        sessions,
+        scope=idempotent.ADMIN_SCOPE,
+        tenant_id=None,
+        fingerprint_parts=(body.model_dump(),),
+        status=201,
+        handler=handler,
+        redact=redact,
+    )
+
+
+@router.get("/tenants/{tenant_id}/api-keys")
+def list_api_keys(tenant_id: str, session: Session = Depends(get_db)) -> dict[str, Any]:
+    """A tenant's keys (no secrets)."""
+    tid = _uuid(tenant_id, "tenant")
+    tenants.get_tenant(session, tid)
+    return _listing([api_key_view(k) for k in api_keys.list_api_keys(session, tid)])
+
+
+@router.delete("/api-keys/{key_id}")
+def revoke_api_key(
+    key_id: str, session: Session = Depends(get_db), actor: str = Depends(require_admin)
+) -> dict[str, Any]:
+    """Revoke a key: requests with it get 401 from now on."""
+    return api_key_view(api_keys.revoke_api_key(session, _uuid(key_id, "api_key"), actor=actor))
+
+
+@router.post("/deployments", status_code=201)
+async def create_deployment(
+    body: DeploymentCreate,
+    request: Request,
+    sessions: sessionmaker[Session] = Depends(get_sessions),
+    settings: Settings = Depends(get_settings),
+    actor: str = Depends(require_admin),
+) -> JSONResponse:
+    """Create a deployment of a registered base model."""
+    spec = deployments.DeploymentSpec(
+        name=body.name,
+        base_model=body.base_model,
+        weight_quantization=body.quantization.weights,
+        kv_cache_dtype=body.quantization.kv_cache,
+        max_loras=body.max_loras,
+        max_lora_rank=body.max_lora_rank,
+        replicas=body.replicas,
+        expert_parallel_size=body.expert_parallel_size,
+        share_prefix_cache=body.share_prefix_cache,
+    )
+
+    def handler() -> dict[str, Any]:
+        with session_scope(sessions) as session:
+            return deployment_view(
+                deployments.create_deployment(session, settings, spec, actor=actor)
+            )
+
+    return await idempotent.respond(
+        request,
+        sessions,
+        scope=idempotent.ADMIN_SCOPE,
+        tenant_id=None,
+        fingerprint_parts=(body.model_dump(),),
+        status=201,
+        handler=handler,
+    )
+
+
+@router.get("/deployments")
+def list_deployments(session: Session = Depends(get_db)) -> dict[str, Any]:
+    """Every deployment."""
+    return _listing([deployment_view(d) for d in deployments.list_deployments(session)])
+
+
+@router.get("/base-models")
+def list_base_models(session: Session = Depends(get_db)) -> dict[str, Any]:
+    """Every registered base model."""
+    return _listing([base_model_view(m) for m in base_models.list_base_models(session)])

@@ -1,0 +1,35 @@
+"""`GET /healthz`: the API is up and its database answers."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+from starlette.concurrency import run_in_threadpool
+
+from ..errors import error_response
+
+router = APIRouter(tags=["health"])
+
+
+def _ping(request: Request) -> None:
+    sessions = getattr(request.app.state, "sessions", None)
+    if sessions is None:
+        raise RuntimeError("no database configured")
+    with sessions() as session:
+        session.execute(text("SELECT 1"))
+
+
+@router.get("/healthz")
+async def healthz(request: Request) -> JSONResponse:
+    """200 with `{"status": "ok"}` when the database answers, else 503."""
+    try:
+        await run_in_threadpool(_ping, request)
+    except Exception as exc:  # noqa: BLE001 - any failure means unhealthy
+        return error_response(
+            503,
+            f"database unavailable: {type(exc).__name__}",
+            code="database_unavailable",
+            type="server_error",
+        )
+    return JSONResponse({"status": "ok"})

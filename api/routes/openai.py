@@ -1,0 +1,298 @@
+"""OpenAI-compatible inference routes: `/v1/chat/completions`, `/v1/completions`,
+`/v1/models`, `/v1/models/{id}`, the per-adapter aliases `/v1/adapters/{name}/...`, and
+`/v1/usage`. Include `router` in the app; its lifespan builds the `Gateway` from
+`app.state.settings` (or uses `app.state.gateway` when one is already set).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import date
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from sqlalchemy import select
+
+from loraplex.platform.db.models import Adapter, AdapterVersion, BaseModel
+from loraplex.platform.gateway import completion, responses
+from loraplex.platform.gateway.errors import GatewayError, model_not_found
+from loraplex.platform.gateway.openai_schemas import parse_chat_request, parse_completion_request
+from loraplex.platform.gateway.service import Gateway
+from loraplex.platform.gateway.streaming import bounded_relay
+from loraplex.platform.gateway.usage import usage_report
+from loraplex.platform.services.api_keys import touch_last_used, verify_api_key
+
+INFERENCE_SCOPE = "inference"
+MAX_JSON_DEPTH = 32
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    gw: Gateway | None = getattr(app.state, "gateway", None)
+    owned = False
+    settings = getattr(app.state, "settings", None)
+    if (
+        gw is None
+        and settings is not None
+        and settings.database_url
+        and settings.gateway_redis_url()
+    ):
+        gw = Gateway.from_settings(settings)
+        app.state.gateway = gw
+        owned = True
+    if gw is not None:
+        await gw.start()
+    try:
+        yield
+    finally:
+        if gw is not None and owned:
+            await gw.close()
+
+
+router = APIRouter(lifespan=_lifespan, tags=["openai"])
+
+
+def _error(exc: GatewayError, extra_headers: dict[str, str] | None = None) -> JSONResponse:
+    headers = {**exc.headers, **(extra_headers or {})}
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def _gateway(request: Request) -> Gateway:
+    gw = getattr(request.app.state, "gateway", None)
+    if gw is None:
+        raise GatewayError(
+            503,
+            "The inference gateway is not configured (database and Redis are required).",
+            type="service_unavailable",
+            code="gateway_unavailable",
+        )
+    return gw
+
+
+def _authenticate(gw: Gateway, request: Request) -> tuple[uuid.UUID, uuid.UUID]:
+    """The caller's (tenant id, key id); 401 for a missing, unknown or revoked key."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise GatewayError(
+            401,
+            "You didn't provide an API key. Pass it as `Authorization: Bearer KEY`.",
+            code="invalid_api_key",
+        )
+    with gw.session_factory() as session, session.begin():
+        key = verify_api_key(session, token.strip())
+        if key is None:
+            raise GatewayError(
+                401, "Incorrect or revoked API key provided.", code="invalid_api_key"
+            )
+        if INFERENCE_SCOPE not in (key.scopes or []):
+            raise GatewayError(
+                403,
+                "This API key has no `inference` scope.",
+                type="permission_error",
+                code="insufficient_scope",
+            )
+        touch_last_used(session, key)
+        return key.tenant_id, key.id
+
+
+def _depth(value: Any, limit: int) -> int:
+    stack = [(value, 1)]
+    deepest = 0
+    while stack:
+        item, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > limit:
+            return deepest
+        if isinstance(item, dict):
+            stack.extend((v, d + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, d + 1) for v in item)
+    return deepest
+
+
+async def _json_body(gw: Gateway, request: Request) -> Any:
+    raw = await request.body()
+    if len(raw) > gw.settings.max_request_bytes:
+        raise GatewayError(
+            413,
+            f"The request body is larger than {gw.settings.max_request_bytes} bytes.",
+            code="request_too_large",
+        )
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise GatewayError(
+            400, f"The request body is not valid JSON: {exc}", code="invalid_json"
+        ) from None
+    if _depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise GatewayError(400, "The request body is nested too deeply.", code="invalid_json")
+    return body
+
+
+async def _run(request: Request, kind: str, adapter: str | None) -> Response:
+    headers: dict[str, str] = {}
+    try:
+        gw = _gateway(request)
+        tenant_id, key_id = await asyncio.to_thread(_authenticate, gw, request)
+        body = await _json_body(gw, request)
+        if adapter is not None and isinstance(body, dict):
+            body = {**body, "model": body.get("model") or adapter}
+        parsed = parse_chat_request(body) if kind == "chat" else parse_completion_request(body)
+        model = adapter if adapter is not None else parsed.model
+        with gw.session_factory() as session:
+            resolved = await gw.resolver.resolve(session, tenant_id, model)
+        assets = await gw.model_assets(resolved)
+        build = completion.build_chat_job if kind == "chat" else completion.build_text_job
+        job = build(parsed, resolved, assets, tenant_id, key_id, gw.settings.default_max_tokens)  # type: ignore[arg-type]
+        job.model = model
+        rpm, tpm = gw.settings.rate_limit_rpm, gw.settings.rate_limit_tpm
+        job.limit = await gw.limiter.acquire(
+            str(tenant_id), len(job.prompt_ids) + job.n * job.max_tokens, rpm, tpm
+        )
+        headers = job.limit.headers()
+        if not job.stream:
+            return JSONResponse(await responses.complete(gw, job), headers=headers)
+        try:
+            first, rest = await responses.primed(gw, job)
+        except BaseException:
+            completion.release_job(gw, job)
+            raise
+        frames = responses.sse_frames(gw, job, first, rest)
+        relay = bounded_relay(
+            frames,
+            max_buffer=gw.settings.stream_buffer_frames,
+            stall_timeout_s=gw.settings.stream_stall_timeout_s,
+        )
+        stream_headers = {**headers, "cache-control": "no-cache", "x-accel-buffering": "no"}
+        return StreamingResponse(relay, media_type="text/event-stream", headers=stream_headers)
+    except GatewayError as exc:
+        return _error(exc, headers)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    """OpenAI chat completions (streamed or not)."""
+    return await _run(request, "chat", None)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    """OpenAI (legacy) text completions."""
+    return await _run(request, "text", None)
+
+
+@router.post("/v1/adapters/{name}/chat/completions")
+async def adapter_chat_completions(name: str, request: Request) -> Response:
+    """Chat completions against one adapter named in the path (its `model` field is ignored)."""
+    return await _run(request, "chat", name)
+
+
+@router.post("/v1/adapters/{name}/completions")
+async def adapter_completions(name: str, request: Request) -> Response:
+    """Text completions against one adapter named in the path."""
+    return await _run(request, "text", name)
+
+
+def _model_entries(session: Any, tenant_id: uuid.UUID) -> list[dict[str, Any]]:
+    bases = session.execute(select(BaseModel).order_by(BaseModel.name)).scalars().all()
+    out = [
+        {
+            "id": b.name,
+            "object": "model",
+            "created": int(b.created_at.timestamp()),
+            "owned_by": "loraplex",
+            "root": b.name,
+            "parent": None,
+        }
+        for b in bases
+    ]
+    ready = (
+        select(Adapter)
+        .where(Adapter.tenant_id == tenant_id)
+        .where(
+            select(AdapterVersion.id)
+            .where(AdapterVersion.adapter_id == Adapter.id, AdapterVersion.status == "ready")
+            .exists()
+        )
+        .order_by(Adapter.name)
+    )
+    for a in session.execute(ready).scalars().all():
+        out.append(
+            {
+                "id": a.name,
+                "object": "model",
+                "created": int(a.created_at.timestamp()),
+                "owned_by": str(tenant_id),
+                "root": a.base_model.name,
+                "parent": a.base_model.name,
+            }
+        )
+    return out
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    """Base models and the caller's adapters that have a ready version."""
+    try:
+        gw = _gateway(request)
+        tenant_id, _ = await asyncio.to_thread(_authenticate, gw, request)
+        with gw.session_factory() as session:
+            return JSONResponse({"object": "list", "data": _model_entries(session, tenant_id)})
+    except GatewayError as exc:
+        return _error(exc)
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, request: Request) -> Response:
+    """One model: a base model, an adapter `NAME` or a version `NAME:N` the caller can use."""
+    try:
+        gw = _gateway(request)
+        tenant_id, _ = await asyncio.to_thread(_authenticate, gw, request)
+        with gw.session_factory() as session:
+            resolved = await gw.resolver.resolve(session, tenant_id, model_id)
+            base = session.get(BaseModel, resolved.base_model_id)
+            created = int(base.created_at.timestamp()) if base is not None else 0
+        if resolved.adapter_id is None:
+            entry = {
+                "id": model_id,
+                "object": "model",
+                "created": created,
+                "owned_by": "loraplex",
+                "root": model_id,
+                "parent": None,
+            }
+        else:
+            entry = {
+                "id": model_id,
+                "object": "model",
+                "created": created,
+                "owned_by": str(tenant_id),
+                "root": resolved.base_model_name,
+                "parent": resolved.base_model_name,
+            }
+        return JSONResponse(entry)
+    except GatewayError as exc:
+        if exc.status == 503 and exc.code == "no_deployment":
+            return _error(model_not_found(model_id))
+        return _error(exc)
+
+
+@router.get("/v1/usage")
+async def get_usage(
+    request: Request, start: date | None = None, end: date | None = None
+) -> Response:
+    """The caller's usage per day and per adapter (or base model)."""
+    try:
+        gw = _gateway(request)
+        tenant_id, _ = await asyncio.to_thread(_authenticate, gw, request)
+        with gw.session_factory() as session:
+            rows = usage_report(session, tenant_id, start, end)
+        return JSONResponse({"object": "list", "data": rows})
+    except GatewayError as exc:
+        return _error(exc)

@@ -1,0 +1,179 @@
+"""Request bodies (pydantic, strict about unknown fields) and response views (plain dicts)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from loraplex.platform.db.models import (
+    Adapter,
+    AdapterVersion,
+    ApiKey,
+    Deployment,
+    Tenant,
+)
+from loraplex.platform.db.models import BaseModel as BaseModelRow
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TenantCreate(_Strict):
+    """`POST /admin/v1/tenants`."""
+
+    name: str = Field(min_length=1, max_length=128)
+
+
+class ApiKeyCreate(_Strict):
+    """`POST /admin/v1/tenants/{id}/api-keys`."""
+
+    name: str = Field(min_length=1, max_length=128)
+    scopes: list[str] | None = Field(default=None, max_length=8)
+
+
+class Quantization(_Strict):
+    """Weights quantization and KV-cache dtype of a deployment."""
+
+    weights: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"] = "bf16"
+    kv_cache: Literal["auto", "fp8"] = "auto"
+
+
+class DeploymentCreate(_Strict):
+    """`POST /admin/v1/deployments`."""
+
+    name: str = Field(min_length=1, max_length=128)
+    base_model: str = Field(min_length=1, max_length=128)
+    quantization: Quantization = Field(default_factory=Quantization)
+    max_loras: int | None = Field(default=None, ge=1, le=4096)
+    max_lora_rank: int | None = Field(default=None, ge=1, le=1024)
+    replicas: int = Field(default=1, ge=0, le=1024)
+    expert_parallel_size: int = Field(default=1, ge=1, le=1024)
+    share_prefix_cache: bool = False
+
+
+class PresignedUploadCreate(_Strict):
+    """`POST /v1/adapters/{name}/uploads`: the config inline, the weights' size for the plan."""
+
+    base_model: str = Field(min_length=1, max_length=128)
+    adapter_config: dict[str, Any]
+    size: int = Field(ge=1)
+
+
+class UploadedPart(_Strict):
+    """One uploaded part: its number and the ETag S3 returned for it."""
+
+    part_number: int = Field(ge=1, le=10_000)
+    etag: str = Field(min_length=1, max_length=256)
+
+
+class UploadComplete(_Strict):
+    """`POST /v1/adapters/{name}/uploads/{id}/complete`."""
+
+    parts: list[UploadedPart] = Field(min_length=1, max_length=10_000)
+
+
+def _ts(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def tenant_view(t: Tenant) -> dict[str, Any]:
+    """A tenant as the API shows it."""
+    return {"object": "tenant", "id": str(t.id), "name": t.name, "created_at": _ts(t.created_at)}
+
+
+def api_key_view(k: ApiKey, plain: str | None = None) -> dict[str, Any]:
+    """An API key (the plain `key` only at creation)."""
+    view = {
+        "object": "api_key",
+        "id": str(k.id),
+        "tenant_id": str(k.tenant_id),
+        "name": k.name,
+        "prefix": k.prefix,
+        "scopes": list(k.scopes or []),
+        "created_at": _ts(k.created_at),
+        "last_used_at": _ts(k.last_used_at),
+        "revoked_at": _ts(k.revoked_at),
+    }
+    if plain is not None:
+        view["key"] = plain
+    return view
+
+
+def base_model_view(m: BaseModelRow) -> dict[str, Any]:
+    """A registered base model."""
+    return {
+        "object": "base_model",
+        "id": str(m.id),
+        "name": m.name,
+        "family": m.family,
+        "object_prefix": m.object_prefix,
+        "created_at": _ts(m.created_at),
+    }
+
+
+def deployment_view(d: Deployment) -> dict[str, Any]:
+    """A deployment."""
+    return {
+        "object": "deployment",
+        "id": str(d.id),
+        "name": d.name,
+        "base_model": d.base_model.name if d.base_model else None,
+        "quantization": {"weights": d.weight_quantization, "kv_cache": d.kv_cache_dtype},
+        "max_loras": d.max_loras,
+        "max_lora_rank": d.max_lora_rank,
+        "replicas": d.replicas,
+        "expert_parallel_size": d.expert_parallel_size,
+        "share_prefix_cache": d.share_prefix_cache,
+        "created_at": _ts(d.created_at),
+    }
+
+
+def version_view(a: Adapter, v: AdapterVersion) -> dict[str, Any]:
+    """One adapter version and its validation state."""
+    return {
+        "object": "adapter.version",
+        "id": str(v.id),
+        "adapter_id": str(a.id),
+        "name": a.name,
+        "version": v.n,
+        "status": v.status,
+        "error": v.error,
+        "sha256": v.sha256,
+        "bytes": v.bytes,
+        "rank": v.rank,
+        "alpha": v.alpha,
+        "use_rslora": v.use_rslora,
+        "target_modules": v.target_modules,
+        "created_at": _ts(v.created_at),
+        "updated_at": _ts(v.updated_at),
+    }
+
+
+def upload_accepted_view(v: AdapterVersion, name: str) -> dict[str, Any]:
+    """The 202 answer to an upload."""
+    return {
+        "object": "adapter.version",
+        "id": str(v.adapter_id),
+        "version_id": str(v.id),
+        "name": name,
+        "version": v.n,
+        "status": v.status,
+    }
+
+
+def adapter_view(a: Adapter, latest: AdapterVersion | None) -> dict[str, Any]:
+    """An adapter with its latest version's state."""
+    return {
+        "object": "adapter",
+        "id": str(a.id),
+        "name": a.name,
+        "base_model": a.base_model.name if a.base_model else None,
+        "created_at": _ts(a.created_at),
+        "version": latest.n if latest else None,
+        "status": latest.status if latest else None,
+        "error": latest.error if latest else None,
+        "latest_version": version_view(a, latest) if latest else None,
+    }

@@ -1,0 +1,159 @@
+"""Start an expert-parallel group: one process per rank, torch.distributed over loopback.
+
+`run_ep_group(n, fn, *args)` spawns `n` ranks, initialises the process group (gloo on
+CPU, NCCL when every rank gets its own GPU) on a free loopback port, calls
+`fn(ep, *args)` on each rank and returns the per-rank results. `StepChannel` carries the
+leader's per-step inputs to follower ranks, so the engine (rank 0: scheduler, server)
+and the followers run the same forward passes.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import socket
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from loraplex.moe.expert_parallel import ExpertParallelGroup, set_process_ep_group
+
+_STOP = "__loraplex_ep_stop__"
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for the rendezvous store)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def default_backend() -> str:
+    """NCCL when CUDA is available, else gloo."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_ep_rank(rank: int, world_size: int, port: int, backend: str) -> ExpertParallelGroup:
+    """Join the group as `rank` (CUDA device set for NCCL); it becomes the process's EP group."""
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+    )
+    ep = ExpertParallelGroup()
+    set_process_ep_group(ep)
+    return ep
+
+
+def _rank_main(
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str,
+    fn: Callable[..., Any],
+    args: tuple,
+    results: Any,
+) -> None:
+    torch.set_num_threads(1)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        ep = init_ep_rank(rank, world_size, port, backend)
+        try:
+            # Plain pickle: tensors travel by value, not as shared fds that die with the rank.
+            results.put((rank, True, pickle.dumps(fn(ep, *args))))
+        finally:
+            set_process_ep_group(None)
+            dist.destroy_process_group()
+    except BaseException:  # report every failure to the parent, which re-raises
+        results.put((rank, False, traceback.format_exc()))
+
+
+def run_ep_group(
+    world_size: int,
+    fn: Callable[..., Any],
+    *args: Any,
+    backend: str | None = None,
+    timeout_s: float = 120.0,
+) -> list[Any]:
+    """Run `fn(ep, *args)` on `world_size` spawned ranks; return results ordered by rank.
+
+    `fn` and `args` must be picklable (a module-level function). Any rank's exception is
+    re-raised here as RuntimeError with that rank's traceback.
+    """
+    if world_size < 1:
+        raise ValueError(f"ep size must be >= 1, got {world_size}")
+    backend = backend or default_backend()
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_loopback_port()
+    procs = [
+        ctx.Process(
+            target=_rank_main, args=(r, world_size, port, backend, fn, args, results), daemon=True
+        )
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    out: dict[int, Any] = {}
+    failures: list[str] = []
+    try:
+        for _ in range(world_size):
+            try:
+                rank, ok, value = results.get(timeout=timeout_s)
+            except queue.Empty:
+                failures.append(f"no answer from some rank within {timeout_s}s")
+                break
+            if ok:
+                out[rank] = pickle.loads(value)
+            else:
+                failures.append(f"rank {rank}:\n{value}")
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if failures:
+        # The first rank to crash is usually the cause; peers then see closed connections.
+        raise RuntimeError("expert-parallel group failed:\n" + "\n".join(failures))
+    return [out[r] for r in range(world_size)]
+
+
+class StepChannel:
+    """Leader -> followers broadcast of each step's inputs (any picklable object)."""
+
+    def __init__(self, ep: ExpertParallelGroup, leader: int = 0) -> None:
+        self.ep = ep
+        self.leader = leader
+
+    @property
+    def is_leader(self) -> bool:
+        """True on the rank that schedules (and serves)."""
+        return self.ep.rank == self.leader
+
+    def send(self, step: Any) -> None:
+        """Leader: hand this step's inputs to every follower."""
+        dist.broadcast_object_list([step], src=self.leader, group=self.ep.group)
+
+    def stop(self) -> None:
+        """Leader: tell followers to leave their loop."""
+        self.send(_STOP)
+
+    def follow(self, execute: Callable[[Any], Any]) -> int:
+        """Follower: run `execute(step)` for every step the leader sends; returns steps run."""
+        steps = 0
+        while True:
+            box: list[Any] = [None]
+            dist.broadcast_object_list(box, src=self.leader, group=self.ep.group)
+            if isinstance(box[0], str) and box[0] == _STOP:
+                return steps
+            execute(box[0])
+            steps += 1

@@ -1,0 +1,261 @@
+"""The sparse MoE block: router, routed experts (local or expert-parallel), shared expert.
+
+Plugs into the engine's `DecoderLayer(config, layer_idx, mlp)` as the `mlp`: takes and
+returns flattened hidden states [T, H]. Loads both checkpoint layouts: per-expert tensors
+(`experts.{i}.gate_proj|up_proj|down_proj` or Mixtral's `w1|w3|w2`) and transformers v5's
+fused 3-D `experts.gate_up_proj` [E, 2I, H] / `experts.down_proj` [E, H, I].
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from loraplex.moe.expert_parallel import ExpertParallelGroup
+from loraplex.moe.experts_torch import expert_rows_torch, fused_experts_torch, silu_and_mul
+from loraplex.moe.gating import select_experts
+from loraplex.moe.placement import ExpertPlacement
+from loraplex.moe.spec import MoESpec
+from loraplex.moe.stats import ExpertLoadRecorder
+
+_PER_EXPERT = re.compile(r"^experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
+_SHARED = re.compile(r"^shared_experts?\.(gate_proj|up_proj|down_proj)\.weight$")
+_GATE_HALF = {"w1": 0, "gate_proj": 0, "w3": 1, "up_proj": 1}
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    return x.is_cuda
+
+
+class MoEBlock(nn.Module):
+    """Router + routed experts (+ shared expert); under EP this rank holds only its experts."""
+
+    def __init__(
+        self,
+        spec: MoESpec,
+        layer_idx: int = 0,
+        dtype: torch.dtype = torch.float32,
+        ep: ExpertParallelGroup | None = None,
+        placement: ExpertPlacement | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.spec = spec
+        self.layer_idx = layer_idx
+        self.ep = ep
+        if ep is not None and placement is None:
+            placement = ExpertPlacement.contiguous(spec.num_experts, ep.world_size)
+        if placement is not None and placement.num_experts != spec.num_experts:
+            raise ValueError("placement and spec disagree on the number of experts")
+        self.placement = placement
+        self.load_recorder: ExpertLoadRecorder | None = None
+        h, i, e = spec.hidden_size, spec.intermediate_size, spec.num_experts
+        kw = {"dtype": dtype, "device": device}
+        # DeepSeek-V3 keeps its router in fp32 whatever the model dtype (as transformers does).
+        gate_dtype = torch.float32 if spec.gating.scoring == "sigmoid" else dtype
+        self.gate_weight = nn.Parameter(
+            torch.empty(e, h, dtype=gate_dtype, device=device), requires_grad=False
+        )
+        self.e_score_correction_bias = (
+            nn.Parameter(torch.zeros(e, dtype=torch.float32, device=device), requires_grad=False)
+            if spec.correction_bias
+            else None
+        )
+        slots = len(self.local_experts)
+        self.w13 = nn.Parameter(torch.empty(slots, 2 * i, h, **kw), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(slots, h, i, **kw), requires_grad=False)
+        s = spec.shared_intermediate_size
+        self.shared_w13 = (
+            nn.Parameter(torch.empty(2 * s, h, **kw), requires_grad=False) if s else None
+        )
+        self.shared_w2 = nn.Parameter(torch.empty(h, s, **kw), requires_grad=False) if s else None
+        self.shared_gate = (
+            nn.Parameter(torch.empty(1, h, **kw), requires_grad=False)
+            if spec.shared_gated
+            else None
+        )
+
+        self._missing = self._all_pieces()
+
+    def _all_pieces(self) -> set[tuple]:
+        """Every piece of every parameter a checkpoint must fill (for completeness checks)."""
+        pieces: set[tuple] = {("gate_weight",)}
+        if self.e_score_correction_bias is not None:
+            pieces.add(("e_score_correction_bias",))
+        for slot in range(len(self.local_experts)):
+            pieces |= {("w13", slot, 0), ("w13", slot, 1), ("w2", slot)}
+        if self.shared_w13 is not None:
+            pieces |= {("shared_w13", 0), ("shared_w13", 1), ("shared_w2",)}
+        if self.shared_gate is not None:
+            pieces.add(("shared_gate",))
+        return pieces
+
+    @property
+    def missing_weights(self) -> list[str]:
+        """Parameters not yet (fully) loaded from a checkpoint."""
+        return sorted({piece[0] for piece in self._missing})
+
+    def load_hf_weight(self, name: str, tensor: torch.Tensor) -> list[str]:
+        """Engine loader hook: load `name` (relative to the block); return completed params."""
+        before = set(self.missing_weights)
+        if not self.load_weight(name, tensor):
+            raise ValueError(f"checkpoint tensor {name!r} has no place in the MoE block")
+        return sorted(before - set(self.missing_weights))
+
+    @property
+    def local_experts(self) -> tuple[int, ...]:
+        """Logical expert held in each local slot."""
+        if self.placement is None:
+            return tuple(range(self.spec.num_experts))
+        rank = self.ep.rank if self.ep is not None else 0
+        return self.placement.local_experts(rank)
+
+    def _slots(self, expert: int) -> list[int]:
+        return [slot for slot, e in enumerate(self.local_experts) if e == expert]
+
+    # ---- weights -------------------------------------------------------------------------
+
+    def load_weight(self, name: str, tensor: torch.Tensor) -> bool:
+        """Load one checkpoint tensor named relative to the block; False if not ours."""
+        i = self.spec.intermediate_size
+        with torch.no_grad():
+            if name == "gate.weight":
+                self._expect(name, tensor, tuple(self.gate_weight.shape))
+                self.gate_weight.copy_(tensor)
+                self._missing.discard(("gate_weight",))
+                return True
+            if name in ("gate.e_score_correction_bias", "e_score_correction_bias"):
+                if self.e_score_correction_bias is None:
+                    raise ValueError(f"unexpected {name}: this block has no correction bias")
+                self._expect(name, tensor, tuple(self.e_score_correction_bias.shape))
+                self.e_score_correction_bias.copy_(tensor)
+                self._missing.discard(("e_score_correction_bias",))
+                return True
+            if name == "experts.gate_up_proj":
+                self._expect(name, tensor, (self.spec.num_experts, 2 * i, self.spec.hidden_size))
+                self.w13.copy_(tensor[list(self.local_experts)])
+                for slot in range(self.w13.shape[0]):
+                    self._missing -= {("w13", slot, 0), ("w13", slot, 1)}
+                return True
+            if name == "experts.down_proj":
+                self._expect(name, tensor, (self.spec.num_experts, self.spec.hidden_size, i))
+                self.w2.copy_(tensor[list(self.local_experts)])
+                for slot in range(self.w2.shape[0]):
+                    self._missing.discard(("w2", slot))
+                return True
+            match = _PER_EXPERT.match(name)
+            if match:
+                expert, part = int(match.group(1)), match.group(2)
+                if expert >= self.spec.num_experts:
+                    raise ValueError(f"{name}: expert {expert} >= {self.spec.num_experts}")
+                for slot in self._slots(expert):  # empty: held by another rank
+                    if part in ("w2", "down_proj"):
+                        self._expect(name, tensor, tuple(self.w2.shape[1:]))
+                        self.w2[slot].copy_(tensor)
+                        self._missing.discard(("w2", slot))
+                    else:
+                        half = _GATE_HALF[part]
+                        self._expect(name, tensor, (i, self.spec.hidden_size))
+                        self.w13[slot, half * i : (half + 1) * i].copy_(tensor)
+                        self._missing.discard(("w13", slot, half))
+                return True
+            match = _SHARED.match(name)
+            if match and self.shared_w13 is not None:
+                s = self.spec.shared_intermediate_size
+                part = match.group(1)
+                if part == "down_proj":
+                    self._expect(name, tensor, tuple(self.shared_w2.shape))
+                    self.shared_w2.copy_(tensor)
+                    self._missing.discard(("shared_w2",))
+                else:
+                    half = _GATE_HALF[part]
+                    self._expect(name, tensor, (s, self.spec.hidden_size))
+                    self.shared_w13[half * s : (half + 1) * s].copy_(tensor)
+                    self._missing.discard(("shared_w13", half))
+                return True
+            if name == "shared_expert_gate.weight" and self.shared_gate is not None:
+                self._expect(name, tensor, tuple(self.shared_gate.shape))
+                self.shared_gate.copy_(tensor)
+                self._missing.discard(("shared_gate",))
+                return True
+        return False
+
+    @staticmethod
+    def _expect(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> None:
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{name}: shape {tuple(tensor.shape)}, expected {shape}")
+
+    # ---- forward -------------------------------------------------------------------------
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router logits -> (weights [T, k] fp32, expert ids [T, k])."""
+        if self.spec.gating.scoring == "sigmoid":
+            logits = F.linear(x.float(), self.gate_weight.float())
+        else:
+            logits = F.linear(x, self.gate_weight)
+        return select_experts(logits, self.spec.gating, self.e_score_correction_bias)
+
+    def shared(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Shared-expert output for `x` (sigmoid-gated for Qwen2-MoE), None if there is none."""
+        if self.shared_w13 is None:
+            return None
+        out = F.linear(silu_and_mul(F.linear(x, self.shared_w13)), self.shared_w2)
+        if self.shared_gate is not None:
+            out = torch.sigmoid(F.linear(x, self.shared_gate)) * out
+        return out
+
+    def _routed_local(self, x, weights, ids) -> torch.Tensor:
+        if _use_triton(x):
+            from loraplex.moe.experts_triton import fused_experts_triton
+
+            return fused_experts_triton(x, self.w13, self.w2, weights, ids)
+        return fused_experts_torch(x, self.w13, self.w2, weights, ids)
+
+    def _rows(self, rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        if _use_triton(rows):
+            from loraplex.moe.experts_triton import fused_experts_triton
+
+            ones = torch.ones(rows.shape[0], 1, dtype=torch.float32, device=rows.device)
+            return fused_experts_triton(rows, self.w13, self.w2, ones, slots.unsqueeze(1))
+        return expert_rows_torch(rows, slots, self.w13, self.w2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, H] -> [T, H]."""
+        if self.ep is None:
+            weights, ids = self.route(x)
+            if self.load_recorder is not None:
+                self.load_recorder.record(self.layer_idx, ids)
+            out = self._routed_local(x, weights, ids)
+            shared = self.shared(x)
+            return out if shared is None else out + shared
+        bounds = self.ep.token_bounds(x.shape[0])
+        start, end = bounds[self.ep.rank], bounds[self.ep.rank + 1]
+        x_local = x[start:end]
+        weights, ids = self.route(x_local)
+        if self.load_recorder is not None:
+            self.load_recorder.record(self.layer_idx, ids)
+        out = self.ep.dispatch_combine(
+            x_local, weights, ids, self.placement, self._rows, pair_offset=start * ids.shape[1]
+        )
+        shared = self.shared(x_local)
+        if shared is not None:
+            out = out + shared
+        return self.ep.all_gather_tokens(out, bounds)
+
+    def apply_placement(self, placement: ExpertPlacement) -> None:
+        """Switch to a new expert placement between steps, moving weights between ranks.
+
+        Collective under EP: every rank calls it at the same step boundary; requests in
+        flight keep their KV cache and simply use the new placement from the next step.
+        """
+        if placement.num_experts != self.spec.num_experts:
+            raise ValueError("new placement has a different number of experts")
+        if self.ep is None:
+            raise ValueError("placement changes need an expert-parallel group")
+        w13, w2 = self.ep.migrate_experts(self.placement, placement, [self.w13.data, self.w2.data])
+        self.placement = placement
+        self.w13 = nn.Parameter(w13, requires_grad=False)
+        self.w2 = nn.Parameter(w2, requires_grad=False)

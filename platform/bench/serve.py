@@ -1,0 +1,284 @@
+"""`loraplex bench serve`: Poisson arrivals over K adapters against a running stack.
+
+Sends the same workload twice, side by side in one run: once spread uniformly over K of the
+tenant's adapters (`serve.*`), once to their base model alone (`serve.base.*`, the baseline).
+Each request is a streamed chat completion; per request we time TTFT (send -> first content
+token) and the inter-token latencies (gaps between later content chunks). Goodput is the
+share of requests whose TTFT and mean ITL both meet the targets given on the command line.
+
+    loraplex bench serve --url http://127.0.0.1:8000 --api-key lp_... [--adapters a,b,c]
+
+Without `--url`, an in-process stack is started (embedded services, the demo model, one
+replica, K uploaded random adapters): see `loraplex.platform.bench.serve_stack`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from rich.console import Console
+from rich.progress import Progress
+
+console = Console(stderr=True)
+
+WORDS = [
+    "the",
+    "library",
+    "opens",
+    "at",
+    "nine",
+    "in",
+    "the",
+    "morning",
+    "and",
+    "closes",
+    "at",
+    "six",
+    "in",
+    "the",
+    "evening",
+    "every",
+    "visitor",
+    "signs",
+    "the",
+    "book",
+    "by",
+    "the",
+    "door",
+    "then",
+    "walks",
+    "past",
+    "the",
+    "long",
+    "tables",
+    "to",
+    "the",
+    "shelves",
+    "on",
+    "rainy",
+    "days",
+]
+
+
+@dataclass
+class Spec:
+    """One request of the workload: when it is sent, to which slot, with which prompt."""
+
+    at: float
+    slot: int
+    prompt: str
+
+
+@dataclass
+class Outcome:
+    """What one request measured."""
+
+    ok: bool
+    ttft: float = 0.0
+    itls: list[float] = field(default_factory=list)
+    tokens: int = 0
+    error: str | None = None
+
+
+def make_workload(n: int, rate: float, k: int, prompt_words: int, seed: int) -> list[Spec]:
+    """`n` requests with exponential inter-arrival gaps (Poisson, `rate` per second)."""
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        words = [rng.choice(WORDS) for _ in range(prompt_words)]
+        out.append(Spec(t, rng.randrange(k), " ".join(words)))
+    return out
+
+
+async def one_request(
+    http: httpx.AsyncClient, url: str, key: str, model: str, prompt: str, max_tokens: int
+) -> Outcome:
+    """Stream one chat completion and time its tokens."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = time.perf_counter()
+    first: float | None = None
+    last = start
+    itls: list[float] = []
+    tokens = 0
+    try:
+        async with http.stream(
+            "POST",
+            f"{url}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+        ) as resp:
+            if resp.status_code != 200:
+                return Outcome(
+                    False, error=f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+                )
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    return Outcome(False, error=str(chunk["error"].get("message")))
+                if chunk.get("usage"):
+                    tokens = int(chunk["usage"]["completion_tokens"])
+                for choice in chunk.get("choices", []):
+                    if choice.get("delta", {}).get("content"):
+                        now = time.perf_counter()
+                        if first is None:
+                            first = now
+                        else:
+                            itls.append(now - last)
+                        last = now
+    except httpx.HTTPError as exc:
+        return Outcome(False, error=repr(exc))
+    if first is None:
+        return Outcome(False, error="no content")
+    return Outcome(True, first - start, itls, tokens)
+
+
+async def run_workload(
+    url: str, key: str, models: list[str], specs: list[Spec], max_tokens: int, label: str
+) -> tuple[list[Outcome], float]:
+    """Send every spec at its arrival time; returns outcomes and the wall time."""
+    limits = httpx.Limits(max_connections=len(specs) + 8)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300.0), limits=limits) as http:
+        t0 = time.perf_counter()
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task(label, total=len(specs))
+
+            async def fire(spec: Spec) -> Outcome:
+                await asyncio.sleep(max(0.0, spec.at - (time.perf_counter() - t0)))
+                out = await one_request(
+                    http, url, key, models[spec.slot % len(models)], spec.prompt, max_tokens
+                )
+                progress.advance(task)
+                return out
+
+            outcomes = await asyncio.gather(*(fire(s) for s in specs))
+        return list(outcomes), time.perf_counter() - t0
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-th percentile (nearest rank on the sorted values); NaN when there are none."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    idx = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[idx]
+
+
+def summarize(
+    outcomes: list[Outcome], wall: float, ttft_ms: float, itl_ms: float
+) -> dict[str, float]:
+    """Latency percentiles, output tokens/s and goodput of one run."""
+    ok = [o for o in outcomes if o.ok]
+    ttfts = [o.ttft * 1000 for o in ok]
+    itls = [x * 1000 for o in ok for x in o.itls]
+    good = sum(
+        1
+        for o in ok
+        if o.ttft * 1000 <= ttft_ms and (statistics.fmean(o.itls) * 1000 if o.itls else 0) <= itl_ms
+    )
+    return {
+        "ttft_p50_ms": pct(ttfts, 50),
+        "ttft_p95_ms": pct(ttfts, 95),
+        "itl_p50_ms": pct(itls, 50),
+        "itl_p95_ms": pct(itls, 95),
+        "output_tps": sum(o.tokens for o in ok) / wall if wall > 0 else 0.0,
+        "goodput": good / len(outcomes) if outcomes else 0.0,
+        "errors": float(len(outcomes) - len(ok)),
+    }
+
+
+def discover(url: str, key: str, k: int, names: list[str] | None) -> tuple[list[str], str]:
+    """The K adapters to use and their base model, from `/v1/models`."""
+    resp = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    resp.raise_for_status()
+    data = resp.json()["data"]
+    adapters = {m["id"]: m.get("parent") for m in data if m.get("parent")}
+    chosen = names or sorted(adapters)[:k]
+    missing = [n for n in chosen if n not in adapters]
+    if missing or not chosen:
+        raise SystemExit(f"adapters not found for this key: {missing or 'none ready'}")
+    bases = {adapters[n] for n in chosen}
+    if len(bases) != 1:
+        raise SystemExit(f"the adapters must share one base model, got {sorted(bases)}")
+    return chosen, bases.pop()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `loraplex bench serve` command line."""
+    p = argparse.ArgumentParser(
+        prog="loraplex bench serve",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--url", help="API base URL (e.g. http://127.0.0.1:8000); none: in-process")
+    p.add_argument("--api-key", help="tenant API key (required with --url)")
+    p.add_argument("--adapters", help="comma-separated adapter names (default: the first K)")
+    p.add_argument("--num-adapters", "-k", type=int, default=4)
+    p.add_argument("--num-requests", "-n", type=int, default=48)
+    p.add_argument("--rate", type=float, default=4.0, help="mean arrivals per second")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--prompt-words", type=int, default=48)
+    p.add_argument("--ttft-target-ms", type=float, default=2000.0)
+    p.add_argument("--itl-target-ms", type=float, default=200.0)
+    p.add_argument("--warmup", type=int, default=4, help="requests sent before measuring")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def run(url: str, key: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Warm up, then the adapter workload and the base-model baseline; returns both summaries."""
+    names = [n for n in (args.adapters or "").split(",") if n] or None
+    adapters, base = discover(url, key, args.num_adapters, names)
+    console.print(f"adapters: {', '.join(adapters)} over base model {base}")
+    specs = make_workload(args.num_requests, args.rate, len(adapters), args.prompt_words, args.seed)
+    warm = make_workload(
+        args.warmup, args.rate * 4, len(adapters), args.prompt_words, args.seed + 1
+    )
+    if warm:
+        asyncio.run(run_workload(url, key, adapters + [base], warm, args.max_tokens, "warm-up"))
+    results = {}
+    for label, models in (("serve", adapters), ("serve.base", [base])):
+        outcomes, wall = asyncio.run(run_workload(url, key, models, specs, args.max_tokens, label))
+        results[label] = summarize(outcomes, wall, args.ttft_target_ms, args.itl_target_ms)
+        errors = [o.error for o in outcomes if not o.ok]
+        if errors:
+            console.print(f"[yellow]{label}: {len(errors)} failed requests, e.g. {errors[0]}[/]")
+    return results
+
+
+def print_results(results: dict[str, dict[str, float]]) -> None:
+    """`RESULT name=value` lines (adapter run first, then the baseline)."""
+    for label, summary in results.items():
+        for name, value in summary.items():
+            print(f"RESULT {label}.{name}={value:.4g}")
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of `loraplex bench serve`."""
+    args = build_parser().parse_args(argv)
+    if args.url:
+        if not args.api_key:
+            raise SystemExit("--api-key is required with --url")
+        print_results(run(args.url.rstrip("/"), args.api_key, args))
+        return 0
+    from loraplex.platform.bench.serve_stack import local_stack
+
+    with local_stack(args.num_adapters) as (url, key):
+        print_results(run(url, key, args))
+    return 0

@@ -1,0 +1,187 @@
+"""`loraplex`: the command line. Subcommands import what they need only when run,
+so `loraplex --help` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from pathlib import Path
+
+
+def _settings(**overrides: object):
+    from loraplex.platform.settings import Settings
+
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Start everything on loopback; see `loraplex.platform.up`."""
+    from loraplex.platform.up import run_up
+
+    settings = _settings(data_dir=args.data_dir, port=args.port, host=args.host)
+    return run_up(settings, model=args.model, model_name=args.model_name, engine=not args.no_engine)
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    """Serve the REST API (FastAPI app factory) with uvicorn."""
+    import uvicorn
+
+    settings = _settings(port=args.port, host=args.host)
+    uvicorn.run(
+        "loraplex.api.app:create_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        log_level=args.log_level,
+    )
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Run the Celery worker (validation, deletion, roll-ups)."""
+    import logging
+
+    from loraplex.platform.jobs.worker import run_worker
+
+    logging.basicConfig(level=args.log_level.upper())
+    run_worker(_settings())
+    return 0
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    """Run an engine replica; its own parser reads the remaining arguments."""
+    from loraplex.platform.engine.server import main as engine_main
+
+    return int(engine_main(list(args.rest)) or 0)
+
+
+def cmd_models_add(args: argparse.Namespace) -> int:
+    """Upload a HuggingFace folder to object storage and register it as a base model."""
+    from loraplex.platform.services.base_models import register_base_model
+    from loraplex.platform.services.errors import ServiceError
+
+    try:
+        info = register_base_model(_settings(), args.name, args.path)
+    except ServiceError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    print(
+        f"registered base model {info.name!r} ({info.family}) at {info.object_prefix} "
+        f"({info.uploaded_files} files uploaded)"
+    )
+    return 0
+
+
+def cmd_models_demo(args: argparse.Namespace) -> int:
+    """Write the small random-weight Llama demo model to a folder."""
+    from loraplex.platform.demo_model import make_demo_model
+
+    out = make_demo_model(args.out, seed=args.seed)
+    print(out)
+    return 0
+
+
+def available_benches() -> list[str]:
+    """Names of the modules under `loraplex.platform.bench`."""
+    import loraplex.platform.bench as bench
+
+    return sorted(
+        m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_")
+    )
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run `loraplex.platform.bench.<name>:main(argv)`."""
+    names = available_benches()
+    if not args.name or args.name in ("-h", "--help"):
+        print("usage: loraplex bench NAME [ARGS...]")
+        print(f"available: {', '.join(names) or '(none)'}")
+        return 0 if args.name else 2
+    if args.name not in names:
+        print(
+            f"error: unknown benchmark {args.name!r}; available: {', '.join(names) or '(none)'}",
+            file=sys.stderr,
+        )
+        return 2
+    module = importlib.import_module(f"loraplex.platform.bench.{args.name}")
+    return int(module.main(list(args.rest)) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (no heavy imports)."""
+    parser = argparse.ArgumentParser(
+        prog="loraplex", description="Multi-tenant LoRA and MoE model hosting."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="start everything locally: services, worker and API")
+    up.add_argument("--data-dir", type=Path, help="where data lives (default: LORAPLEX_DATA_DIR "
+                    "or the user data directory)")  # fmt: skip
+    up.add_argument("--port", type=int, help="API port (default: LORAPLEX_PORT or 8000)")
+    up.add_argument("--host", help="API bind address (default 127.0.0.1)")
+    up.add_argument("--model", type=Path, help="HuggingFace folder to register instead of the demo")
+    up.add_argument("--model-name", help="name for --model (default: the folder's name)")
+    up.add_argument("--no-engine", action="store_true", help="control plane only: no replica")
+    up.set_defaults(func=cmd_up)
+
+    api = sub.add_parser("api", help="serve the REST API")
+    api.add_argument("--host")
+    api.add_argument("--port", type=int)
+    api.add_argument("--log-level", default="info")
+    api.set_defaults(func=cmd_api)
+
+    worker = sub.add_parser("worker", help="run the background job worker")
+    worker.add_argument("--log-level", default="info")
+    worker.set_defaults(func=cmd_worker)
+
+    engine = sub.add_parser("engine", help="run an engine replica", add_help=False)
+    engine.add_argument("rest", nargs=argparse.REMAINDER)
+    engine.set_defaults(func=cmd_engine)
+
+    models = sub.add_parser("models", help="manage base models")
+    msub = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    add = msub.add_parser("add", help="upload a HuggingFace folder and register it")
+    add.add_argument("name")
+    add.add_argument("path", type=Path)
+    add.set_defaults(func=cmd_models_add)
+    demo = msub.add_parser("demo", help="write the small random-weight Llama demo model")
+    demo.add_argument("--out", type=Path, default=Path("demo-model"))
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(func=cmd_models_demo)
+
+    bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
+    bench.add_argument("name", nargs="?", default="")
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+# Commands whose arguments belong to another parser: everything after the name is passed on
+# (argparse's REMAINDER cannot start with an option such as `--model`).
+PASS_THROUGH = ("engine", "bench")
+
+
+def _pass_through(argv: list[str]) -> argparse.Namespace | None:
+    if not argv or argv[0] not in PASS_THROUGH:
+        return None
+    command, rest = argv[0], argv[1:]
+    if command == "bench":
+        name = rest[0] if rest else ""
+        return argparse.Namespace(func=cmd_bench, name=name, rest=rest[1:])
+    return argparse.Namespace(func=cmd_engine, rest=rest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `loraplex` script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _pass_through(argv) or build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""SQLAlchemy 2 typed models of the control plane.
+
+Every tenant-owned row carries `tenant_id`; queries for a tenant must filter by it. The
+Alembic revisions in `migrations/` build exactly this schema (a test compares them).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    Uuid,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+FAMILIES = ("dense", "moe")
+WEIGHT_QUANTIZATIONS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
+KV_CACHE_DTYPES = ("auto", "fp8")
+VERSION_STATUSES = ("uploading", "validating", "ready", "failed")
+JOB_STATUSES = ("queued", "running", "succeeded", "failed")
+IDEMPOTENCY_STATES = ("in_flight", "done")
+
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class Base(DeclarativeBase):
+    """Declarative base with a constraint naming convention so migrations stay in step."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def _uuid_pk() -> Mapped[uuid.UUID]:
+    return mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+
+
+def _created() -> Mapped[datetime]:
+    return mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
+
+
+def _tenant_fk(nullable: bool = False) -> Mapped[Any]:
+    return mapped_column(
+        Uuid, ForeignKey("tenants.id", ondelete="CASCADE"), nullable=nullable, index=True
+    )
+
+
+class Tenant(Base):
+    """A customer: owns API keys, adapters, jobs and usage."""
+
+    __tablename__ = "tenants"
+
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[datetime] = _created()
+
+
+class ApiKey(Base):
+    """A tenant's API key: only its sha256 hash and a display prefix are stored."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    tenant_id: Mapped[uuid.UUID] = _tenant_fk()
+    name: Mapped[str] = mapped_column(String(128))
+    prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[list[str]] = mapped_column(JSONB, server_default="[]")
+    created_at: Mapped[datetime] = _created()
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class BaseModel(Base):
+    """A registered base model: its files live under `object_prefix` in the bucket."""
+
+    __tablename__ = "base_models"
+    __table_args__ = (CheckConstraint(_in("family", FAMILIES), name="family"),)
+
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    family: Mapped[str] = mapped_column(String(16))
+    object_prefix: Mapped[str] = mapped_column(String(512))
+    config: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = _created()
+
+
+class Deployment(Base):
+    """How a base model is served: quantization, LoRA slots, replicas, expert parallelism."""
+
+    __tablename__ = "deployments"
+    __table_args__ = (
+        CheckConstraint(_in("weight_quantization", WEIGHT_QUANTIZATIONS), name="weight_q"),
+        CheckConstraint(_in("kv_cache_dtype", KV_CACHE_DTYPES), name="kv_cache"),
+        CheckConstraint("max_loras >= 1", name="max_loras"),
+        CheckConstraint("max_lora_rank >= 1", name="max_lora_rank"),
+        CheckConstraint("replicas >= 0", name="replicas"),
+        CheckConstraint("expert_parallel_size >= 1", name="ep_size"),
+    )
+
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    base_model_id: Mapped[uuid.UUID] = mapped_column(
+        Uuid, ForeignKey("base_models.id", ondelete="RESTRICT"), index=True
+    )
+    weight_quantization: Mapped[str] = mapped_column(String(8))
+    kv_cache_dtype: Mapped[str] = mapped_column(String(8))
+    max_loras: Mapped[int] = mapped_column(Integer)
+    max_lora_rank: Mapped[int] = mapped_column(Integer)
+    replicas: Mapped[int] = mapped_column(Integer)
+    expert_parallel_size: Mapped[int] = mapped_column(Integer)
+    share_prefix_cache: Mapped[bool] = mapped_column(Boolean, server_default="false")
+    created_at: Mapped[datetime] = _created()
+
+    base_model: Mapped[BaseModel] = relationship(lazy="joined")
+
+
+class Adapter(Base):
+    """A tenant's named adapter over one base model; its content lives in versions."""
+
+    __tablename__ = "adapters"
+    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
+
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    tenant_id: Mapped[uuid.UUID] = _tenant_fk()
+    name: Mapped[str] = mapped_column(String(128))
+    base_model_id: Mapped[uuid.UUID] = mapped_column(
+        Uuid, ForeignKey("base_models.id", ondelete="RESTRICT"), index=True
+    )
+    created_at: Mapped[datetime] = _created()
+
+    base_model: Mapped[BaseModel] = relationship(lazy="joined")
+
+
+class AdapterVersion(Base):
+    """One immutable upload of an adapter: files under `object_prefix`, validated by a job."""
+
+    __tablename__ = "adapter_versions"
+    __table_args__ = (
+        UniqueConstraint("adapter_id", "n"),
+        CheckConstraint(_in("status", VERSION_STATUSES), name="status"),
+        CheckConstraint("n >= 1", name="n_positive"),
+    )
+
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    tenant_id: Mapped[uuid.UUID] = _tenant_fk()
+    adapter_id: Mapped[uuid.UUID] = mapped_column(
+        Uuid, ForeignKey("adapters.id", ondelete="CASCADE"), index=True
+    )
+    n: Mapped[int] = mapped_column(Integer)
+    object_prefix: Mapped[str] = mapped_column(String(512))
+    status: Mapped[str] = mapped_column(String(16))
+    error: Mapped[str | None] = mapped_column(Text)
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    bytes: Mapped[int | None] = mapped_column(BigInteger)
+    rank: Mapped[int | None] = mapped_column(Integer)
+    alpha: Mapped[float | None] = mapped_column(Float)
+    use_rslora: Mapped[bool | None] = mapped_column(Boolean)
+    target_modules: Mapped[list[str] | None] = mapped_column(JSONB)
+    s3_upload_id: Mapped[str | None] = mapped_column(String(1024))
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
+    )
+
+    @property
+    def config_key(self) -> str:
+        """Object key of this version's `adapter_config.json`."""
+        return self.object_prefix + ADAPTER_CONFIG_FILE
+
+    @property
+    def weights_key(self) -> str:
+        """Object key of this version's `adapter_model.safetensors`."""
+        return self.object_prefix + ADAPTER_WEIGHTS_FILE
+
+
+class Job(Base):
+    """A background job's record: what, for whom, its state and heartbeat (for stale requeue)."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        CheckConstraint(_in("status", JOB_STATUSES), name="status"),
+        Index(None, "kind", "status"),
+    )
+
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    tenant_id: Mapped[uuid.UUID | None] = _tenant_fk(nullable=True)
+    kind: Mapped[str] = mapped_column(String(64))
+    subject_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
+    status: Mapped[str] = mapped_column(String(16))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default="{}")
+    error: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    created_at: Mapped[datetime] = _created()
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class UsageRecord(Base):
+    """Tokens used by one request, for metering and quotas."""
+
+    __tablename__ = "usage_records"
+    __table_args__ = (Index(None, "tenant_id", "created_at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(Uuid, ForeignKey("tenants.id", ondelete="CASCADE"))
+    api_key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    deployment_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    adapter_version_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    model: Mapped[str] = mapped_column(String(256))
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    cached_tokens: Mapped[int] = mapped_column(Integer, server_default="0")
+    latency_ms: Mapped[int] = mapped_column(Integer, server_default="0")
+    created_at: Mapped[datetime] = _created()
+
+
+class AuditLog(Base):
+    """Who did what to which resource; admin actions have no tenant."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[uuid.UUID | None] = _tenant_fk(nullable=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(64))
+    resource_type: Mapped[str] = mapped_column(String(64))
+    resource_id: Mapped[str | None] = mapped_column(String(128))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default="{}")
+    created_at: Mapped[datetime] = _created()
+
+
+class IdempotencyKey(Base):
+    """A stored response for an `Idempotency-Key`, scoped to one caller (admin or a tenant)."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (
+        UniqueConstraint("scope", "key"),
+        CheckConstraint(_in("state", IDEMPOTENCY_STATES), name="state"),
+    )
+
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    tenant_id: Mapped[uuid.UUID | None] = _tenant_fk(nullable=True)
+    scope: Mapped[str] = mapped_column(String(64))
+    key: Mapped[str] = mapped_column(String(255))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))
+    response_status: Mapped[int | None] = mapped_column(Integer)
+    response_body: Mapped[Any | None] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = _created()

@@ -1,0 +1,88 @@
+"""Incremental detokenization with stop strings.
+
+Decoding token by token is wrong for byte-level and sentencepiece tokenizers (a character
+may span tokens, a leading space depends on the previous token), so each step decodes a short
+window of recent tokens and emits only the text that grew past the previous window, holding
+back incomplete characters (U+FFFD). Stop strings are searched in the new text only; while a
+request runs, the last `len(longest stop) - 1` characters are held back so a stop string that
+is still forming is never streamed.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+PROMPT_CONTEXT = 5
+
+
+class Decoder(Protocol):
+    """Anything with `decode(ids, skip_special_tokens)` (the engine's HFTokenizer)."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Text of ids."""
+        ...
+
+
+class IncrementalDetokenizer:
+    """Turns one request's output tokens into text as they arrive; finds stop strings."""
+
+    def __init__(
+        self,
+        tokenizer: Decoder,
+        prompt_token_ids: list[int],
+        stop: list[str],
+        include_stop_str_in_output: bool = False,
+        skip_special_tokens: bool = True,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.include_stop = include_stop_str_in_output
+        self.skip_special = skip_special_tokens
+        self.ids = list(prompt_token_ids[-PROMPT_CONTEXT:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.text = ""
+        self.emitted = 0
+        self.holdback = max((len(s) for s in stop), default=1) - 1
+        self.stopped = False
+
+    def add(self, token_id: int) -> bool:
+        """Append one token's text; True when a stop string ended the output (text cut there)."""
+        if self.stopped:
+            return True
+        self.ids.append(token_id)
+        dec = self.tokenizer.decode
+        before = dec(self.ids[self.prefix_offset : self.read_offset], self.skip_special)
+        after = dec(self.ids[self.prefix_offset :], self.skip_special)
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            old_len = len(self.text)
+            self.text += after[len(before) :]
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.ids)
+            return self._check_stop(old_len)
+        return False
+
+    def _check_stop(self, old_len: int) -> bool:
+        if not self.stop:
+            return False
+        begin = max(0, old_len - self.holdback)
+        best = None
+        for s in self.stop:
+            i = self.text.find(s, begin)
+            if i != -1 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is None:
+            return False
+        i, s = best
+        self.text = self.text[: i + len(s)] if self.include_stop else self.text[:i]
+        self.stopped = True
+        return True
+
+    def take_new_text(self, finished: bool) -> str:
+        """Text not yet handed out; while running, withholds a possible stop-string prefix."""
+        end = len(self.text) if finished or self.stopped else len(self.text) - self.holdback
+        if end <= self.emitted:
+            return ""
+        out = self.text[self.emitted : end]
+        self.emitted = end
+        return out

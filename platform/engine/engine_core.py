@@ -1,0 +1,300 @@
+"""EngineCore: one engine replica's loop body: add/abort requests, step, report deltas.
+
+Owns the model runner, the scheduler with its KV cache manager, the detokenizers and the
+metrics. Not thread-safe: one thread (the server's engine loop, or `LLM.generate`) drives it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import torch
+
+from loraplex.loader.timeline import Timeline
+from loraplex.platform.engine.block_pool import BlockPool
+from loraplex.platform.engine.cold_start import finish_cold_start
+from loraplex.platform.engine.config import EngineConfig
+from loraplex.platform.engine.decode_graphs import setup_decode_graphs
+from loraplex.platform.engine.detokenizer import IncrementalDetokenizer
+from loraplex.platform.engine.kv_cache import kv_cache_bytes_per_block
+from loraplex.platform.engine.metrics import EngineMetrics
+from loraplex.platform.engine.model_runner import ModelRunner
+from loraplex.platform.engine.model_source import load_engine_model
+from loraplex.platform.engine.outputs import RequestDelta
+from loraplex.platform.engine.prefix_cache import KVCacheManager
+from loraplex.platform.engine.request import Request, RequestStatus
+from loraplex.platform.engine.sampling_params import SamplingParams
+from loraplex.platform.engine.scheduler import Scheduler
+
+CPU_KV_BUDGET = 256 * 1024 * 1024
+
+
+class EngineCore:
+    """Continuous-batching engine over one base model (and, once installed, a LoRA runtime)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        # Cold start: model (local folder or streamed from s3://), KV cache, decode graphs.
+        self.timeline = Timeline(config.model_id or config.model)
+        loaded = load_engine_model(config, self.timeline)
+        hf_config = loaded.hf_config
+        self.model_id = loaded.model_id
+        self.dtype = loaded.dtype
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        eos = self.tokenizer.eos_token_ids if self.tokenizer is not None else []
+        if not eos:
+            value = hf_config.get("eos_token_id")
+            eos = value if isinstance(value, list) else [value] if isinstance(value, int) else []
+        self.eos_token_ids = frozenset(eos)
+        self.vocab_size = int(hf_config["vocab_size"])
+        config.check_model_len(int(hf_config.get("max_position_embeddings", 2048)))
+        max_len = int(config.max_model_len)  # type: ignore[arg-type]
+        num_blocks = self._num_blocks(max_len)
+        self.pool = BlockPool(num_blocks, config.enable_prefix_caching)
+        self.kv = KVCacheManager(
+            self.pool, config.block_size, self.model_id, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.kv,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            max_len,
+            config.enable_chunked_prefill,
+        )
+        self.runner = ModelRunner(
+            self.model,
+            num_blocks,
+            config.block_size,
+            config.max_num_seqs,
+            max_len,
+            self.dtype,
+            config.device,
+            config.seed,
+        )
+        self.metrics = EngineMetrics(loaded.name)
+        self.decode_graphs = setup_decode_graphs(self.runner, config, self.timeline)
+        finish_cold_start(self.timeline, self.metrics.registry, loaded.name)
+        self.lora_runtime: Any | None = None
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._aborted: list[Request] = []
+        self.last_num_scheduled_tokens = 0
+        self._ids = itertools.count()
+
+    def _num_blocks(self, max_len: int) -> int:
+        cfg = self.config
+        per_seq = -(-max_len // cfg.block_size)
+        if cfg.num_gpu_blocks is not None:
+            n = cfg.num_gpu_blocks
+        else:
+            per_block = kv_cache_bytes_per_block(self.model, cfg.block_size, self.dtype)
+            budget = cfg.kv_cache_memory_bytes
+            if budget is None and torch.device(cfg.device).type == "cuda":
+                free, _ = torch.cuda.mem_get_info(torch.device(cfg.device))
+                budget = int(free * cfg.gpu_memory_utilization)
+            if budget is None:
+                n = min(CPU_KV_BUDGET // per_block, 2 * cfg.max_num_seqs * per_seq)
+            else:
+                n = budget // per_block
+        if n < per_seq:
+            raise ValueError(
+                f"the KV cache holds {n} blocks of {cfg.block_size} tokens, fewer than one "
+                f"max_model_len={max_len} sequence needs ({per_seq}); give it more memory"
+            )
+        return int(n)
+
+    # -- requests ------------------------------------------------------------------------
+
+    def install_lora_runtime(self, runtime: Any) -> None:
+        """Plug in the multi-LoRA runtime.
+
+        It must offer `resolve_adapter(ref) -> (adapter_key: str, handle: object)` and
+        `prepare_step(requests, num_tokens) -> per-step LoRA metadata` (put in the forward
+        context); an `admission_policy` attribute, if not None, gates the scheduler.
+        """
+        self.lora_runtime = runtime
+        self.runner.lora_runtime = runtime
+        policy = getattr(runtime, "admission_policy", None)
+        if policy is not None:
+            self.scheduler.policy = policy
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        adapter: Any | None = None,
+        cache_salt: str | None = None,
+    ) -> Request:
+        """Queue a prompt (text or token ids); `adapter` is a reference the LoRA runtime resolves."""
+        params = params or SamplingParams()
+        if params.n != 1:
+            raise ValueError("EngineCore takes n=1 requests; LLM fans out n>1 itself")
+        ids = self._tokenize(prompt)
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this model folder has none")
+        adapter_key, handle = None, None
+        if adapter is not None:
+            if self.lora_runtime is None:
+                raise NotImplementedError("multi-LoRA runtime not available")
+            adapter_key, handle = self.lora_runtime.resolve_adapter(adapter)
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        request = Request(
+            rid,
+            ids,
+            params,
+            self.eos_token_ids,
+            adapter_key=adapter_key,
+            adapter=handle,
+            cache_salt=cache_salt,
+        )
+        self.scheduler.add_request(request)
+        if self.tokenizer is not None:
+            self._detok[rid] = IncrementalDetokenizer(
+                self.tokenizer,
+                ids,
+                list(params.stop),  # type: ignore[arg-type]
+                params.include_stop_str_in_output,
+                params.skip_special_tokens,
+            )
+        return request
+
+    def _tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer.json; pass prompt token ids")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = list(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+        return ids
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request now and free its KV blocks; its final delta comes with the next step."""
+        request = self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
+        if request is None:
+            return False
+        self._aborted.append(request)
+        return True
+
+    def has_unfinished(self) -> bool:
+        """True while requests wait or run, or an abort has not been reported yet."""
+        return self.scheduler.has_unfinished() or bool(self._aborted)
+
+    # -- one step ------------------------------------------------------------------------
+
+    def step(self) -> list[RequestDelta]:
+        """Schedule, run one forward, sample, and return what changed for each request."""
+        take_failed = getattr(self.lora_runtime, "take_failed_request_ids", None)
+        for rid in take_failed() if take_failed is not None else ():
+            self.abort_request(rid)  # its adapter failed to load (the runtime logged why)
+        deltas = [self._final_delta(r, [], []) for r in self._aborted]
+        self._aborted = []
+        sched = self.scheduler.schedule()
+        self.last_num_scheduled_tokens = sched.num_tokens
+        if sched.is_empty:
+            self._update_gauges()
+            return deltas
+        prev_times = {s.request.request_id: s.request.last_token_time for s in sched.scheduled}
+        result = self.runner.execute(sched)
+        for rid, entries in result.prompt_logprobs.items():
+            self.scheduler.requests[rid].prompt_logprobs.extend(entries)
+        finished = {r.request_id for r in self.scheduler.update(sched, result.sampled)}
+        now = time.monotonic()
+        for s in sched.scheduled:
+            r = s.request
+            token = result.sampled.get(r.request_id)
+            if token is None:
+                continue
+            lp = result.logprobs.get(r.request_id)
+            if lp is not None:
+                r.logprobs.append(lp)
+            self._observe_token(r, prev_times[r.request_id], now)
+            detok = self._detok.get(r.request_id)
+            if detok is not None and detok.add(token) and r.request_id not in finished:
+                self.scheduler.finish_request(r.request_id, RequestStatus.FINISHED_STOPPED)
+            elif detok is not None and detok.stopped:
+                r.status = RequestStatus.FINISHED_STOPPED
+            deltas.append(self._delta(r, token, lp))
+        self._update_gauges()
+        return deltas
+
+    def _delta(self, r: Request, token: int, lp: dict[int, float] | None) -> RequestDelta:
+        if r.is_finished:
+            return self._final_delta(r, [token], [lp] if lp is not None else [])
+        detok = self._detok.get(r.request_id)
+        return RequestDelta(
+            r.request_id,
+            [token],
+            detok.take_new_text(False) if detok else "",
+            [lp] if lp is not None else [],
+            self._prompt_lps_once(r),
+            num_prompt_tokens=r.num_prompt_tokens,
+            num_cached_tokens=r.num_cached_tokens,
+        )
+
+    def _final_delta(self, r: Request, tokens: list[int], lps: list) -> RequestDelta:
+        detok = self._detok.pop(r.request_id, None)
+        m = self.metrics
+        m.finished.labels(model_name=m.model_name, finished_reason=r.status.finish_reason).inc()
+        if r.finished_time is None:
+            r.finished_time = time.monotonic()
+        m.label(m.e2e).observe(r.finished_time - r.arrival_time)
+        return RequestDelta(
+            r.request_id,
+            tokens,
+            detok.take_new_text(True) if detok else "",
+            lps,
+            self._prompt_lps_once(r),
+            finished=True,
+            finish_reason=r.status.finish_reason,
+            num_prompt_tokens=r.num_prompt_tokens,
+            num_cached_tokens=r.num_cached_tokens,
+        )
+
+    @staticmethod
+    def _prompt_lps_once(r: Request) -> list | None:
+        if r.sampling_params.prompt_logprobs is None or r.num_output_tokens != 1:
+            return None
+        return list(r.prompt_logprobs)
+
+    def _observe_token(self, r: Request, prev: float | None, now: float) -> None:
+        m = self.metrics
+        m.label(m.generation_tokens).inc()
+        if r.num_output_tokens == 1:
+            m.label(m.ttft).observe(now - r.arrival_time)
+            m.label(m.prompt_tokens).inc(r.num_prompt_tokens)
+            if r.scheduled_time is not None:
+                m.label(m.queue_time).observe(r.scheduled_time - r.arrival_time)
+        elif prev is not None:
+            m.label(m.itl).observe(now - prev)
+
+    def _update_gauges(self) -> None:
+        m = self.metrics
+        m.label(m.running).set(self.scheduler.num_running)
+        m.label(m.waiting).set(self.scheduler.num_waiting)
+        m.label(m.kv_usage).set(self.pool.usage())
+        m.update_totals(self.kv.queries, self.kv.hits, self.scheduler.num_preemptions)
+
+    def state(self) -> dict[str, Any]:
+        """A snapshot for the router and operators: load, KV use, cache counters."""
+        return {
+            "model": self.model_id,
+            "num_requests_running": self.scheduler.num_running,
+            "num_requests_waiting": self.scheduler.num_waiting,
+            "kv_cache_usage_perc": self.pool.usage(),
+            "num_free_blocks": self.pool.num_free_blocks,
+            "num_blocks": self.pool.num_blocks,
+            "block_size": self.config.block_size,
+            "prefix_cache_queries": self.kv.queries,
+            "prefix_cache_hits": self.kv.hits,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "resident_adapters": list(getattr(self.lora_runtime, "resident_adapters", []) or []),
+            "max_loras": self.config.max_loras,
+        }

@@ -1,0 +1,215 @@
+"""An expert-parallel engine group from one call: rank 0 serves, ranks 1..N-1 follow.
+
+Rank 0 (the calling process) runs the ordinary `EngineCore`: scheduler, KV manager,
+sampler, the server on top. Before every forward it broadcasts the step's scheduled batch;
+the follower ranks (spawned processes) run the same forward on their own replica of
+attention and KV cache, so every rank reaches each MoE layer together and exchanges tokens
+all-to-all. Each rank builds its model inside its EP group, holding only its experts.
+A rebalance (EPLB) is broadcast the same way and happens between two steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from loraplex.moe.ep_launch import StepChannel, default_backend, free_loopback_port, init_ep_rank
+from loraplex.moe.expert_parallel import set_process_ep_group
+from loraplex.moe.rebalancer import ExpertRebalancer, LayerRebalance
+from loraplex.platform.engine.config import EngineConfig
+from loraplex.platform.engine.engine_core import EngineCore
+from loraplex.platform.engine.scheduler import ScheduledRequest, SchedulerOutput
+
+
+def _portable(out: SchedulerOutput) -> SchedulerOutput:
+    """The batch without per-request host objects (adapter handles, RNGs) followers never use."""
+    return SchedulerOutput(
+        scheduled=[
+            ScheduledRequest(
+                dataclasses.replace(s.request, adapter=None, generator=None),
+                s.num_tokens,
+                s.start,
+            )
+            for s in out.scheduled
+        ]
+    )
+
+
+class EPEngine:
+    """Rank 0's handle: an `EngineCore` whose forwards are mirrored on the follower ranks.
+
+    Attribute access falls through to the core (`add_request`, `abort_request`, `state`,
+    `tokenizer`, ...); `step` adds the periodic rebalance; `close` stops the followers.
+    """
+
+    def __init__(
+        self,
+        core: EngineCore,
+        channel: StepChannel,
+        procs: list[Any],
+        rebalancer: ExpertRebalancer | None,
+    ) -> None:
+        self.core = core
+        self.channel = channel
+        self.procs = procs
+        self.rebalancer = rebalancer
+        self.last_rebalance: list[LayerRebalance] = []
+        runner = core.runner
+        execute = runner.execute
+
+        def broadcasting_execute(out: SchedulerOutput):
+            channel.send(("step", _portable(out)))
+            return execute(out)
+
+        runner.execute = broadcasting_execute
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.core, name)
+
+    def install_lora_runtime(self, runtime: Any) -> None:
+        """Not yet: followers would run attention without the adapters and route differently."""
+        raise NotImplementedError(
+            "LoRA adapters over an expert-parallel engine need the LoRA runtime on every rank; "
+            "not wired in yet (run ep_size=1 for adapters)"
+        )
+
+    def step(self) -> list[Any]:
+        """One engine step on every rank (and a rebalance when its interval is reached)."""
+        deltas = self.core.step()
+        rb = self.rebalancer
+        if rb is not None and rb.interval_steps:
+            rb.steps += 1
+            if rb.steps % rb.interval_steps == 0:
+                self.rebalance()
+        return deltas
+
+    def rebalance(self) -> list[LayerRebalance]:
+        """Rebalance every MoE layer now, on all ranks, between two steps."""
+        if self.rebalancer is None:
+            raise ValueError("this engine was started without a rebalancer")
+        self.channel.send(("rebalance", None))
+        self.last_rebalance = self.rebalancer.rebalance()
+        return self.last_rebalance
+
+    def close(self) -> None:
+        """Stop the followers and leave the process group."""
+        if self.procs:
+            self.channel.stop()
+            for p in self.procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
+            self.procs = []
+            set_process_ep_group(None)
+            dist.destroy_process_group()
+
+
+def _follower_main(
+    rank: int, world_size: int, port: int, backend: str, config: EngineConfig, redundant: int
+) -> None:
+    ep = init_ep_rank(rank, world_size, port, backend)
+    channel = StepChannel(ep)
+    box: list[Any] = [None]
+    dist.broadcast_object_list(box, src=0)  # the leader's KV block count
+    core = EngineCore(dataclasses.replace(config, num_gpu_blocks=box[0]))
+    rebalancer = ExpertRebalancer(core.model, redundant)
+
+    def execute(message: tuple[str, Any]) -> None:
+        kind, payload = message
+        if kind == "step":
+            core.runner.execute(payload)
+        elif kind == "rebalance":
+            rebalancer.rebalance()
+        else:
+            raise RuntimeError(f"unknown expert-parallel command {kind!r}")
+
+    try:
+        channel.follow(execute)
+    finally:
+        set_process_ep_group(None)
+        dist.destroy_process_group()
+
+
+def start_ep_engine(
+    config: EngineConfig,
+    ep_size: int,
+    *,
+    num_redundant: int = 0,
+    rebalance_interval: int = 0,
+    backend: str | None = None,
+    registry: Any | None = None,
+) -> EPEngine:
+    """Spawn ranks 1..ep_size-1, join as rank 0, load the model on every rank.
+
+    `num_redundant` extra expert copies are added at each rebalance (EPLB);
+    `rebalance_interval` steps between automatic rebalances (0: only on `rebalance()`).
+    """
+    if ep_size < 2:
+        raise ValueError(f"an expert-parallel engine needs ep_size >= 2, got {ep_size}")
+    backend = backend or default_backend()
+    port = free_loopback_port()
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(
+            target=_follower_main,
+            args=(r, ep_size, port, backend, config, num_redundant),
+            daemon=True,
+        )
+        for r in range(1, ep_size)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        ep = init_ep_rank(0, ep_size, port, backend)
+        core = EngineCore(config)
+        if getattr(core.model, "moe_blocks", None) is None:
+            raise ValueError(f"{config.model} is not a MoE model; expert parallelism needs experts")
+        dist.broadcast_object_list([core.pool.num_blocks], src=0)
+        if registry is None:  # export balancedness on the engine's own /metrics
+            registry = getattr(getattr(core, "metrics", None), "registry", None)
+        rebalancer = ExpertRebalancer(core.model, num_redundant, rebalance_interval, registry)
+    except BaseException:
+        for p in procs:  # followers wait on the leader forever otherwise
+            p.kill()
+            p.join()
+        set_process_ep_group(None)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        raise
+    return EPEngine(core, StepChannel(ep), procs, rebalancer)
+
+
+def add_ep_arguments(parser: argparse.ArgumentParser) -> None:
+    """The expert-parallel options of `loraplex engine`."""
+    parser.add_argument(
+        "--ep-size", type=int, default=1, help="expert-parallel ranks (spawned processes)"
+    )
+    parser.add_argument(
+        "--ep-redundant-experts",
+        type=int,
+        default=0,
+        help="extra copies of hot experts placed at each rebalance (EPLB)",
+    )
+    parser.add_argument(
+        "--eplb-interval",
+        type=int,
+        default=0,
+        help="engine steps between expert rebalances (0: never)",
+    )
+
+
+def build_engine(config: EngineConfig, args: argparse.Namespace) -> Any:
+    """An `EngineCore`, or an `EPEngine` group when `--ep-size` > 1."""
+    ep_size = int(getattr(args, "ep_size", 1) or 1)
+    if ep_size == 1:
+        return EngineCore(config)
+    return start_ep_engine(
+        config,
+        ep_size,
+        num_redundant=int(getattr(args, "ep_redundant_experts", 0) or 0),
+        rebalance_interval=int(getattr(args, "eplb_interval", 0) or 0),
+    )

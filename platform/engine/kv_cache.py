@@ -1,0 +1,50 @@
+"""Allocate the paged KV cache and bind one tensor per attention layer."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from loraplex.platform.engine.layers.attention import Attention
+
+
+def attention_layers(model: nn.Module) -> list[Attention]:
+    """The model's attention modules ordered by layer index."""
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    return sorted(layers, key=lambda a: a.layer_idx)
+
+
+def kv_cache_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block of `block_size` tokens takes across all layers (K and V)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return sum(2 * block_size * a.num_kv_heads * a.head_dim * elem for a in attention_layers(model))
+
+
+def num_blocks_for_budget(
+    model: nn.Module, budget_bytes: int, block_size: int, dtype: torch.dtype
+) -> int:
+    """How many blocks fit in `budget_bytes`."""
+    return max(0, int(budget_bytes) // kv_cache_bytes_per_block(model, block_size, dtype))
+
+
+def allocate_kv_cache(
+    model: nn.Module,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: str | torch.device,
+) -> list[torch.Tensor]:
+    """Allocate `[2, num_blocks, block_size, Hkv, D]` per attention layer and bind it as
+    `attn.kv_cache`; returns the tensors in layer order."""
+    if num_blocks <= 0 or block_size <= 0:
+        raise ValueError("num_blocks and block_size must be positive")
+    caches = []
+    for attn in attention_layers(model):
+        cache = torch.zeros(
+            2, num_blocks, block_size, attn.num_kv_heads, attn.head_dim, dtype=dtype, device=device
+        )
+        attn.kv_cache = cache
+        caches.append(cache)
+    if not caches:
+        raise ValueError("the model has no attention layers")
+    return caches

@@ -1,0 +1,1 @@
+"""Building blocks of the decoder models: the Linear seam, attention over the paged KV cache, norms, rope."""

@@ -1,0 +1,120 @@
+"""The Linear seam: every projection a LoRA may target goes through these modules.
+
+Forward is `y = x @ W^T (+ b)`; when the multi-LoRA runtime has set `lora_delta`, it is called as
+`lora_delta(x, y, module)` and adds the batched low-rank delta into `y` in place. With
+`lora_delta` None the cost is one attribute check on top of the matmul.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LoraDelta = Callable[[torch.Tensor, torch.Tensor, "Linear"], None]
+
+
+class Linear(nn.Module):
+    """A projection with named output slices (one slice unless it is a fused MergedLinear).
+
+    `layer_idx` is the decoder layer it belongs to; `slice_names` are the HuggingFace module
+    names of its output slices (e.g. `["o_proj"]`), `slice_sizes` their output widths.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        bias: bool,
+        layer_idx: int,
+        name: str,
+        dtype: torch.dtype,
+        slice_names: Sequence[str] | None = None,
+        slice_sizes: Sequence[int] | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.layer_idx = layer_idx
+        self.slice_names: list[str] = list(slice_names) if slice_names is not None else [name]
+        self.slice_sizes: list[int] = (
+            list(slice_sizes) if slice_sizes is not None else [out_features]
+        )
+        if len(self.slice_names) != len(self.slice_sizes):
+            raise ValueError("slice_names and slice_sizes must have the same length")
+        if sum(self.slice_sizes) != out_features:
+            raise ValueError(
+                f"slice sizes {self.slice_sizes} do not sum to out_features={out_features}"
+            )
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
+        self.lora_delta: LoraDelta | None = None
+
+    @property
+    def slice_offsets(self) -> list[int]:
+        """Start row of each output slice in the fused weight."""
+        offsets, start = [], 0
+        for size in self.slice_sizes:
+            offsets.append(start)
+            start += size
+        return offsets
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Base projection, plus the LoRA delta when a runtime has hooked this module."""
+        y = F.linear(x, self.weight, self.bias)
+        if self.lora_delta is not None:
+            self.lora_delta(x, y, self)
+        return y
+
+    def load_slice(self, slice_name: str, tensor: torch.Tensor, *, is_bias: bool = False) -> None:
+        """Copy a HuggingFace weight (or bias) of one slice into its rows of the fused tensor."""
+        try:
+            idx = self.slice_names.index(slice_name)
+        except ValueError:
+            raise KeyError(f"{slice_name!r} is not a slice of {self.slice_names}") from None
+        start, size = self.slice_offsets[idx], self.slice_sizes[idx]
+        target = self.bias if is_bias else self.weight
+        if target is None:
+            raise KeyError(f"checkpoint has a bias for {slice_name!r} but the layer has none")
+        expected = (size,) if is_bias else (size, self.in_features)
+        if tuple(tensor.shape) != expected:
+            raise ValueError(
+                f"{slice_name} {'bias' if is_bias else 'weight'}: checkpoint shape "
+                f"{tuple(tensor.shape)} != expected {expected}"
+            )
+        with torch.no_grad():
+            target[start : start + size].copy_(tensor)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}, "
+            f"layer={self.layer_idx}, slices={dict(zip(self.slice_names, self.slice_sizes, strict=True))}"
+        )
+
+
+class MergedLinear(Linear):
+    """Several projections of the same input fused into one matmul (q/k/v, gate/up)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        slice_sizes: Sequence[int],
+        slice_names: Sequence[str],
+        *,
+        bias: bool,
+        layer_idx: int,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__(
+            in_features,
+            sum(slice_sizes),
+            bias=bias,
+            layer_idx=layer_idx,
+            name="+".join(slice_names),
+            dtype=dtype,
+            slice_names=slice_names,
+            slice_sizes=slice_sizes,
+        )

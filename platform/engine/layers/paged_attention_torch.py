@@ -1,0 +1,174 @@
+"""Torch reference path of paged attention: write new K/V by slot, attend through block tables.
+
+Runs on CPU (and on GPU when Triton is unavailable). Decodes are batched: K/V of all decoding
+sequences are gathered through their block tables and one masked batched attention runs. Prefill
+chunks loop over sequences (one SDPA call each, with the causal mask offset by the context).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from loraplex.platform.engine.layers.attention_metadata import AttentionMetadata
+
+
+def write_kv_torch(
+    kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store k, v [T, Hkv, D] at their slots of kv_cache [2, N, bs, Hkv, D]; slot -1 is skipped."""
+    num_kv_heads, head_dim = kv_cache.shape[-2], kv_cache.shape[-1]
+    k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
+    v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid]
+    k_flat[slots] = k[valid].to(kv_cache.dtype)
+    v_flat[slots] = v[valid].to(kv_cache.dtype)
+
+
+def gather_kv(
+    kv_cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V [S, num_blocks * bs, Hkv, D] of each sequence, read through its block table."""
+    bt = block_tables[:, :num_blocks].long()
+    s = bt.shape[0]
+    _, _, bs, hkv, d = kv_cache.shape
+    k = kv_cache[0][bt].reshape(s, num_blocks * bs, hkv, d)
+    v = kv_cache[1][bt].reshape(s, num_blocks * bs, hkv, d)
+    return k, v
+
+
+def decode_attention_torch(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per sequence: q [S, Hq, D] -> out [S, Hq, D]; no host sync."""
+    s, hq, d = q.shape
+    bs, hkv = kv_cache.shape[2], kv_cache.shape[3]
+    group = hq // hkv
+    num_blocks = max(1, -(-max_seq_len // bs))
+    k, v = gather_kv(kv_cache, block_tables, num_blocks)
+    qg = q.view(s, hkv, group, d).float()
+    scores = torch.einsum("shgd,slhd->shgl", qg, k.float()) * scale
+    key_pos = torch.arange(num_blocks * bs, device=q.device)
+    mask = key_pos[None, :] < seq_lens[:, None].to(key_pos.dtype)
+    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("shgl,slhd->shgd", probs, v.float())
+    return out.reshape(s, hq, d).to(q.dtype)
+
+
+def prefill_attention_torch(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_len: int,
+    seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """One sequence's chunk q [n, Hq, D] at positions context_len.. over its cached context."""
+    n, hq, d = q.shape
+    bs, hkv = kv_cache.shape[2], kv_cache.shape[3]
+    num_blocks = -(-seq_len // bs)
+    k, v = gather_kv(kv_cache, block_table[None, :], num_blocks)
+    k = k[0, :seq_len].transpose(0, 1)  # [Hkv, L, D]
+    v = v[0, :seq_len].transpose(0, 1)
+    q_pos = torch.arange(n, device=q.device) + context_len
+    key_pos = torch.arange(seq_len, device=q.device)
+    mask = key_pos[None, :] <= q_pos[:, None]  # [n, L]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1),
+        k.to(q.dtype),
+        v.to(q.dtype),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=hq != hkv,
+    )
+    return out.transpose(0, 1)
+
+
+@dataclass
+class _BatchPlan:
+    """How a mixed batch splits into batched decodes and per-sequence prefill chunks."""
+
+    decode_seq_idx: torch.Tensor | None  # [Sd] sequences with one query token
+    decode_tok_idx: torch.Tensor | None  # [Sd] their token rows
+    decode_max_len: int
+    prefills: list[tuple[int, int, int, int, int]]  # (seq, start, end, context_len, seq_len)
+
+
+def _plan(md: AttentionMetadata, device: torch.device) -> _BatchPlan:
+    """Host-side split of the batch, computed once per step and shared by every layer."""
+    plan = md.cache.get("torch_plan")
+    if plan is not None:
+        return plan
+    starts = md.query_start_loc.tolist()
+    ctx = md.context_lens.tolist()
+    lens = md.seq_lens.tolist()
+    decodes = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
+    plan = _BatchPlan(
+        decode_seq_idx=torch.tensor(decodes, device=device, dtype=torch.long) if decodes else None,
+        decode_tok_idx=(
+            torch.tensor([starts[i] for i in decodes], device=device, dtype=torch.long)
+            if decodes
+            else None
+        ),
+        decode_max_len=max((lens[i] for i in decodes), default=0),
+        prefills=[
+            (i, starts[i], starts[i + 1], ctx[i], lens[i])
+            for i in range(len(lens))
+            if starts[i + 1] - starts[i] > 1
+        ],
+    )
+    md.cache["torch_plan"] = plan
+    return plan
+
+
+DecodeFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor
+]
+
+
+def paged_attention_torch(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    md: AttentionMetadata,
+    scale: float,
+    decode_fn: DecodeFn = decode_attention_torch,
+) -> torch.Tensor:
+    """Attention for a mixed batch q [T, Hq, D] (K/V already written) -> out [T, Hq, D].
+
+    `decode_fn(q, kv_cache, block_tables, seq_lens, max_seq_len, scale)` serves the rows with
+    a single query token (the Triton kernel on GPU, the batched torch gather otherwise).
+    """
+    if md.is_decode_only:
+        s = md.num_seqs
+        out = decode_fn(q[:s], kv_cache, md.block_tables, md.seq_lens, md.max_seq_len, scale)
+        if q.shape[0] == s:
+            return out
+        full = torch.zeros_like(q)
+        full[:s] = out
+        return full
+    plan = _plan(md, q.device)
+    out = torch.zeros_like(q)
+    if plan.decode_seq_idx is not None and plan.decode_tok_idx is not None:
+        out[plan.decode_tok_idx] = decode_fn(
+            q[plan.decode_tok_idx],
+            kv_cache,
+            md.block_tables[plan.decode_seq_idx],
+            md.seq_lens[plan.decode_seq_idx],
+            plan.decode_max_len,
+            scale,
+        )
+    for i, a, b, ctx_len, seq_len in plan.prefills:
+        out[a:b] = prefill_attention_torch(
+            q[a:b], kv_cache, md.block_tables[i], ctx_len, seq_len, scale
+        )
+    return out

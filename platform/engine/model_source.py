@@ -1,0 +1,301 @@
+"""Where an engine's model comes from: a local HuggingFace folder or an `s3://bucket/prefix`.
+
+Both sources give the same three things: `config.json`, the tokenizer, and the weights as
+(name, tensor) pairs that go straight into the model's `load_weights`. From object storage the
+small files (config, tokenizer files) are fetched whole, and the weights are streamed by the
+loader's `StreamLoader`: headers are read and validated first (so a bad checkpoint fails before
+any weight is allocated), then each tensor is handed on as soon as its bytes are in, while later
+ranges are still being fetched. The deployment's quantization choice is applied on the way in.
+Every phase lands in the cold-start `Timeline`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import nn
+
+from loraplex.loader.object_store import ObjectNotFoundError
+from loraplex.loader.quantize import Quantizer
+from loraplex.loader.stream_reader import LoadPlan, StreamLoader, open_loader
+from loraplex.loader.timeline import Timeline
+from loraplex.platform.engine.hf_folder import iter_weights, read_config, safetensors_files
+from loraplex.platform.engine.hf_tokenizer import HFTokenizer, load_tokenizer
+from loraplex.platform.engine.model_loading import resolve_dtype
+from loraplex.platform.engine.models.registry import resolve_model_class
+from loraplex.platform.engine.weight_quantization import resolve_weight_quantization
+
+if TYPE_CHECKING:
+    from loraplex.platform.engine.config import EngineConfig
+    from loraplex.platform.settings import Settings
+
+log = logging.getLogger(__name__)
+
+S3_SCHEME = "s3://"
+CONFIG_FILE = "config.json"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+)
+MAX_SMALL_FILE_BYTES = 64 * 1024 * 1024
+
+Weights = Iterator[tuple[str, torch.Tensor]]
+
+
+class ModelSourceError(ValueError):
+    """The model location is malformed, or lacks a file the engine needs."""
+
+
+class ModelSource(Protocol):
+    """What the engine needs from a model location."""
+
+    model_id: str
+    name: str
+
+    def read_config(self) -> dict[str, Any]:
+        """The model's `config.json`."""
+        ...
+
+    def prepare_weights(self) -> None:
+        """Find and validate the weight files (no weight memory is allocated)."""
+        ...
+
+    def iter_weights(self, device: torch.device, quantizer: Quantizer | None) -> Weights:
+        """(name, tensor) pairs in HuggingFace checkpoint names, quantized if asked."""
+        ...
+
+    def load_tokenizer(self) -> HFTokenizer | None:
+        """The tokenizer, or None when the model has no `tokenizer.json`."""
+        ...
+
+
+def _timed(
+    weights: Weights,
+    timeline: Timeline,
+    producer_phase: str | None = None,
+    consumer_phase: str | None = None,
+) -> Weights:
+    """Pass `weights` on, adding the time spent producing them (reading) and consuming them
+    (the copies into the model) to the given timeline phases."""
+    consumer = producer = 0.0
+    try:
+        while True:
+            t0 = time.perf_counter()
+            try:
+                item = next(weights)
+            except StopIteration:
+                return
+            finally:
+                producer += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            yield item
+            consumer += time.perf_counter() - t1
+    finally:
+        close = getattr(weights, "close", None)
+        if close is not None:  # stop the fetchers at once if the model refused a tensor
+            close()
+        for phase, seconds in ((producer_phase, producer), (consumer_phase, consumer)):
+            if phase is not None:
+                timeline.add(phase, seconds)
+
+
+class LocalModelSource:
+    """A HuggingFace folder on local disk (read lazily, one tensor at a time)."""
+
+    def __init__(self, path: str, timeline: Timeline, tokenizer_path: str | None = None) -> None:
+        self.path = path
+        self.timeline = timeline
+        self.tokenizer_path = tokenizer_path or path
+        self.model_id = str(Path(path).resolve())
+        self.name = Path(path).name
+
+    def read_config(self) -> dict[str, Any]:
+        """`config.json` of the folder."""
+        return read_config(self.path)
+
+    def prepare_weights(self) -> None:
+        """Check the weight files are there (the index's shards included)."""
+        with self.timeline.phase("header"):
+            safetensors_files(self.path)
+
+    def iter_weights(self, device: torch.device, quantizer: Quantizer | None) -> Weights:
+        """The folder's tensors read from disk (timed as fetch), quantized on the way."""
+        read = _timed(iter_weights(self.path), self.timeline, producer_phase="fetch")
+        return _timed(self._quantized(read, quantizer), self.timeline, consumer_phase="device_copy")
+
+    def _quantized(self, weights: Weights, quantizer: Quantizer | None) -> Weights:
+        for name, tensor in weights:
+            if quantizer is None:
+                yield name, tensor
+                continue
+            with self.timeline.phase("quantize"):
+                out = quantizer.apply(name, tensor)
+            yield from out
+
+    def load_tokenizer(self) -> HFTokenizer | None:
+        """The folder's tokenizer, if it has a `tokenizer.json`."""
+        if not (Path(self.tokenizer_path) / "tokenizer.json").is_file():
+            return None
+        return load_tokenizer(self.tokenizer_path)
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """`s3://bucket/some/prefix/` -> ("bucket", "some/prefix"); ModelSourceError if malformed."""
+    if not url.startswith(S3_SCHEME):
+        raise ModelSourceError(f"not an s3:// URL: {url!r}")
+    bucket, _, prefix = url[len(S3_SCHEME) :].partition("/")
+    if not bucket:
+        raise ModelSourceError(f"{url!r} names no bucket; expected s3://BUCKET/PREFIX")
+    return bucket, prefix.strip("/")
+
+
+class S3ModelSource:
+    """A HuggingFace folder in object storage, streamed by the loader."""
+
+    def __init__(
+        self,
+        url: str,
+        settings: Settings,
+        timeline: Timeline,
+        tokenizer_path: str | None = None,
+    ) -> None:
+        bucket, self.prefix = parse_s3_url(url)
+        self.model_id = f"{S3_SCHEME}{bucket}/{self.prefix}".rstrip("/")
+        self.name = self.prefix.rpartition("/")[2] or bucket
+        self.timeline = timeline
+        self.tokenizer_path = tokenizer_path
+        self.loader: StreamLoader = open_loader(
+            settings.model_copy(update={"s3_bucket": bucket}), timeline=timeline
+        )
+        self.plan: LoadPlan | None = None
+        self.config_bytes: bytes | None = None
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def _small_file(self, name: str) -> bytes | None:
+        """A small file of the model folder, whole; None if the object does not exist."""
+        key = self._key(name)
+        try:
+            data, info = self.loader.store.read_prefix(key, MAX_SMALL_FILE_BYTES + 1)
+        except ObjectNotFoundError:
+            return None
+        if info.size > MAX_SMALL_FILE_BYTES:
+            raise ModelSourceError(
+                f"{self.model_id}/{name} is {info.size} bytes, over {MAX_SMALL_FILE_BYTES}"
+            )
+        return data
+
+    def read_config(self) -> dict[str, Any]:
+        """`config.json`, fetched whole (timed as part of the header phase)."""
+        with self.timeline.phase("header"):
+            raw = self._small_file(CONFIG_FILE)
+        if raw is None:
+            raise ModelSourceError(f"no {CONFIG_FILE} at {self.model_id}/{CONFIG_FILE}")
+        try:
+            config = json.loads(raw)
+        except ValueError as exc:
+            msg = f"{self.model_id}/{CONFIG_FILE} is not valid JSON: {exc}"
+            raise ModelSourceError(msg) from None
+        if not isinstance(config, dict):
+            raise ModelSourceError(f"{self.model_id}/{CONFIG_FILE} must hold a JSON object")
+        self.config_bytes = raw
+        return config
+
+    def prepare_weights(self) -> None:
+        """Resolve the checkpoint (index or single file) and read and validate every header."""
+        self.plan = self.loader.plan(self.prefix)
+        log.info(
+            "%s: %d shard(s), %.1f MiB of weights to stream",
+            self.model_id,
+            len(self.plan.shards),
+            self.plan.total_bytes / 2**20,
+        )
+
+    def iter_weights(self, device: torch.device, quantizer: Quantizer | None) -> Weights:
+        """Each tensor on `device` as soon as its bytes are in (the loader times the fetch)."""
+        if self.plan is None:
+            self.prepare_weights()
+        stream = self.loader.iter_tensors(self.plan, device=device, quantizer=quantizer)
+        return _timed(stream, self.timeline, consumer_phase="device_copy")
+
+    def load_tokenizer(self) -> HFTokenizer | None:
+        """Fetch the tokenizer files into a temporary folder and load them from there."""
+        if self.tokenizer_path is not None:
+            return LocalModelSource(self.tokenizer_path, self.timeline).load_tokenizer()
+        with tempfile.TemporaryDirectory(prefix="loraplex-tok-") as tmp:
+            with self.timeline.phase("header"):
+                found = {name: self._small_file(name) for name in TOKENIZER_FILES}
+            if found["tokenizer.json"] is None:
+                return None
+            for name, data in found.items():
+                if data is not None:
+                    (Path(tmp) / name).write_bytes(data)
+            if self.config_bytes is not None:  # eos ids may live there
+                (Path(tmp) / CONFIG_FILE).write_bytes(self.config_bytes)
+            return load_tokenizer(tmp)
+
+
+def open_model_source(
+    model: str,
+    settings: Settings | None,
+    timeline: Timeline,
+    tokenizer_path: str | None = None,
+) -> ModelSource:
+    """The source for a model location: `s3://bucket/prefix` (needs `settings`) or a local folder."""
+    if not model.startswith(S3_SCHEME):
+        return LocalModelSource(model, timeline, tokenizer_path)
+    if settings is None:
+        raise ModelSourceError(
+            f"loading {model} needs the object store's Settings (EngineConfig.settings / "
+            "LLM(settings=...)); the engine server builds them from LORAPLEX_S3_* variables"
+        )
+    return S3ModelSource(model, settings, timeline, tokenizer_path)
+
+
+@dataclass
+class LoadedModel:
+    """A built model with its weights, and what the engine needs beside it."""
+
+    model: nn.Module
+    hf_config: dict[str, Any]
+    tokenizer: HFTokenizer | None
+    dtype: torch.dtype
+    model_id: str
+    name: str
+
+
+def load_engine_model(config: EngineConfig, timeline: Timeline) -> LoadedModel:
+    """Build the model of `config` from its source: validate the quantization choice and the
+    checkpoint headers first, then allocate the model and stream the weights into it."""
+    quant = resolve_weight_quantization(config.quantization)
+    source = open_model_source(config.model, config.settings, timeline, config.tokenizer)
+    hf_config = source.read_config()
+    cls = resolve_model_class(hf_config)
+    dtype = quant.cast_to or resolve_dtype(config.dtype, hf_config)
+    source.prepare_weights()  # a bad checkpoint fails here, before any weight is allocated
+    device = torch.device(config.device)
+    with torch.device(device):
+        model = cls(hf_config, dtype)
+    model.load_weights(source.iter_weights(device, quant.quantizer()))
+    model.eval()
+    model.requires_grad_(False)
+    return LoadedModel(
+        model,
+        hf_config,
+        source.load_tokenizer(),
+        dtype,
+        config.model_id or source.model_id,
+        source.name,
+    )

@@ -1,0 +1,101 @@
+"""Map HuggingFace checkpoint tensors onto the engine's modules, fusing stacked projections.
+
+Order of routing for one checkpoint name:
+1. the deepest module on its path that defines `load_hf_weight(rel_name, tensor) -> list[str]`
+   takes it (MoE blocks use this for expert layouts); it returns the parameter names it filled,
+   relative to itself;
+2. `q_proj`/`k_proj`/`v_proj` go into `qkv_proj`, `gate_proj`/`up_proj` into `gate_up_proj`;
+3. anything else is copied into the parameter of the same name.
+Unknown names and parameters left unloaded are errors, so a wrong mapping can never go unnoticed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from loraplex.platform.engine.layers.linear import Linear
+
+STACKED = {
+    "q_proj": "qkv_proj",
+    "k_proj": "qkv_proj",
+    "v_proj": "qkv_proj",
+    "gate_proj": "gate_up_proj",
+    "up_proj": "gate_up_proj",
+}
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class WeightLoadingError(ValueError):
+    """The checkpoint does not fit the model (unknown, missing or mis-shaped tensors)."""
+
+
+def _find_delegate(model: nn.Module, name: str) -> tuple[nn.Module, str, str] | None:
+    """The deepest module on `name`'s path with a `load_hf_weight` hook: (module, rel, prefix)."""
+    parts = name.split(".")
+    module: nn.Module = model
+    found: tuple[nn.Module, str, str] | None = None
+    for i, part in enumerate(parts[:-1]):
+        child = module._modules.get(part)
+        if child is None:
+            break
+        module = child
+        if hasattr(module, "load_hf_weight"):
+            found = (module, ".".join(parts[i + 1 :]), ".".join(parts[: i + 1]))
+    return found
+
+
+def load_hf_weights(
+    model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], *, skip_lm_head: bool
+) -> None:
+    """Load every (name, tensor) into `model`; raise WeightLoadingError on any mismatch."""
+    params = dict(model.named_parameters())
+    modules = dict(model.named_modules())
+    # parameter name -> slices still waiting for data ("" for an unsliced parameter)
+    pending: dict[str, set[str]] = {name: {""} for name in params}
+    for mod_name, mod in modules.items():
+        if isinstance(mod, Linear):
+            for piece in ("weight", "bias"):
+                if getattr(mod, piece) is not None and f"{mod_name}.{piece}" in pending:
+                    pending[f"{mod_name}.{piece}"] = set(mod.slice_names)
+
+    for name, tensor in weights:
+        if name.endswith(IGNORED_SUFFIXES):
+            continue
+        if skip_lm_head and name == "lm_head.weight":
+            continue
+        delegate = _find_delegate(model, name)
+        if delegate is not None:
+            module, rel, prefix = delegate
+            for rel_param in module.load_hf_weight(rel, tensor):
+                pending.pop(f"{prefix}.{rel_param}", None)
+            continue
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in STACKED:
+            fused = ".".join([*parts[:-2], STACKED[parts[-2]]])
+            module = modules.get(fused)
+            if not isinstance(module, Linear):
+                raise WeightLoadingError(f"checkpoint tensor {name!r} has no place in the model")
+            try:
+                module.load_slice(parts[-2], tensor, is_bias=parts[-1] == "bias")
+            except (KeyError, ValueError) as exc:
+                raise WeightLoadingError(f"{name}: {exc}") from exc
+            pending.get(f"{fused}.{parts[-1]}", set()).discard(parts[-2])
+            continue
+        param = params.get(name)
+        if param is None:
+            raise WeightLoadingError(f"checkpoint tensor {name!r} has no place in the model")
+        if tuple(param.shape) != tuple(tensor.shape):
+            raise WeightLoadingError(
+                f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(param.shape)}"
+            )
+        with torch.no_grad():
+            param.copy_(tensor)
+        pending.pop(name, None)
+
+    missing = sorted(f"{p}[{s}]" if s else p for p, slices in pending.items() for s in slices)
+    if missing:
+        shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
+        raise WeightLoadingError(f"checkpoint lacks {len(missing)} tensor(s): {shown}")

@@ -1,0 +1,134 @@
+"""Prefix caching: chained content hashes of full KV blocks, and the per-request KV manager.
+
+Block i of a request is keyed by sha256(key of block i-1 || token ids of block i); the key
+of the empty prefix folds in the model id, the adapter version (sha256) and the cache salt,
+so two adapters, two versions or two tenants never map to the same blocks. Because every
+key commits to its whole prefix, the index is a tree of blocks: walking a request's keys
+from the root until the first miss finds its longest cached prefix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+
+from loraplex.platform.engine.block_pool import BlockPool, KVBlock
+from loraplex.platform.engine.request import Request
+
+
+def root_hash(model_id: str, adapter_key: str | None, cache_salt: str | None) -> bytes:
+    """Key of the empty prefix for one (model, adapter version, salt)."""
+    h = hashlib.sha256(b"loraplex-kv-v1\0")
+    for part in (model_id, adapter_key, cache_salt):
+        h.update(b"\1" if part is None else b"\2" + part.encode() + b"\0")
+    return h.digest()
+
+
+def hash_block(parent: bytes, token_ids: Sequence[int]) -> bytes:
+    """Key of a full block given its parent's key and its tokens."""
+    return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
+
+
+class KVCacheManager:
+    """Gives requests KV blocks, finds their cached prefixes, and frees them.
+
+    Counters `queries` and `hits` count prompt tokens looked up and found cached
+    (vLLM's prefix_cache_queries / prefix_cache_hits).
+    """
+
+    def __init__(
+        self, pool: BlockPool, block_size: int, model_id: str, enable_caching: bool = True
+    ) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.model_id = model_id
+        self.enable_caching = enable_caching
+        self._blocks: dict[str, list[KVBlock]] = {}
+        self._num_registered: dict[str, int] = {}
+        self.queries = 0
+        self.hits = 0
+
+    def block_hashes(self, request: Request) -> list[bytes]:
+        """Extend and return the request's chained hashes of all its full, known blocks."""
+        hashes = request.block_hashes
+        bs = self.block_size
+        parent = (
+            hashes[-1]
+            if hashes
+            else root_hash(self.model_id, request.adapter_key, request.cache_salt)
+        )
+        for i in range(len(hashes), request.num_tokens // bs):
+            parent = hash_block(parent, request.token_slice(i * bs, (i + 1) * bs))
+            hashes.append(parent)
+        return hashes
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
+        """Cached blocks of the request's longest cached prefix, and how many tokens they hold.
+
+        At least one token is always left to compute (its logits are needed), and requests
+        asking for prompt logprobs skip the cache (those need every prompt position's logits).
+        """
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVBlock] = []
+        for block_hash in self.block_hashes(request)[:max_blocks]:
+            block = self.pool.lookup(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def record_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admitted request's prefix lookup."""
+        self.queries += num_query_tokens
+        self.hits += num_hit_tokens
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, computed: list[KVBlock] | None = None
+    ) -> bool:
+        """Make room for `num_new_tokens` more tokens (after any cached `computed` blocks).
+
+        Returns False, changing nothing, when the pool lacks free blocks.
+        """
+        computed = computed or []
+        blocks = self._blocks.setdefault(request.request_id, [])
+        total = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
+        needed = -(-total // self.block_size) - len(blocks) - len(computed)
+        reusable = sum(1 for b in computed if b.ref_cnt == 0)
+        if needed > self.pool.num_free_blocks - reusable:
+            if not blocks:
+                del self._blocks[request.request_id]
+            return False
+        if computed:
+            self.pool.touch(computed)
+            blocks.extend(computed)
+            self._num_registered[request.request_id] = len(blocks)
+        if needed > 0:
+            blocks.extend(self.pool.allocate(needed))
+        if computed or needed > 0:
+            request.block_ids = [b.block_id for b in blocks]
+        if self.enable_caching:
+            self._register_full_blocks(request, blocks, total // self.block_size)
+        return True
+
+    def _register_full_blocks(self, request: Request, blocks: list[KVBlock], num_full: int) -> None:
+        start = self._num_registered.get(request.request_id, 0)
+        if num_full <= start:
+            return
+        hashes = self.block_hashes(request)
+        for i in range(start, num_full):
+            self.pool.cache_block(blocks[i], hashes[i])
+        self._num_registered[request.request_id] = num_full
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks at once (tail first, so its prefix stays cached longest)."""
+        blocks = self._blocks.pop(request.request_id, [])
+        self._num_registered.pop(request.request_id, None)
+        self.pool.free(list(reversed(blocks)))
+        request.block_ids = []
+
+    def num_requests(self) -> int:
+        """Requests currently holding blocks."""
+        return len(self._blocks)

@@ -1,0 +1,165 @@
+"""Sampler: picks each request's next token from a batch of logits, vectorised over the batch.
+
+Order per row: penalties (repetition, frequency, presence) on the raw logits; greedy rows
+take the argmax; the others are divided by their temperature, filtered by top-k, top-p and
+min-p, and sampled by the exponential race (argmax of p / q with q ~ Exp(1)), drawing q from
+the request's own seeded generator when it has a seed, so a seeded request samples the same
+tokens whatever else is in the batch. Logprobs are those of the raw model distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from loraplex.platform.engine.request import Request
+
+
+@dataclass
+class SamplerOutput:
+    """Sampled token per row, and per row the logprobs dict (None where not asked)."""
+
+    token_ids: list[int]
+    logprobs: list[dict[int, float] | None]
+
+
+def topn_logprobs(
+    logprobs: torch.Tensor, token_ids: torch.Tensor, n: int
+) -> list[dict[int, float]]:
+    """Per row, {token: logprob} for the top-`n` tokens plus `token_ids[row]`."""
+    chosen = logprobs.gather(-1, token_ids.view(-1, 1)).squeeze(-1).tolist()
+    ids = token_ids.tolist()
+    out: list[dict[int, float]] = [{ids[i]: chosen[i]} for i in range(len(ids))]
+    if n > 0:
+        vals, idx = logprobs.topk(n, dim=-1)
+        for row, (vs, ixs) in enumerate(zip(vals.tolist(), idx.tolist(), strict=True)):
+            for v, ix in zip(vs, ixs, strict=True):
+                out[row].setdefault(ix, v)
+    return out
+
+
+class Sampler:
+    """Batched sampling with per-request settings; keeps one generator for unseeded requests."""
+
+    def __init__(self, seed: int = 0, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
+        """Sample one token for each row of `logits` [S, V] (fp32), row i for requests[i]."""
+        logits = logits.float()
+        params = [r.sampling_params for r in requests]
+        raw_logprobs = None
+        if any(p.logprobs is not None for p in params):
+            raw_logprobs = torch.log_softmax(logits, dim=-1)
+        if any(p.has_penalties for p in params):
+            logits = self._apply_penalties(logits.clone(), requests)
+        if any(r.num_output_tokens < p.min_tokens for r, p in zip(requests, params, strict=True)):
+            logits = self._block_early_stop(logits.clone(), requests)
+
+        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+        tokens = logits.argmax(dim=-1)
+        if not bool(greedy.all()):
+            sampled = self._sample(logits, requests)
+            tokens = torch.where(greedy, tokens, sampled)
+
+        out_lp: list[dict[int, float] | None] = [None] * len(requests)
+        if raw_logprobs is not None:
+            rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+            n = max(params[i].logprobs for i in rows)
+            sel = torch.tensor(rows, device=logits.device)
+            dicts = topn_logprobs(raw_logprobs[sel], tokens[sel], n)
+            for row, d in zip(rows, dicts, strict=True):
+                keep = params[row].logprobs
+                if keep < n:  # trim rows that asked for fewer alternatives than the batch max
+                    tok = int(tokens[row])
+                    top = sorted(((v, k) for k, v in d.items()), reverse=True)[:keep]
+                    d = {tok: d[tok], **{k: v for v, k in top}}
+                out_lp[row] = d
+        return SamplerOutput(tokens.tolist(), out_lp)
+
+    def _apply_penalties(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        s, v = logits.shape
+        dev = logits.device
+        out_len = max((r.num_output_tokens for r in requests), default=0)
+        counts = torch.zeros(s, v + 1, device=dev)
+        if out_len:
+            ids = torch.full((s, out_len), v, dtype=torch.long)
+            for i, r in enumerate(requests):
+                ids[i, : r.num_output_tokens] = torch.tensor(r.output_token_ids, dtype=torch.long)
+            counts.scatter_add_(1, ids.to(dev), torch.ones(s, out_len, device=dev))
+        counts = counts[:, :v]
+        params = [r.sampling_params for r in requests]
+        rep = torch.tensor([p.repetition_penalty for p in params], device=dev).unsqueeze(1)
+        freq = torch.tensor([p.frequency_penalty for p in params], device=dev).unsqueeze(1)
+        pres = torch.tensor([p.presence_penalty for p in params], device=dev).unsqueeze(1)
+        if any(p.repetition_penalty != 1.0 for p in params):
+            seen = counts > 0
+            p_len = max(r.num_prompt_tokens for r in requests)
+            pids = torch.full((s, p_len), v, dtype=torch.long)
+            for i, r in enumerate(requests):
+                pids[i, : r.num_prompt_tokens] = torch.tensor(r.prompt_token_ids, dtype=torch.long)
+            in_prompt = torch.zeros(s, v + 1, dtype=torch.bool, device=dev)
+            in_prompt.scatter_(1, pids.to(dev), True)
+            seen |= in_prompt[:, :v]
+            penalised = torch.where(logits > 0, logits / rep, logits * rep)
+            logits = torch.where(seen, penalised, logits)
+        logits -= freq * counts
+        logits -= pres * (counts > 0).float()
+        return logits
+
+    @staticmethod
+    def _block_early_stop(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """Below `min_tokens`, EOS (unless ignored) and stop token ids cannot be sampled."""
+        v = logits.shape[-1]
+        for i, r in enumerate(requests):
+            p = r.sampling_params
+            if r.num_output_tokens >= p.min_tokens:
+                continue
+            banned = set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.eos_token_ids))
+            ids = [t for t in banned if t < v]
+            if ids:
+                logits[i, ids] = float("-inf")
+        return logits
+
+    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        params = [r.sampling_params for r in requests]
+        dev = logits.device
+        v = logits.shape[-1]
+        temp = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=dev)
+        logits = logits / temp.unsqueeze(1)
+        top_k = [p.top_k if 0 < p.top_k < v else v for p in params]
+        top_p = [p.top_p for p in params]
+        if any(k < v for k in top_k) or any(p < 1.0 for p in top_p):
+            sorted_logits, order = logits.sort(dim=-1, descending=True)
+            if any(k < v for k in top_k):
+                k = torch.tensor(top_k, device=dev).unsqueeze(1)
+                ranks = torch.arange(v, device=dev).unsqueeze(0)
+                sorted_logits = sorted_logits.masked_fill(ranks >= k, float("-inf"))
+            if any(p < 1.0 for p in top_p):
+                probs = sorted_logits.softmax(dim=-1)
+                before = probs.cumsum(dim=-1) - probs
+                p = torch.tensor(top_p, device=dev).unsqueeze(1)
+                sorted_logits = sorted_logits.masked_fill(before > p, float("-inf"))
+            logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
+        probs = logits.softmax(dim=-1)
+        if any(p.min_p > 0 for p in params):
+            min_p = torch.tensor([p.min_p for p in params], device=dev).unsqueeze(1)
+            floor = probs.max(dim=-1, keepdim=True).values * min_p
+            probs = probs.masked_fill(probs < floor, 0.0)
+        q = torch.empty_like(probs)
+        for i, r in enumerate(requests):
+            gen = self._generator_for(r)
+            q[i].exponential_(generator=gen)
+        return (probs / q).argmax(dim=-1)
+
+    def _generator_for(self, request: Request) -> torch.Generator:
+        seed = request.sampling_params.seed
+        if seed is None:
+            return self.generator
+        gen = request.generator
+        if gen is None or gen.device != self.device:
+            gen = torch.Generator(device=self.device).manual_seed(seed)
+            request.generator = gen
+        return gen

@@ -1,0 +1,259 @@
+"""Scheduler: iteration-level batching of decode tokens and prefill chunks.
+
+Every step it first gives each running request its next tokens (one for a decode, a chunk
+for an unfinished prefill), preempting the newest running requests by recompute when KV
+blocks run out, then admits waiting requests in arrival order while the token budget
+(`max_num_batched_tokens`), the sequence limit (`max_num_seqs`), the KV pool and the
+admission policy allow. A request's progress is one number, `num_computed_tokens`, so a
+prefill chunk and a decode are the same thing: "run the next N tokens".
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from loraplex.platform.engine.prefix_cache import KVCacheManager
+from loraplex.platform.engine.request import Request, RequestStatus
+
+
+class AdmissionPolicy(Protocol):
+    """Gate on admitting waiting requests (the multi-LoRA runtime limits adapters per batch)."""
+
+    def can_admit(self, request: Request) -> bool:
+        """May this waiting request join the running batch now?"""
+        ...
+
+    def on_admitted(self, request: Request) -> None:
+        """The request joined the running batch."""
+        ...
+
+    def on_released(self, request: Request) -> None:
+        """The request left the running batch (finished, aborted or preempted)."""
+        ...
+
+
+class AdmitAll:
+    """The default policy: admit everything, track nothing."""
+
+    def can_admit(self, request: Request) -> bool:
+        """Always True."""
+        return True
+
+    def on_admitted(self, request: Request) -> None:
+        """Nothing to track."""
+
+    def on_released(self, request: Request) -> None:
+        """Nothing to track."""
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's share of a step: run tokens [start, start + num_tokens)."""
+
+    request: Request
+    num_tokens: int
+    start: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the request's last known token, so it samples the next."""
+        return self.start + self.num_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's batch, in the order the model runner lays it out."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the step's forward."""
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        """True when nothing was scheduled."""
+        return not self.scheduled
+
+
+class Scheduler:
+    """Decides each step's batch and applies each step's sampled tokens."""
+
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        enable_chunked_prefill: bool = True,
+        policy: AdmissionPolicy | None = None,
+    ) -> None:
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.policy: AdmissionPolicy = policy or AdmitAll()
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    # -- requests in and out -------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a new request; raises ValueError if it can never fit."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        if request.num_prompt_tokens >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {request.num_prompt_tokens} tokens; max_model_len is "
+                f"{self.max_model_len} (the prompt must leave room for one output token)"
+            )
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
+        """End a request now (abort, or stop string found by the detokenizer); frees its blocks."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+            self.policy.on_released(request)
+        else:
+            self.waiting.remove(request)
+        self.kv.free(request)
+        request.status = status
+        request.finished_time = time.monotonic()
+        return request
+
+    def has_unfinished(self) -> bool:
+        """True while any request waits or runs."""
+        return bool(self.requests)
+
+    # -- one step ----------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's batch: running requests first, then waiting ones in order."""
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        kept: list[Request] = []
+        queue = list(self.running)
+        while queue and budget > 0:
+            request = queue.pop(0)
+            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(request, n):
+                victim = queue.pop() if queue else request
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                kept.append(request)
+                out.scheduled.append(ScheduledRequest(request, n, request.num_computed_tokens))
+                budget -= n
+        kept.extend(queue)  # running requests the budget did not reach stay running
+        self.running = kept
+        if not out.preempted:
+            self._admit_waiting(out, budget)
+        now = time.monotonic()
+        for s in out.scheduled:
+            if s.request.scheduled_time is None:
+                s.request.scheduled_time = now
+        return out
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        skipped: list[Request] = []
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            if not self.policy.can_admit(request):
+                skipped.append(self.waiting.popleft())
+                continue
+            computed, num_cached = self.kv.get_computed_blocks(request)
+            n = request.num_tokens - num_cached
+            if n > budget:
+                if not self.enable_chunked_prefill:
+                    break
+                n = budget
+            if not self.kv.allocate_slots(request, n, computed):
+                break
+            self.waiting.popleft()
+            if request.num_preemptions == 0:
+                self.kv.record_lookup(request.num_prompt_tokens, num_cached)
+            request.num_cached_tokens = max(request.num_cached_tokens, num_cached)
+            request.num_computed_tokens = num_cached
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self.policy.on_admitted(request)
+            out.scheduled.append(ScheduledRequest(request, n, num_cached))
+            budget -= n
+        self.waiting.extendleft(reversed(skipped))
+
+    def _preempt(self, request: Request) -> None:
+        """Recompute-style preemption: drop the KV, send the request back to the queue's head."""
+        if request in self.running:
+            self.running.remove(request)
+        self.kv.free(request)
+        self.policy.on_released(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def update(self, out: SchedulerOutput, sampled: dict[str, int | None]) -> list[Request]:
+        """Apply a step's results: advance progress, append sampled tokens, finish requests.
+
+        `sampled` maps request id to the new token (None for a prefill chunk that did not
+        reach the end of the prompt). Returns the requests that finished in this step.
+        """
+        finished: list[Request] = []
+        now = time.monotonic()
+        for s in out.scheduled:
+            request = s.request
+            if request.is_finished or request.request_id not in self.requests:
+                continue
+            request.num_computed_tokens += s.num_tokens
+            token = sampled.get(request.request_id)
+            if token is None:
+                continue
+            request.output_token_ids.append(token)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            request.last_token_time = now
+            status = self._check_stop(request, token)
+            if status is not None:
+                finished.append(self.finish_request(request.request_id, status))
+        return finished
+
+    def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.sampling_params
+        if request.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token in request.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+            if token in params.stop_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    # -- introspection -----------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the running batch."""
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued (new or preempted)."""
+        return len(self.waiting)

@@ -1,0 +1,411 @@
+"""The replica's internal HTTP API: stream generations, abort, health, state, metrics.
+
+One asyncio task drives the engine: between steps it applies queued adds and aborts (on the
+event loop, so the engine is never touched by two threads), then runs `EngineCore.step` in a
+worker thread and hands each delta to its request's stream. A client that disconnects aborts
+its request, which frees its KV blocks before the next step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from loraplex.platform.engine.engine_core import EngineCore
+from loraplex.platform.engine.load_args import add_load_arguments, load_options
+from loraplex.platform.engine.metrics import CONTENT_TYPE_LATEST
+from loraplex.platform.engine.outputs import RequestDelta
+from loraplex.platform.engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+MAX_PROMPT_TOKENS = 1_000_000
+
+
+def error_response(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:
+    """An OpenAI-shaped error body with its status code."""
+    body = {"error": {"message": message, "type": type_, "param": param, "code": status}}
+    return JSONResponse(body, status_code=status)
+
+
+class GenerateRequest(BaseModel):
+    """POST /generate body: a prompt (text or token ids), sampling settings, routing keys."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = Field(default=None, max_length=MAX_PROMPT_TOKENS)
+    request_id: str | None = Field(default=None, max_length=256)
+    adapter: Any | None = None
+    cache_salt: str | None = Field(default=None, max_length=256)
+    stream: bool = True
+    n: int = 1
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    max_tokens: int = 16
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def sampling_params(self) -> SamplingParams:
+        """The SamplingParams this body asks for (raises ValueError when invalid)."""
+        fields = self.model_dump(
+            exclude={"prompt", "prompt_token_ids", "request_id", "adapter", "cache_salt", "stream"}
+        )
+        return SamplingParams(**fields)
+
+
+def _lp_json(lps: list[dict[int, float] | None] | None) -> list | None:
+    if lps is None:
+        return None
+    return [
+        None if d is None else [{"token_id": t, "logprob": v} for t, v in d.items()] for d in lps
+    ]
+
+
+def delta_json(d: RequestDelta) -> dict[str, Any]:
+    """A delta as JSON (logprob dicts become lists, since JSON keys are strings)."""
+    out: dict[str, Any] = {
+        "request_id": d.request_id,
+        "token_ids": d.new_token_ids,
+        "text": d.new_text,
+        "finished": d.finished,
+        "finish_reason": d.finish_reason,
+    }
+    if d.new_logprobs:
+        out["logprobs"] = _lp_json(d.new_logprobs)
+    if d.prompt_logprobs is not None:
+        out["prompt_logprobs"] = _lp_json(d.prompt_logprobs)
+    if d.finished or d.prompt_logprobs is not None:
+        out["num_prompt_tokens"] = d.num_prompt_tokens
+        out["num_cached_tokens"] = d.num_cached_tokens
+    return out
+
+
+@dataclass
+class _Add:
+    prompt: str | list[int]
+    params: SamplingParams
+    request_id: str
+    adapter: Any
+    cache_salt: str | None
+    done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class EngineLoop:
+    """Drives one EngineCore from asyncio; owns the per-request delta queues."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+        self.queues: dict[str, asyncio.Queue] = {}
+        self._adds: list[_Add] = []
+        self._aborts: list[str] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.error: str | None = None
+
+    def start(self) -> None:
+        """Start the background task."""
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop the background task."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @property
+    def alive(self) -> bool:
+        """True while the loop task runs."""
+        return self._task is not None and not self._task.done()
+
+    async def add(self, add: _Add) -> asyncio.Queue:
+        """Queue a request for the next step boundary; raises what `add_request` raises."""
+        if add.request_id in self.queues:
+            raise KeyError(add.request_id)
+        queue: asyncio.Queue = asyncio.Queue()
+        self.queues[add.request_id] = queue
+        self._adds.append(add)
+        self._wake.set()
+        try:
+            await add.done
+        except BaseException:
+            self.queues.pop(add.request_id, None)
+            raise
+        return queue
+
+    def abort(self, request_id: str) -> bool:
+        """Ask for an abort at the next step boundary; False for an unknown id."""
+        if request_id not in self.queues:
+            return False
+        self._aborts.append(request_id)
+        self._wake.set()
+        return True
+
+    def _apply_pending(self) -> None:
+        adds, self._adds = self._adds, []
+        for a in adds:
+            try:
+                self.core.add_request(a.prompt, a.params, a.request_id, a.adapter, a.cache_salt)
+            except Exception as exc:  # handed to the waiting handler, which answers 4xx
+                if not a.done.done():
+                    a.done.set_exception(exc)
+                continue
+            if not a.done.done():
+                a.done.set_result(None)
+            else:  # the client left before the add landed
+                self._aborts.append(a.request_id)
+        aborts, self._aborts = self._aborts, []
+        for rid in aborts:
+            self.core.abort_request(rid)
+
+    async def _run(self) -> None:
+        while True:
+            self._apply_pending()
+            if not self.core.has_unfinished():
+                self._wake.clear()
+                if not self._adds and not self._aborts:
+                    await self._wake.wait()
+                continue
+            try:
+                deltas = await asyncio.to_thread(self.core.step)
+            except Exception as exc:  # keep serving: fail the live requests, free their blocks
+                log.exception("engine step failed")
+                self.error = f"engine step failed: {exc}"
+                for rid, q in list(self.queues.items()):
+                    self.core.abort_request(rid)
+                    q.put_nowait(exc)
+                continue
+            for d in deltas:
+                q = self.queues.get(d.request_id)
+                if q is not None:
+                    q.put_nowait(d)
+                    if d.finished:
+                        self.queues.pop(d.request_id, None)
+            if not deltas and self.core.last_num_scheduled_tokens == 0:
+                await self._idle_wait()  # requests wait on something else (an adapter load)
+
+    async def _idle_wait(self, seconds: float = 0.005) -> None:
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+
+
+def create_app(core: EngineCore) -> FastAPI:
+    """The FastAPI app serving `core`."""
+    holder: dict[str, EngineLoop] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loop = EngineLoop(core)
+        loop.start()
+        holder["loop"] = loop
+        app.state.engine_loop = loop
+        yield
+        await loop.stop()
+
+    app = FastAPI(title="loraplex engine", lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", [])[1:]) or None
+        return error_response(
+            400, first.get("msg", "invalid request"), "invalid_request_error", param
+        )
+
+    @app.post("/generate")
+    async def generate(body: GenerateRequest) -> Response:
+        loop = holder["loop"]
+        if (body.prompt is None) == (body.prompt_token_ids is None):
+            return error_response(400, "give exactly one of prompt or prompt_token_ids",
+                                  "invalid_request_error", "prompt")  # fmt: skip
+        try:
+            params = body.sampling_params()
+        except ValueError as exc:
+            return error_response(400, str(exc), "invalid_request_error")
+        if params.n != 1:
+            return error_response(400, "n must be 1 here", "invalid_request_error", "n")
+        rid = body.request_id or f"gen-{uuid.uuid4().hex}"
+        prompt = body.prompt if body.prompt is not None else body.prompt_token_ids
+        try:
+            queue = await loop.add(_Add(prompt, params, rid, body.adapter, body.cache_salt))
+        except KeyError:
+            return error_response(409, f"request id {rid!r} is in use", "conflict", "request_id")
+        except NotImplementedError as exc:
+            return error_response(501, str(exc), "not_implemented", "adapter")
+        except ValueError as exc:
+            return error_response(400, str(exc), "invalid_request_error")
+        if body.stream:
+            return StreamingResponse(_sse(loop, rid, queue), media_type="text/event-stream")
+        return JSONResponse(await _collect(loop, rid, queue))
+
+    @app.post("/abort/{request_id}")
+    async def abort(request_id: str) -> Response:
+        if not holder["loop"].abort(request_id):
+            return error_response(404, f"no running request {request_id!r}", "not_found")
+        return JSONResponse({"request_id": request_id, "aborted": True})
+
+    @app.get("/health")
+    async def health() -> Response:
+        loop = holder.get("loop")
+        if loop is None or not loop.alive:
+            return error_response(503, "engine loop is not running", "unavailable")
+        return JSONResponse({"status": "ok", "last_error": loop.error})
+
+    @app.get("/state")
+    async def state() -> Response:
+        return JSONResponse(core.state())
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(core.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _next(queue: asyncio.Queue) -> RequestDelta:
+    item = await queue.get()
+    if isinstance(item, Exception):
+        raise item
+    return item
+
+
+async def _sse(loop: EngineLoop, rid: str, queue: asyncio.Queue) -> AsyncIterator[str]:
+    finished = False
+    try:
+        while not finished:
+            try:
+                d = await _next(queue)
+            except Exception as exc:
+                err = {"message": str(exc), "type": "server_error", "param": None, "code": 500}
+                yield f"data: {json.dumps({'error': err})}\n\n"
+                return
+            finished = d.finished
+            yield f"data: {json.dumps(delta_json(d))}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        if not finished:
+            loop.abort(rid)
+
+
+async def _collect(loop: EngineLoop, rid: str, queue: asyncio.Queue) -> dict[str, Any]:
+    out: dict[str, Any] = {"request_id": rid, "token_ids": [], "text": "", "logprobs": []}
+    finished = False
+    try:
+        while not finished:
+            d = await _next(queue)
+            j = delta_json(d)
+            out["token_ids"] += j["token_ids"]
+            out["text"] += j["text"]
+            out["logprobs"] += j.get("logprobs") or []
+            for key in ("prompt_logprobs", "num_prompt_tokens", "num_cached_tokens"):
+                if key in j:
+                    out[key] = j[key]
+            finished = d.finished
+            out["finish_reason"] = d.finish_reason
+    finally:
+        if not finished:
+            loop.abort(rid)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `loraplex engine` command line."""
+    p = argparse.ArgumentParser(prog="loraplex engine", description="Run one engine replica.")
+    p.add_argument("--model", required=True, help="local HuggingFace folder or s3://BUCKET/PREFIX")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-gpu-blocks", type=int, default=None)
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--no-chunked-prefill", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-loras", type=int, default=8)
+    p.add_argument("--max-lora-rank", type=int, default=64)
+    p.add_argument("--log-level", default="info")
+    add_load_arguments(p)
+    return p
+
+
+def config_from_args(args: argparse.Namespace, settings: Any | None = None) -> Any:
+    """EngineConfig from parsed arguments (`settings` name the object store of s3:// models)."""
+    from loraplex.platform.engine.config import EngineConfig
+
+    return EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        block_size=args.block_size,
+        num_gpu_blocks=args.num_gpu_blocks,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_caching,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        seed=args.seed,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
+        settings=settings,
+        **load_options(args),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`loraplex engine --model PATH [--host --port ...]`: serve until interrupted."""
+    import uvicorn
+
+    from loraplex.platform.settings import Settings
+
+    args = build_parser().parse_args(argv)
+    level = getattr(logging, args.log_level.upper(), logging.INFO)
+    logging.basicConfig(level=level)  # so the cold-start timeline is logged
+    settings = Settings()
+    core = EngineCore(config_from_args(args, settings))
+    if args.max_loras > 0:  # adapters come as {object_prefix, sha256, tenant} refs to S3
+        from loraplex.loader.object_store import ObjectStore
+        from loraplex.platform.engine.lora import LoraRuntime
+
+        store = ObjectStore(settings)
+        core.install_lora_runtime(
+            LoraRuntime.for_engine(core, object_store=store, allow_local_paths=False)
+        )
+    uvicorn.run(create_app(core), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

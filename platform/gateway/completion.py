@@ -1,0 +1,314 @@
+"""One completion request from validated body to choice events: tokenize (chat template),
+check the context length, fan the `n` choices out to replicas through the router, and
+meter what was used. `responses.py` turns the events into OpenAI objects or SSE frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any
+
+from loraplex.platform.gateway import openai_schemas as oa
+from loraplex.platform.gateway.assets import ModelAssets
+from loraplex.platform.gateway.errors import GatewayError, bad_request
+from loraplex.platform.gateway.outputs import ChoiceEvent, OutputProcessor
+from loraplex.platform.gateway.ratelimit import RateLimitResult
+from loraplex.platform.gateway.replica_client import GenerateRequest
+from loraplex.platform.gateway.resolve import ResolvedModel
+from loraplex.platform.gateway.service import Gateway
+from loraplex.platform.gateway.streaming import spawn
+from loraplex.platform.gateway.usage import Usage
+
+SEED_MASK = 2**63 - 1
+
+
+@dataclass
+class Job:
+    """A validated, tokenized request ready to dispatch."""
+
+    kind: str  # "chat" or "text"
+    model: str
+    resolved: ResolvedModel
+    assets: ModelAssets
+    prompt_ids: list[int]
+    max_tokens: int
+    n: int
+    stops: list[str]
+    top_n: int | None
+    sampling: dict[str, Any]
+    tenant_id: uuid.UUID
+    api_key_id: uuid.UUID | None
+    stream: bool
+    include_usage: bool
+    cid: str = ""
+    created: int = field(default_factory=oa.now)
+    started: float = field(default_factory=time.monotonic)
+    limit: RateLimitResult | None = None
+
+
+def _max_tokens(requested: int | None, prompt_len: int, ctx: int, default: int, param: str) -> int:
+    room = ctx - prompt_len
+    if room < 1:
+        raise GatewayError(
+            400,
+            f"This model's maximum context length is {ctx} tokens; the prompt has {prompt_len}.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    if requested is None:
+        return min(default, room)
+    if prompt_len + requested > ctx:
+        raise GatewayError(
+            400,
+            f"This model's maximum context length is {ctx} tokens. However, you requested "
+            f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the "
+            "completion). Please reduce the prompt or max_tokens.",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return requested
+
+
+def _sampling(body: oa.SamplingFields, max_tokens: int, logprobs: int | None) -> dict[str, Any]:
+    return {
+        "n": 1,
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "presence_penalty": body.presence_penalty or 0.0,
+        "frequency_penalty": body.frequency_penalty or 0.0,
+        "stop": body.stops(),
+        "max_tokens": max_tokens,
+        "logprobs": logprobs,
+        "seed": None if body.seed is None else body.seed & SEED_MASK,
+    }
+
+
+def build_chat_job(
+    body: oa.ChatCompletionRequest,
+    resolved: ResolvedModel,
+    assets: ModelAssets,
+    tenant_id: uuid.UUID,
+    api_key_id: uuid.UUID | None,
+    default_max_tokens: int,
+) -> Job:
+    """Render the conversation, tokenize it and check limits."""
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    text = assets.template.render(messages, add_generation_prompt=True)
+    ids = assets.encode(text, add_special_tokens=False)
+    if not ids:
+        raise bad_request("The rendered conversation is empty.", param="messages")
+    max_tokens = _max_tokens(
+        body.requested_max_tokens(), len(ids), assets.context_length, default_max_tokens, "messages"
+    )
+    top_n = (body.top_logprobs or 0) if body.logprobs else None
+    job = Job(
+        "chat",
+        body.model,
+        resolved,
+        assets,
+        ids,
+        max_tokens,
+        body.n,
+        body.stops(),
+        top_n,
+        _sampling(body, max_tokens, top_n),
+        tenant_id,
+        api_key_id,
+        body.stream,
+        body.include_usage,
+    )
+    job.cid = oa.new_id("chatcmpl")
+    return job
+
+
+def build_text_job(
+    body: oa.CompletionRequest,
+    resolved: ResolvedModel,
+    assets: ModelAssets,
+    tenant_id: uuid.UUID,
+    api_key_id: uuid.UUID | None,
+    default_max_tokens: int,
+) -> Job:
+    """Tokenize the prompt (or check the given ids) and check limits."""
+    prompt = body.prompt_text_or_ids()
+    if isinstance(prompt, str):
+        ids = assets.encode(prompt, add_special_tokens=True)
+        if not ids:
+            raise bad_request("The prompt is empty.", param="prompt")
+    else:
+        vocab = assets.tokenizer.get_vocab_size(with_added_tokens=True)
+        if any(t < 0 or t >= vocab for t in prompt):
+            raise bad_request(f"Prompt token ids must be in [0, {vocab}).", param="prompt")
+        ids = prompt
+    max_tokens = _max_tokens(
+        body.requested_max_tokens(), len(ids), assets.context_length, default_max_tokens, "prompt"
+    )
+    job = Job(
+        "text",
+        body.model,
+        resolved,
+        assets,
+        ids,
+        max_tokens,
+        body.n,
+        body.stops(),
+        body.logprobs,
+        _sampling(body, max_tokens, body.logprobs),
+        tenant_id,
+        api_key_id,
+        body.stream,
+        body.include_usage,
+    )
+    job.cid = oa.new_id("cmpl")
+    return job
+
+
+def _adapter_ref(resolved: ResolvedModel, tenant_id: uuid.UUID) -> dict[str, Any] | None:
+    """The replica-side adapter reference: where the version's files are and their sha256."""
+    if resolved.adapter_sha256 is None:
+        return None
+    return {
+        "object_prefix": resolved.adapter_object_prefix or "",
+        "sha256": resolved.adapter_sha256,
+        "tenant": str(tenant_id),
+    }
+
+
+async def _choice_events(gw: Gateway, job: Job, index: int) -> AsyncGenerator[ChoiceEvent, None]:
+    """Events of one choice; aborts its replica request if closed before it finished."""
+    sampling = dict(job.sampling)
+    if sampling["seed"] is not None:
+        sampling["seed"] = (sampling["seed"] + index) & SEED_MASK
+    req = GenerateRequest(
+        request_id=f"{job.cid}-{index}",
+        prompt_token_ids=job.prompt_ids,
+        sampling_params=sampling,
+        adapter=_adapter_ref(job.resolved, job.tenant_id),
+        cache_salt=job.resolved.cache_salt(job.tenant_id),
+    )
+    where: dict[str, Any] = {}
+    proc = OutputProcessor(job.assets, index, job.stops, job.top_n)
+
+    def on_dispatch(replica: Any, request_id: str) -> None:
+        where["url"], where["rid"] = replica.url, request_id
+
+    deltas = gw.router.generate(
+        job.resolved.deployment_name, req, job.resolved.adapter_key, on_dispatch
+    )
+    finished = False
+    try:
+        async for delta in deltas:
+            event = proc.process(delta)
+            if event.finish_reason is not None:
+                finished = delta.finish_reason is not None
+                yield event
+                return
+            if event.text or event.num_tokens:
+                yield event
+        finished = True
+        yield ChoiceEvent(index, finish_reason="stop")
+    finally:
+        if not finished and "url" in where:
+            spawn(gw.client.abort(where["url"], where["rid"]))
+        await deltas.aclose()
+
+
+_END = object()
+
+
+async def merged_events(gw: Gateway, job: Job) -> AsyncGenerator[ChoiceEvent, None]:
+    """All choices' events interleaved as they come; errors re-raised in order of arrival."""
+    if job.n == 1:
+        # `aclosing`: an exit by exception or close must finalize the inner generator now
+        # (its `finally` aborts the replica request), not whenever the GC gets to it.
+        async with contextlib.aclosing(_choice_events(gw, job, 0)) as events:
+            async for event in events:
+                yield event
+        return
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def pump(index: int) -> None:
+        try:
+            async with contextlib.aclosing(_choice_events(gw, job, index)) as events:
+                async for event in events:
+                    await queue.put(event)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            await queue.put(exc)
+        finally:
+            await queue.put(_END)
+
+    tasks = [asyncio.get_running_loop().create_task(pump(i)) for i in range(job.n)]
+    try:
+        remaining = job.n
+        while remaining:
+            item = await queue.get()
+            if item is _END:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+
+
+class Tally:
+    """Token counts across choices, for `usage` and metering."""
+
+    def __init__(self, prompt_tokens: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.served = False
+
+    def add(self, event: ChoiceEvent) -> None:
+        """Count one event."""
+        self.served = True
+        self.completion_tokens += event.num_tokens
+        if event.cached_tokens is not None:
+            self.cached_tokens = max(self.cached_tokens, event.cached_tokens)
+
+    def usage(self) -> dict[str, Any]:
+        """The OpenAI `usage` object."""
+        return oa.usage_dict(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+
+
+def release_job(gw: Gateway, job: Job) -> None:
+    """The request never ran: give back everything it was charged."""
+    if job.limit is not None:
+        spawn(gw.limiter.refund(str(job.tenant_id), job.limit, 0))
+
+
+def finish_job(gw: Gateway, job: Job, tally: Tally) -> None:
+    """Meter usage and give back unused rate-limit tokens (all of them if nothing ran)."""
+    if not tally.served:
+        release_job(gw, job)
+        return
+    gw.usage.record(
+        Usage(
+            tenant_id=job.tenant_id,
+            model=job.model,
+            prompt_tokens=tally.prompt_tokens,
+            completion_tokens=tally.completion_tokens,
+            cached_tokens=tally.cached_tokens,
+            latency_ms=int((time.monotonic() - job.started) * 1000),
+            api_key_id=job.api_key_id,
+            deployment_id=job.resolved.deployment_id,
+            adapter_version_id=job.resolved.adapter_version_id,
+        )
+    )
+    if job.limit is not None:
+        spawn(
+            gw.limiter.refund(
+                str(job.tenant_id), job.limit, tally.prompt_tokens + tally.completion_tokens
+            )
+        )

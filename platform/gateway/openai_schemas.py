@@ -1,0 +1,358 @@
+"""Pydantic request models for `/v1/chat/completions` and `/v1/completions`, plus builders
+for the response objects and stream chunks the official `openai` SDK parses.
+
+Parsing goes through `parse_chat_request` / `parse_completion_request`, which turn any
+validation failure into a 400 `GatewayError` naming the offending parameter (never a 500).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from loraplex.platform.gateway.errors import GatewayError
+
+MAX_N = 8
+MAX_STOP = 4
+MAX_STOP_LEN = 256
+MAX_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
+
+
+class StreamOptions(BaseModel):
+    """`stream_options`: only `include_usage` is meaningful."""
+
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class TextPart(BaseModel):
+    """One text part of a message's content list."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """A chat message; content is a string or a list of text parts (images are refused)."""
+
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = Field(default=None, max_length=256)
+
+    def text(self) -> str:
+        """The message content flattened to one string."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class SamplingFields(BaseModel):
+    """Parameters shared by chat and text completions, with OpenAI's ranges."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1, max_length=256)
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(default=None, max_length=256)
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, value: str | list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        stops = [value] if isinstance(value, str) else list(value)
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences are allowed")
+        for s in stops:
+            if not s or len(s) > MAX_STOP_LEN:
+                raise ValueError(f"each stop sequence must have 1 to {MAX_STOP_LEN} characters")
+        return stops
+
+    @model_validator(mode="after")
+    def _check_stream_options(self) -> SamplingFields:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether the stream should end with a usage chunk."""
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def stops(self) -> list[str]:
+        """The stop sequences as a list (validated above)."""
+        return list(self.stop or [])  # type: ignore[arg-type]
+
+
+class ChatCompletionRequest(SamplingFields):
+    """`POST /v1/chat/completions` body."""
+
+    messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return self
+
+    def requested_max_tokens(self) -> int | None:
+        """`max_completion_tokens` wins over the deprecated `max_tokens`."""
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(SamplingFields):
+    """`POST /v1/completions` body: one prompt (text or token ids)."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: Annotated[int, Field(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
+    echo: bool = False
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _check_prompt(self) -> CompletionRequest:
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        if self.echo:
+            raise ValueError("echo is not supported")
+        p = self.prompt
+        if isinstance(p, list):
+            if len(p) == 0:
+                raise ValueError("prompt must not be empty")
+            if isinstance(p[0], (str, list)) and len(p) != 1:
+                raise ValueError("only one prompt per request is supported")
+        return self
+
+    def requested_max_tokens(self) -> int:
+        """Completions default to 16 tokens, as OpenAI's legacy endpoint does."""
+        return self.max_tokens if self.max_tokens is not None else 16
+
+    def prompt_text_or_ids(self) -> str | list[int]:
+        """The single prompt as text or as token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return p
+        first = p[0]
+        if isinstance(first, str):
+            return first
+        if isinstance(first, list):
+            return list(first)
+        return list(p)  # type: ignore[arg-type]
+
+
+def _param_of(loc: tuple[Any, ...]) -> str | None:
+    """`("messages", 0, "role")` -> `messages[0].role`; union-member tags are dropped."""
+    if not loc:
+        return None
+    param = str(loc[0])
+    if param == "messages" and len(loc) > 1 and isinstance(loc[1], int):
+        param += f"[{loc[1]}]"
+        if len(loc) > 2 and loc[2] in ChatMessage.model_fields:
+            param += f".{loc[2]}"
+    return param
+
+
+def _first_error(exc: ValidationError) -> GatewayError:
+    err = exc.errors()[0]
+    param = _param_of(tuple(err.get("loc", ())))
+    msg = str(err.get("msg", "invalid value"))
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    where = f"`{param}`: " if param else ""
+    code = "missing_required_parameter" if err.get("type") == "missing" else "invalid_value"
+    return GatewayError(400, f"Invalid request: {where}{msg}", param=param, code=code)
+
+
+def _parse(model: type[BaseModel], body: Any) -> Any:
+    if not isinstance(body, dict):
+        raise GatewayError(400, "The request body must be a JSON object.", code="invalid_json")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise _first_error(exc) from None
+
+
+def parse_chat_request(body: Any) -> ChatCompletionRequest:
+    """Validate a chat completion body; a 400 `GatewayError` on bad input."""
+    return _parse(ChatCompletionRequest, body)
+
+
+def parse_completion_request(body: Any) -> CompletionRequest:
+    """Validate a text completion body; a 400 `GatewayError` on bad input."""
+    return _parse(CompletionRequest, body)
+
+
+# ---------------------------------------------------------------- response builders
+
+
+def new_id(prefix: str) -> str:
+    """An OpenAI-style object id (`chatcmpl-...`, `cmpl-...`)."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage_dict(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+) -> dict[str, Any]:
+    """The `usage` object, with `prompt_tokens_details.cached_tokens`."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def chat_logprobs_entry(token: str, logprob: float, top: list[tuple[str, float]]) -> dict[str, Any]:
+    """One `logprobs.content[]` entry of a chat choice."""
+    return {
+        "token": token,
+        "logprob": logprob,
+        "bytes": list(token.encode("utf-8")),
+        "top_logprobs": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for t, lp in top
+        ],
+    }
+
+
+def chat_completion(
+    cid: str, created: int, model: str, choices: list[dict[str, Any]], usage: dict[str, Any]
+) -> dict[str, Any]:
+    """A full `chat.completion` object; `choices` hold index, text, logprobs, finish_reason."""
+    return {
+        "id": cid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [
+            {
+                "index": c["index"],
+                "message": {"role": "assistant", "content": c["text"]},
+                "logprobs": {"content": c["logprobs"]} if c.get("logprobs") is not None else None,
+                "finish_reason": c["finish_reason"],
+            }
+            for c in choices
+        ],
+        "usage": usage,
+    }
+
+
+def chat_chunk(
+    cid: str,
+    created: int,
+    model: str,
+    index: int,
+    delta: dict[str, Any],
+    *,
+    logprobs: list[dict[str, Any]] | None = None,
+    finish_reason: str | None = None,
+    with_usage_field: bool = False,
+) -> dict[str, Any]:
+    """One `chat.completion.chunk` carrying a delta for one choice."""
+    chunk: dict[str, Any] = {
+        "id": cid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [
+            {
+                "index": index,
+                "delta": delta,
+                "logprobs": {"content": logprobs} if logprobs is not None else None,
+                "finish_reason": finish_reason,
+            }
+        ],
+    }
+    if with_usage_field:
+        chunk["usage"] = None
+    return chunk
+
+
+def text_completion(
+    cid: str, created: int, model: str, choices: list[dict[str, Any]], usage: dict[str, Any]
+) -> dict[str, Any]:
+    """A full `text_completion` object."""
+    return {
+        "id": cid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [
+            {
+                "index": c["index"],
+                "text": c["text"],
+                "logprobs": c.get("logprobs"),
+                "finish_reason": c["finish_reason"],
+            }
+            for c in choices
+        ],
+        "usage": usage,
+    }
+
+
+def text_chunk(
+    cid: str,
+    created: int,
+    model: str,
+    index: int,
+    text: str,
+    *,
+    logprobs: dict[str, Any] | None = None,
+    finish_reason: str | None = None,
+    with_usage_field: bool = False,
+) -> dict[str, Any]:
+    """One streamed `text_completion` chunk."""
+    chunk: dict[str, Any] = {
+        "id": cid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [
+            {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        ],
+    }
+    if with_usage_field:
+        chunk["usage"] = None
+    return chunk
+
+
+def usage_chunk(
+    cid: str, created: int, model: str, obj: str, usage: dict[str, Any]
+) -> dict[str, Any]:
+    """The final stream chunk of `stream_options.include_usage`: no choices, the usage."""
+    return {
+        "id": cid,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [],
+        "usage": usage,
+    }
+
+
+def now() -> int:
+    """Unix seconds for `created`."""
+    return int(time.time())

@@ -1,0 +1,168 @@
+"""The replica registry: engine replicas announce themselves per deployment with a heartbeat
+in Redis; the gateway lists the live ones. A replica that stops beating expires after its TTL.
+
+Layout: `{prefix}:dep:{deployment}` is a sorted set of replica ids scored by expiry time (ms);
+`{prefix}:rep:{id}` holds the replica's JSON record with the same TTL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import redis as sync_redis
+from redis.asyncio import Redis
+
+DEFAULT_PREFIX = "loraplex:replicas"
+DEFAULT_TTL_S = 10.0
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """How to reach one engine replica and which deployment it serves."""
+
+    deployment: str
+    url: str
+    replica_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    model: str | None = None
+
+    def to_json(self) -> str:
+        """Serialized record."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> ReplicaInfo:
+        """Parse a stored record."""
+        return cls(**json.loads(raw))
+
+
+def _dep_key(prefix: str, deployment: str) -> str:
+    return f"{prefix}:dep:{deployment}"
+
+
+def _rep_key(prefix: str, replica_id: str) -> str:
+    return f"{prefix}:rep:{replica_id}"
+
+
+def beat(
+    client: sync_redis.Redis,
+    info: ReplicaInfo,
+    ttl_s: float = DEFAULT_TTL_S,
+    prefix: str = DEFAULT_PREFIX,
+) -> None:
+    """Register or refresh `info` for `ttl_s` seconds (synchronous; used by replicas)."""
+    expires_ms = int((time.time() + ttl_s) * 1000)
+    pipe = client.pipeline()
+    pipe.set(_rep_key(prefix, info.replica_id), info.to_json(), px=int(ttl_s * 1000))
+    pipe.zadd(_dep_key(prefix, info.deployment), {info.replica_id: expires_ms})
+    pipe.execute()
+
+
+def deregister(client: sync_redis.Redis, info: ReplicaInfo, prefix: str = DEFAULT_PREFIX) -> None:
+    """Remove `info` at once (a replica shutting down cleanly)."""
+    pipe = client.pipeline()
+    pipe.delete(_rep_key(prefix, info.replica_id))
+    pipe.zrem(_dep_key(prefix, info.deployment), info.replica_id)
+    pipe.execute()
+
+
+class Heartbeat:
+    """A daemon thread that keeps one replica registered until `stop()`."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        info: ReplicaInfo,
+        ttl_s: float = DEFAULT_TTL_S,
+        interval_s: float | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        healthy: Callable[[], bool] | None = None,
+    ) -> None:
+        self.info = info
+        self._healthy = healthy
+        self._client = sync_redis.Redis.from_url(redis_url)
+        self._ttl = ttl_s
+        self._interval = interval_s if interval_s is not None else ttl_s / 3
+        self._prefix = prefix
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="replica-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        """Register now (if healthy) and keep beating in the background."""
+        self._beat_once()
+        self._thread.start()
+        return self
+
+    def _beat_once(self) -> None:
+        try:
+            if self._healthy is None or self._healthy():
+                beat(self._client, self.info, self._ttl, self._prefix)
+        except sync_redis.RedisError:
+            pass  # Redis blip: try again next interval; the TTL covers the gap.
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._beat_once()
+
+    def stop(self, deregister_now: bool = True) -> None:
+        """Stop beating; by default also remove the record at once."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        if deregister_now:
+            with contextlib.suppress(sync_redis.RedisError):
+                deregister(self._client, self.info, self._prefix)
+        self._client.close()
+
+
+def http_health_check(url: str, timeout_s: float = 2.0) -> Callable[[], bool]:
+    """A probe for `Heartbeat(healthy=...)`: the replica's `GET /health` answers 200."""
+    import httpx
+
+    def check() -> bool:
+        try:
+            return httpx.get(f"{url}/health", timeout=timeout_s).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    return check
+
+
+class ReplicaRegistry:
+    """The gateway's read side: live replicas of a deployment (stale ones pruned)."""
+
+    def __init__(self, redis: Redis, prefix: str = DEFAULT_PREFIX) -> None:
+        self._redis = redis
+        self._prefix = prefix
+
+    async def live(self, deployment: str) -> list[ReplicaInfo]:
+        """Replicas of `deployment` whose heartbeat has not expired."""
+        dep_key = _dep_key(self._prefix, deployment)
+        now_ms = int(time.time() * 1000)
+        await self._redis.zremrangebyscore(dep_key, "-inf", now_ms)
+        ids = await self._redis.zrange(dep_key, 0, -1)
+        if not ids:
+            return []
+        ids = [i.decode() if isinstance(i, bytes) else i for i in ids]
+        raws = await self._redis.mget([_rep_key(self._prefix, i) for i in ids])
+        return [ReplicaInfo.from_json(r) for r in raws if r is not None]
+
+    async def register(self, info: ReplicaInfo, ttl_s: float = DEFAULT_TTL_S) -> None:
+        """Async registration (tests and in-process replicas)."""
+        expires_ms = int((time.time() + ttl_s) * 1000)
+        pipe = self._redis.pipeline()
+        pipe.set(_rep_key(self._prefix, info.replica_id), info.to_json(), px=int(ttl_s * 1000))
+        pipe.zadd(_dep_key(self._prefix, info.deployment), {info.replica_id: expires_ms})
+        await pipe.execute()
+
+    async def remove(self, info: ReplicaInfo) -> None:
+        """Drop a replica record at once."""
+        pipe = self._redis.pipeline()
+        pipe.delete(_rep_key(self._prefix, info.replica_id))
+        pipe.zrem(_dep_key(self._prefix, info.deployment), info.replica_id)
+        await pipe.execute()

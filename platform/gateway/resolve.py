@@ -1,0 +1,203 @@
+"""Resolve the `model` a client names to what serves it, for one tenant.
+
+`NAME` is the tenant's adapter NAME at its latest ready version, `NAME:N` that adapter's
+version N (ready only), anything else a base model by name. Another tenant's adapter is
+invisible: the same 404 `model_not_found` as a name that does not exist.
+
+Positive answers are cached in process for a short TTL (`resolve_cache_ttl_s`, 2 s) and
+keyed by a per-tenant generation counter in Redis: whoever changes an adapter (a version
+turning ready or failed, a deletion) calls `bump_generation` and the next request sees the
+change at once; without a bump a change shows within the TTL. Misses are never cached: an
+adapter is callable the moment it is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import redis as sync_redis
+from redis.asyncio import Redis
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from loraplex.platform.db.models import Adapter, AdapterVersion, BaseModel, Deployment
+from loraplex.platform.gateway.errors import GatewayError, model_not_found
+
+GEN_KEY = "loraplex:resolve:gen:{tenant}"
+_VERSIONED = re.compile(r"^(?P<name>.+):(?P<n>[1-9][0-9]{0,8})$")
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """Where a request goes: the deployment, its base model and the adapter version (if any)."""
+
+    model: str
+    base_model_id: uuid.UUID
+    base_model_name: str
+    base_object_prefix: str
+    deployment_id: uuid.UUID
+    deployment_name: str
+    share_prefix_cache: bool
+    adapter_id: uuid.UUID | None = None
+    adapter_name: str | None = None
+    adapter_version_id: uuid.UUID | None = None
+    adapter_version: int | None = None
+    adapter_sha256: str | None = None
+    adapter_object_prefix: str | None = None
+
+    @property
+    def adapter_key(self) -> str | None:
+        """The adapter version's content hash: what KV and adapter caches are keyed by."""
+        return self.adapter_sha256
+
+    def cache_salt(self, tenant_id: uuid.UUID | str) -> str | None:
+        """Prefix-cache salt: per tenant unless the deployment opts into sharing."""
+        return None if self.share_prefix_cache else f"tenant:{tenant_id}"
+
+
+def _deployment_for(session: Session, base_model_id: uuid.UUID) -> Deployment | None:
+    stmt = (
+        select(Deployment)
+        .where(Deployment.base_model_id == base_model_id)
+        .order_by(Deployment.created_at, Deployment.name)
+        .limit(1)
+    )
+    return session.execute(stmt).scalars().first()
+
+
+def _no_deployment(model: str) -> GatewayError:
+    return GatewayError(
+        503,
+        f"No deployment serves the base model of `{model}`.",
+        type="service_unavailable",
+        code="no_deployment",
+    )
+
+
+def _ready_version(
+    session: Session, tenant_id: uuid.UUID, name: str, n: int | None
+) -> tuple[Adapter, AdapterVersion] | None:
+    adapter = session.execute(
+        select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.name == name)
+    ).scalar_one_or_none()
+    if adapter is None:
+        return None
+    stmt = select(AdapterVersion).where(
+        AdapterVersion.tenant_id == tenant_id,
+        AdapterVersion.adapter_id == adapter.id,
+        AdapterVersion.status == "ready",
+    )
+    stmt = (
+        stmt.where(AdapterVersion.n == n)
+        if n is not None
+        else stmt.order_by(AdapterVersion.n.desc())
+    )
+    version = session.execute(stmt.limit(1)).scalars().first()
+    return (adapter, version) if version is not None else None
+
+
+def resolve_uncached(session: Session, tenant_id: uuid.UUID, model: str) -> ResolvedModel:
+    """Look `model` up in PostgreSQL for `tenant_id`; 404 `model_not_found` when invisible."""
+    match = _VERSIONED.match(model)
+    found = None
+    if match:
+        found = _ready_version(session, tenant_id, match["name"], int(match["n"]))
+    if found is None:
+        found = _ready_version(session, tenant_id, model, None)
+    if found is not None:
+        adapter, version = found
+        base = adapter.base_model
+        dep = _deployment_for(session, base.id)
+        if dep is None:
+            raise _no_deployment(model)
+        return ResolvedModel(
+            model=model,
+            base_model_id=base.id,
+            base_model_name=base.name,
+            base_object_prefix=base.object_prefix,
+            deployment_id=dep.id,
+            deployment_name=dep.name,
+            share_prefix_cache=bool(dep.share_prefix_cache),
+            adapter_id=adapter.id,
+            adapter_name=adapter.name,
+            adapter_version_id=version.id,
+            adapter_version=version.n,
+            adapter_sha256=version.sha256,
+            adapter_object_prefix=version.object_prefix,
+        )
+    base = session.execute(select(BaseModel).where(BaseModel.name == model)).scalar_one_or_none()
+    if base is None:
+        raise model_not_found(model)
+    dep = _deployment_for(session, base.id)
+    if dep is None:
+        raise _no_deployment(model)
+    return ResolvedModel(
+        model=model,
+        base_model_id=base.id,
+        base_model_name=base.name,
+        base_object_prefix=base.object_prefix,
+        deployment_id=dep.id,
+        deployment_name=dep.name,
+        share_prefix_cache=bool(dep.share_prefix_cache),
+    )
+
+
+def bump_generation(client: sync_redis.Redis, tenant_id: uuid.UUID | str) -> None:
+    """Invalidate every cached resolution of `tenant_id` (call on any adapter change)."""
+    client.incr(GEN_KEY.format(tenant=tenant_id))
+
+
+class ModelResolver:
+    """Cached resolution: one Redis GET per request instead of several SQL queries."""
+
+    def __init__(self, redis: Redis, ttl_s: float = 2.0, max_entries: int = 10_000) -> None:
+        self._redis = redis
+        self._ttl = ttl_s
+        self._max = max_entries
+        self._lock = threading.Lock()
+        self._cache: dict[tuple[str, str], tuple[bytes | None, float, ResolvedModel]] = {}
+
+    async def generation(self, tenant_id: uuid.UUID | str) -> bytes | None:
+        """The tenant's current cache generation."""
+        return await self._redis.get(GEN_KEY.format(tenant=tenant_id))
+
+    async def invalidate(self, tenant_id: uuid.UUID | str) -> None:
+        """Async twin of `bump_generation`."""
+        await self._redis.incr(GEN_KEY.format(tenant=tenant_id))
+
+    def cached(
+        self, tenant_id: uuid.UUID | str, model: str, gen: bytes | None
+    ) -> ResolvedModel | None:
+        """A cached answer still valid for `gen`, or None."""
+        with self._lock:
+            hit = self._cache.get((str(tenant_id), model))
+        if hit is None:
+            return None
+        hit_gen, expires, resolved = hit
+        if hit_gen != gen or expires < time.monotonic():
+            return None
+        return resolved
+
+    def store(
+        self, tenant_id: uuid.UUID | str, model: str, gen: bytes | None, resolved: ResolvedModel
+    ) -> None:
+        """Remember a positive answer under generation `gen`."""
+        with self._lock:
+            if len(self._cache) >= self._max:
+                self._cache.clear()
+            self._cache[(str(tenant_id), model)] = (gen, time.monotonic() + self._ttl, resolved)
+
+    async def resolve(self, session: Session, tenant_id: uuid.UUID, model: str) -> ResolvedModel:
+        """Resolve through the cache; the SQL runs on the caller's (sync) session."""
+        gen = await self.generation(tenant_id)
+        hit = self.cached(tenant_id, model, gen)
+        if hit is not None:
+            return hit
+        resolved = await asyncio.to_thread(resolve_uncached, session, tenant_id, model)
+        self.store(tenant_id, model, gen, resolved)
+        return resolved

@@ -1,0 +1,165 @@
+"""OpenAI responses from choice events: the full `chat.completion` / `text_completion`
+object, or the SSE stream (role chunks, deltas, finish chunks, the usage chunk, `[DONE]`,
+and an error event if the replica is lost after the first byte).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from loraplex.platform.gateway import openai_schemas as oa
+from loraplex.platform.gateway.completion import Job, Tally, finish_job, merged_events
+from loraplex.platform.gateway.errors import GatewayError
+from loraplex.platform.gateway.outputs import ChoiceEvent
+from loraplex.platform.gateway.router import ReplicaLost
+from loraplex.platform.gateway.service import Gateway
+from loraplex.platform.gateway.streaming import DONE, sse, sse_error
+
+
+def chat_logprobs(event: ChoiceEvent) -> list[dict[str, Any]]:
+    """Chat-style logprob entries of one event."""
+    return [oa.chat_logprobs_entry(lp.token, lp.logprob, lp.top) for lp in event.logprobs]
+
+
+def text_logprobs(events: list[ChoiceEvent], offset: int = 0) -> dict[str, Any]:
+    """Completions-style logprobs of some events (`text_offset` counted from `offset`)."""
+    out: dict[str, Any] = {
+        "tokens": [],
+        "token_logprobs": [],
+        "top_logprobs": [],
+        "text_offset": [],
+    }
+    pos = offset
+    for event in events:
+        for lp in event.logprobs:
+            out["tokens"].append(lp.token)
+            out["token_logprobs"].append(lp.logprob)
+            out["top_logprobs"].append(dict(lp.top))
+            out["text_offset"].append(pos)
+            pos += len(lp.token)
+    return out
+
+
+async def complete(gw: Gateway, job: Job) -> dict[str, Any]:
+    """Run a non-streamed request to the end and build the response object."""
+    tally = Tally(len(job.prompt_ids))
+    per_choice: dict[int, list[ChoiceEvent]] = {i: [] for i in range(job.n)}
+    try:
+        async with contextlib.aclosing(merged_events(gw, job)) as events:
+            async for event in events:
+                tally.add(event)
+                per_choice[event.index].append(event)
+    except ReplicaLost as exc:
+        raise GatewayError(
+            502, f"The replica failed mid-request: {exc}", type="server_error", code="replica_lost"
+        ) from exc
+    finally:
+        finish_job(gw, job, tally)
+    choices = []
+    for i, events in per_choice.items():
+        finish = next((e.finish_reason for e in reversed(events) if e.finish_reason), "stop")
+        text = "".join(e.text for e in events)
+        if job.kind == "chat":
+            lps = (
+                [entry for e in events for entry in chat_logprobs(e)]
+                if job.top_n is not None
+                else None
+            )
+            choices.append({"index": i, "text": text, "logprobs": lps, "finish_reason": finish})
+        else:
+            lps = text_logprobs(events) if job.top_n is not None else None
+            choices.append({"index": i, "text": text, "logprobs": lps, "finish_reason": finish})
+    build = oa.chat_completion if job.kind == "chat" else oa.text_completion
+    return build(job.cid, job.created, job.model, choices, tally.usage())
+
+
+async def primed(gw: Gateway, job: Job) -> tuple[ChoiceEvent, AsyncGenerator[ChoiceEvent, None]]:
+    """Start the request and wait for its first event, so routing errors (503, 4xx)
+    are still plain HTTP errors before the stream's first byte."""
+    events = merged_events(gw, job)
+    try:
+        first = await anext(events)
+    except StopAsyncIteration:
+        first = ChoiceEvent(0, finish_reason="stop")
+    except BaseException:
+        await events.aclose()
+        raise
+    return first, events
+
+
+async def sse_frames(
+    gw: Gateway, job: Job, first: ChoiceEvent, rest: AsyncGenerator[ChoiceEvent, None]
+) -> AsyncGenerator[bytes, None]:
+    """The SSE body: role chunks, deltas, finish chunks, the usage chunk, `[DONE]`."""
+    tally = Tally(len(job.prompt_ids))
+    u = job.include_usage
+    obj = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
+    offsets = [0] * job.n
+
+    def frame(event: ChoiceEvent) -> bytes | None:
+        if not event.text and event.finish_reason is None and not event.logprobs:
+            return None
+        if job.kind == "chat":
+            delta = {"content": event.text} if event.text or event.finish_reason is None else {}
+            lps = chat_logprobs(event) if job.top_n is not None else None
+            return sse(
+                oa.chat_chunk(
+                    job.cid,
+                    job.created,
+                    job.model,
+                    event.index,
+                    delta,
+                    logprobs=lps,
+                    finish_reason=event.finish_reason,
+                    with_usage_field=u,
+                )
+            )
+        lps = text_logprobs([event], offsets[event.index]) if job.top_n is not None else None
+        offsets[event.index] += len(event.text)
+        return sse(
+            oa.text_chunk(
+                job.cid,
+                job.created,
+                job.model,
+                event.index,
+                event.text,
+                logprobs=lps,
+                finish_reason=event.finish_reason,
+                with_usage_field=u,
+            )
+        )
+
+    try:
+        if job.kind == "chat":
+            for i in range(job.n):
+                yield sse(
+                    oa.chat_chunk(
+                        job.cid,
+                        job.created,
+                        job.model,
+                        i,
+                        {"role": "assistant", "content": ""},
+                        with_usage_field=u,
+                    )
+                )
+        tally.add(first)
+        out = frame(first)
+        if out:
+            yield out
+        try:
+            async for event in rest:
+                tally.add(event)
+                out = frame(event)
+                if out:
+                    yield out
+        except (ReplicaLost, GatewayError) as exc:
+            yield sse_error(f"The request failed after streaming began: {exc}", code="replica_lost")
+            return
+        if u:
+            yield sse(oa.usage_chunk(job.cid, job.created, job.model, obj, tally.usage()))
+        yield DONE
+    finally:
+        await rest.aclose()
+        finish_job(gw, job, tally)

@@ -1,0 +1,131 @@
+"""The gateway's long-lived parts, built once per app from `Settings`: Redis, the model
+resolver, rate limiter, replica registry and router, usage recorder, and the per-base-model
+assets (tokenizer and chat template files fetched from object storage on first use).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from redis.asyncio import Redis
+from sqlalchemy.orm import Session, sessionmaker
+
+from loraplex.platform.gateway.assets import AssetCache, ModelAssets
+from loraplex.platform.gateway.ratelimit import RateLimiter
+from loraplex.platform.gateway.replica_client import ReplicaClient
+from loraplex.platform.gateway.replicas import ReplicaRegistry
+from loraplex.platform.gateway.resolve import ModelResolver, ResolvedModel
+from loraplex.platform.gateway.router import Router
+from loraplex.platform.gateway.usage import UsageRecorder
+from loraplex.platform.settings import Settings
+
+ASSET_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "config.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+)
+
+
+def fetch_model_assets(s3: Any, bucket: str, prefix: str, dest: Path) -> Path:
+    """Download the tokenizer/template/config files under `prefix` into `dest` (once)."""
+    marker = dest / ".complete"
+    if marker.is_file():
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ASSET_FILES:
+        try:
+            body = s3.get_object(Bucket=bucket, Key=prefix + name)["Body"].read()
+        except Exception as exc:  # a missing optional file is fine
+            code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+            if code in {"404", "NoSuchKey", "NotFound"}:
+                continue
+            raise
+        fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{name}.")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(body)
+        os.replace(tmp, dest / name)
+    marker.write_text("ok")
+    return dest
+
+
+class Gateway:
+    """Everything a request handler needs; `start()` on app startup, `close()` on shutdown."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        redis: Redis,
+        session_factory: sessionmaker[Session],
+        s3_factory: Callable[[], Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.session_factory = session_factory
+        self._s3_factory = s3_factory
+        self.http = httpx.AsyncClient(limits=httpx.Limits(max_connections=1000))
+        self.resolver = ModelResolver(redis, ttl_s=settings.resolve_cache_ttl_s)
+        self.limiter = RateLimiter(redis)
+        self.registry = ReplicaRegistry(redis)
+        self.client = ReplicaClient(self.http, read_timeout_s=settings.replica_read_timeout_s)
+        self.router = Router(self.registry, self.client)
+        self.usage = UsageRecorder(
+            session_factory,
+            batch_size=settings.usage_batch_size,
+            interval_s=settings.usage_flush_interval_s,
+        )
+        self.assets = AssetCache()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Gateway:
+        """Build from settings (database URL and Redis required)."""
+        from loraplex.platform.db.session import make_sessionmaker
+        from loraplex.platform.services.objects import s3_client
+
+        redis_url = settings.gateway_redis_url()
+        if not settings.database_url or not redis_url:
+            raise RuntimeError("the gateway needs LORAPLEX_DATABASE_URL and LORAPLEX_REDIS_URL")
+        return cls(
+            settings,
+            Redis.from_url(redis_url),
+            make_sessionmaker(settings.database_url),
+            lambda: s3_client(settings),
+        )
+
+    async def start(self) -> None:
+        """Start background work (usage flusher)."""
+        self.usage.start()
+
+    async def close(self) -> None:
+        """Flush usage and close connections."""
+        await self.usage.stop()
+        await self.http.aclose()
+        await self.redis.aclose()
+
+    def _locate(self, resolved: ResolvedModel) -> Path:
+        if self._s3_factory is None:
+            raise RuntimeError("no object storage configured to fetch the model's tokenizer")
+        dest = self.settings.data_dir / "gateway" / "models" / str(resolved.base_model_id)
+        return fetch_model_assets(
+            self._s3_factory(), self.settings.s3_bucket, resolved.base_object_prefix, dest
+        )
+
+    async def model_assets(self, resolved: ResolvedModel) -> ModelAssets:
+        """Tokenizer, template and limits of the base model behind `resolved`."""
+        return await asyncio.to_thread(
+            self.assets.get, str(resolved.base_model_id), lambda: self._locate(resolved)
+        )
+
+    @staticmethod
+    def request_id() -> str:
+        """A fresh id for one sequence on a replica."""
+        return uuid.uuid4().hex

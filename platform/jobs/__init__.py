@@ -1,0 +1,1 @@
+"""Background jobs on Celery: adapter validation, object deletion, stale-job recovery."""

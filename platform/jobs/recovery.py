@@ -1,0 +1,130 @@
+"""Recovery: re-enqueue work a dead worker (or a lost message) left behind, and expire
+abandoned uploads, so no version is ever stuck in `validating` or `uploading`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sqlalchemy import func, select, update
+
+from loraplex.platform.db.models import AdapterVersion, Job
+from loraplex.platform.db.session import make_sessionmaker, session_scope
+from loraplex.platform.services import objects
+from loraplex.platform.settings import Settings
+
+from . import records
+from .dispatch import JobDispatcher
+
+
+@dataclass
+class RecoveryReport:
+    """What one recovery pass did."""
+
+    requeued_versions: list[uuid.UUID] = field(default_factory=list)
+    resent_jobs: list[uuid.UUID] = field(default_factory=list)
+    expired_uploads: list[uuid.UUID] = field(default_factory=list)
+
+
+def _is_stale(job: Job | None, cutoff) -> bool:
+    if job is None or job.status in ("succeeded", "failed"):
+        return True
+    if job.status == "queued":
+        return job.created_at < cutoff and (job.heartbeat_at is None or job.heartbeat_at < cutoff)
+    return (job.heartbeat_at or job.started_at or job.created_at) < cutoff
+
+
+def requeue_stale_validations(
+    settings: Settings, dispatcher: JobDispatcher, older_than_s: float | None = None
+) -> list[uuid.UUID]:
+    """New validation jobs for `validating` versions whose latest job is dead or finished."""
+    limit = settings.job_stale_after_s if older_than_s is None else older_than_s
+    sent: list[uuid.UUID] = []
+    with session_scope(make_sessionmaker(settings.database_url)) as session:
+        cutoff = session.execute(select(func.now())).scalar_one() - timedelta(seconds=limit)
+        versions = session.scalars(
+            select(AdapterVersion)
+            .where(AdapterVersion.status == "validating")
+            .with_for_update(skip_locked=True)
+        ).all()
+        for version in versions:
+            latest = session.scalars(
+                select(Job)
+                .where(Job.kind == records.VALIDATE, Job.subject_id == version.id)
+                .order_by(Job.created_at.desc())
+                .limit(1)
+            ).one_or_none()
+            if not _is_stale(latest, cutoff):
+                continue
+            if latest is not None and latest.status in ("queued", "running"):
+                records.finish(session, latest, ok=False, error="stale: worker lost; requeued")
+            job = records.create_job(
+                session,
+                records.VALIDATE,
+                tenant_id=version.tenant_id,
+                subject_id=version.id,
+                payload={"requeued": True},
+            )
+            sent.append(job.id)
+    for job_id in sent:
+        dispatcher.send(records.VALIDATE, job_id)
+    return sent
+
+
+def resend_stale_deletes(
+    settings: Settings, dispatcher: JobDispatcher, older_than_s: float | None = None
+) -> list[uuid.UUID]:
+    """Re-send deletion jobs that never finished."""
+    limit = settings.job_stale_after_s if older_than_s is None else older_than_s
+    with session_scope(make_sessionmaker(settings.database_url)) as session:
+        cutoff = session.execute(select(func.now())).scalar_one() - timedelta(seconds=limit)
+        jobs = session.scalars(
+            select(Job)
+            .where(Job.kind == records.DELETE_OBJECTS, Job.status.in_(("queued", "running")))
+            .with_for_update(skip_locked=True)
+        ).all()
+        ids = []
+        for job in jobs:
+            if _is_stale(job, cutoff):
+                job.status = "queued"
+                job.heartbeat_at = records.now()
+                ids.append(job.id)
+    for job_id in ids:
+        dispatcher.send(records.DELETE_OBJECTS, job_id)
+    return ids
+
+
+def expire_abandoned_uploads(
+    settings: Settings, older_than_s: float | None = None
+) -> list[uuid.UUID]:
+    """Fail `uploading` versions past the presign expiry (plus grace); remove their objects."""
+    limit = (
+        settings.presign_expiry_s + settings.job_stale_after_s
+        if older_than_s is None
+        else older_than_s
+    )
+    with session_scope(make_sessionmaker(settings.database_url)) as session:
+        cutoff = session.execute(select(func.now())).scalar_one() - timedelta(seconds=limit)
+        rows = session.execute(
+            update(AdapterVersion)
+            .where(AdapterVersion.status == "uploading", AdapterVersion.updated_at < cutoff)
+            .values(status="failed", error="the upload was not completed in time")
+            .returning(AdapterVersion.id, AdapterVersion.object_prefix)
+        ).all()
+    client = objects.s3_client(settings) if rows else None
+    for _, prefix in rows:
+        objects.delete_prefix(client, settings.s3_bucket, prefix)
+    return [r[0] for r in rows]
+
+
+def recover(
+    settings: Settings, dispatcher: JobDispatcher, older_than_s: float | None = None
+) -> RecoveryReport:
+    """One full recovery pass (the worker runs this at start and periodically)."""
+    return RecoveryReport(
+        requeued_versions=requeue_stale_validations(settings, dispatcher, older_than_s),
+        resent_jobs=resend_stale_deletes(settings, dispatcher, older_than_s),
+        expired_uploads=expire_abandoned_uploads(settings),
+    )

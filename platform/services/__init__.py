@@ -1,0 +1,1 @@
+"""Control-plane services: the operations the API, CLI and jobs share (DB + object storage)."""

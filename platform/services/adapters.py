@@ -1,0 +1,376 @@
+"""Tenant adapters: upload (direct or presigned multipart), list, look up, delete.
+
+Every query filters by tenant; another tenant's adapter is NotFound. A new version number is
+taken under a row lock on the adapter, so concurrent uploads to one name get distinct numbers.
+Objects live under `tenants/{tenant_id}/adapters/{adapter_id}/v{n}/`; a failed upload removes
+its objects and its row, so nothing half-written stays behind.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session, sessionmaker
+
+from loraplex.adapters.validation import AdapterValidationError, parse_config, sniff_pickle
+from loraplex.platform.db.models import Adapter, AdapterVersion
+from loraplex.platform.db.session import session_scope
+from loraplex.platform.jobs import records
+from loraplex.platform.jobs.dispatch import JobDispatcher
+from loraplex.platform.settings import Settings
+
+from . import audit, objects
+from .base_models import get_base_model
+from .errors import Conflict, InvalidInput, NotFound, TooLarge, Unavailable
+from .names import check_name
+
+MIN_PART = 8 << 20
+MAX_PARTS = 10_000
+
+
+@dataclass(frozen=True)
+class Uploader:
+    """Who is uploading and with what: the services an upload needs."""
+
+    settings: Settings
+    sessions: sessionmaker[Session]
+    dispatcher: JobDispatcher
+    tenant_id: uuid.UUID
+    actor: str
+
+
+def adapter_prefix(tenant_id: uuid.UUID, adapter_id: uuid.UUID) -> str:
+    """Object prefix of all of an adapter's versions."""
+    return f"tenants/{tenant_id}/adapters/{adapter_id}/"
+
+
+def check_config(settings: Settings, raw: bytes | None) -> None:
+    """Refuse a missing, oversized, non-JSON or unsupported adapter_config.json up front."""
+    try:
+        parse_config(raw, settings.max_config_bytes)
+    except AdapterValidationError as exc:
+        cls = TooLarge if exc.code == "config_too_large" else InvalidInput
+        raise cls(exc.reason, code=exc.code, param="adapter_config") from None
+
+
+def check_weights_size(settings: Settings, size: int) -> None:
+    """Refuse empty or over-limit weight files."""
+    if size > settings.max_adapter_bytes:
+        raise TooLarge(
+            f"adapter_model is {size} bytes; at most {settings.max_adapter_bytes} are allowed",
+            code="file_too_large",
+            param="adapter_model",
+        )
+    if size <= 0:
+        raise InvalidInput(
+            "adapter_model is empty", code="invalid_safetensors", param="adapter_model"
+        )
+
+
+def _reserve(up: Uploader, name: str, base_model: str) -> AdapterVersion:
+    """Create the adapter if new and version n+1 in `uploading` (committed on return)."""
+    with session_scope(up.sessions) as session:
+        base = get_base_model(session, base_model)
+        session.execute(
+            insert(Adapter)
+            .values(
+                id=uuid.uuid4(),
+                tenant_id=up.tenant_id,
+                name=name,
+                base_model_id=base.id,
+            )
+            .on_conflict_do_nothing(index_elements=[Adapter.tenant_id, Adapter.name])
+        )
+        adapter = session.scalars(
+            select(Adapter)
+            .where(Adapter.tenant_id == up.tenant_id, Adapter.name == name)
+            .with_for_update(of=Adapter)
+        ).one()
+        if adapter.base_model_id != base.id:
+            raise Conflict(
+                f"adapter {name!r} is over base model {adapter.base_model.name!r}; "
+                f"a new version cannot change it to {base_model!r}",
+                code="base_model_mismatch",
+                param="base_model",
+            )
+        last = session.execute(
+            select(func.max(AdapterVersion.n)).where(AdapterVersion.adapter_id == adapter.id)
+        ).scalar_one()
+        n = (last or 0) + 1
+        version = AdapterVersion(
+            id=uuid.uuid4(),
+            tenant_id=up.tenant_id,
+            adapter_id=adapter.id,
+            n=n,
+            object_prefix=f"{adapter_prefix(up.tenant_id, adapter.id)}v{n}/",
+            status="uploading",
+        )
+        session.add(version)
+        session.flush()
+        return version
+
+
+def _discard(up: Uploader, version: AdapterVersion) -> None:
+    """Undo a reserved version: its objects, its row, and the adapter if it has no other."""
+    try:
+        objects.delete_prefix(
+            objects.s3_client(up.settings), up.settings.s3_bucket, version.object_prefix
+        )
+    finally:
+        with session_scope(up.sessions) as session:
+            session.execute(delete(AdapterVersion).where(AdapterVersion.id == version.id))
+            adapter = session.get(Adapter, version.adapter_id, with_for_update=True)
+            if adapter is not None:
+                left = session.execute(
+                    select(func.count())
+                    .select_from(AdapterVersion)
+                    .where(AdapterVersion.adapter_id == adapter.id)
+                ).scalar_one()
+                if left == 0:
+                    session.delete(adapter)
+
+
+def _start_validation(up: Uploader, version: AdapterVersion, action: str) -> AdapterVersion:
+    """Move an `uploading` version to `validating` with a job; send the job after commit."""
+    with session_scope(up.sessions) as session:
+        moved = session.execute(
+            update(AdapterVersion)
+            .where(AdapterVersion.id == version.id, AdapterVersion.status == "uploading")
+            .values(status="validating", s3_upload_id=None)
+        ).rowcount
+        if moved != 1:
+            raise NotFound("the adapter was deleted during the upload", code="adapter_not_found")
+        job = records.create_job(
+            session, records.VALIDATE, tenant_id=up.tenant_id, subject_id=version.id
+        )
+        audit.record(
+            session,
+            actor=up.actor,
+            action=action,
+            resource_type="adapter_version",
+            resource_id=version.id,
+            tenant_id=up.tenant_id,
+            detail={"n": version.n},
+        )
+        fresh = session.get(AdapterVersion, version.id, populate_existing=True)
+        assert fresh is not None
+    up.dispatcher.send(records.VALIDATE, job.id)
+    return fresh
+
+
+def upload_adapter(
+    up: Uploader,
+    name: str,
+    base_model: str,
+    config_bytes: bytes | None,
+    weights: BinaryIO,
+    weights_size: int,
+) -> AdapterVersion:
+    """Direct upload: checks what is cheap, stores both files, enqueues validation."""
+    check_name(name, "name", up.settings.max_name_length)
+    check_config(up.settings, config_bytes)
+    check_weights_size(up.settings, weights_size)
+    weights.seek(0)
+    pickled = sniff_pickle(weights.read(8))
+    if pickled is not None:
+        raise InvalidInput(
+            f"adapter_model looks like pickled weights ({pickled}); pickle files "
+            "are refused: upload adapter_model.safetensors",
+            code="pickle_refused",
+            param="adapter_model",
+        )
+    version = _reserve(up, name, base_model)
+    try:
+        client = objects.s3_client(up.settings)
+        objects.put_bytes(client, up.settings.s3_bucket, version.config_key, config_bytes or b"")
+        objects.put_file(client, up.settings.s3_bucket, version.weights_key, weights)
+    except Exception as exc:
+        _discard(up, version)
+        raise Unavailable(f"object storage failed: {exc}", code="storage_unavailable") from exc
+    try:
+        return _start_validation(up, version, "adapter_version.upload")
+    except NotFound:
+        objects.delete_prefix(
+            objects.s3_client(up.settings), up.settings.s3_bucket, version.object_prefix
+        )
+        raise
+
+
+def part_plan(size: int) -> tuple[int, int]:
+    """(part size, part count) for a multipart upload of `size` bytes."""
+    part = max(MIN_PART, math.ceil(size / MAX_PARTS))
+    return part, max(1, math.ceil(size / part))
+
+
+def start_presigned_upload(
+    up: Uploader, name: str, base_model: str, config_bytes: bytes, size: int
+) -> tuple[AdapterVersion, dict[str, Any]]:
+    """Reserve a version, store its config, and presign the weights' multipart upload parts."""
+    check_name(name, "name", up.settings.max_name_length)
+    check_config(up.settings, config_bytes)
+    check_weights_size(up.settings, size)
+    version = _reserve(up, name, base_model)
+    try:
+        client = objects.s3_client(up.settings)
+        bucket = up.settings.s3_bucket
+        objects.put_bytes(client, bucket, version.config_key, config_bytes)
+        upload_id = objects.start_multipart(client, bucket, version.weights_key)
+        part_size, count = part_plan(size)
+        parts = objects.presign_parts(
+            client, bucket, version.weights_key, upload_id, count, up.settings.presign_expiry_s
+        )
+        with session_scope(up.sessions) as session:
+            session.execute(
+                update(AdapterVersion)
+                .where(AdapterVersion.id == version.id)
+                .values(s3_upload_id=upload_id)
+            )
+            audit.record(
+                session,
+                actor=up.actor,
+                action="adapter_version.upload_start",
+                resource_type="adapter_version",
+                resource_id=version.id,
+                tenant_id=up.tenant_id,
+                detail={"n": version.n, "size": size},
+            )
+    except Exception as exc:
+        _discard(up, version)
+        raise Unavailable(f"object storage failed: {exc}", code="storage_unavailable") from exc
+    plan = {"part_size": part_size, "parts": parts, "expires_in": up.settings.presign_expiry_s}
+    return version, plan
+
+
+def complete_presigned_upload(
+    up: Uploader, name: str, upload_id: uuid.UUID, parts: list[tuple[int, str]]
+) -> AdapterVersion:
+    """Finish the multipart upload and start validation (a repeat returns the current state)."""
+    with session_scope(up.sessions) as session:
+        version = _version_by_id(session, up.tenant_id, name, upload_id)
+        if version.status != "uploading":
+            return version
+        s3_upload_id = version.s3_upload_id
+    if not s3_upload_id:
+        raise Conflict("this upload has no multipart upload in progress", code="invalid_state")
+    if not parts:
+        raise InvalidInput("parts must list every uploaded part's number and ETag", param="parts")
+    client = objects.s3_client(up.settings)
+    bucket = up.settings.s3_bucket
+    try:
+        objects.complete_multipart(client, bucket, version.weights_key, s3_upload_id, parts)
+    except Exception as exc:
+        if objects.is_not_found(exc):
+            raise Conflict(
+                "the multipart upload is gone (expired or completed)", code="invalid_state"
+            ) from None
+        raise InvalidInput(
+            f"could not complete the multipart upload: {exc}", code="invalid_parts", param="parts"
+        ) from None
+    size = objects.object_size(client, bucket, version.weights_key) or 0
+    if size > up.settings.max_adapter_bytes:
+        _discard(up, version)
+        raise TooLarge(
+            f"adapter_model is {size} bytes; at most {up.settings.max_adapter_bytes} are allowed",
+            code="file_too_large",
+            param="adapter_model",
+        )
+    return _start_validation(up, version, "adapter_version.upload_complete")
+
+
+def _adapter(session: Session, tenant_id: uuid.UUID, name: str, *, lock: bool = False) -> Adapter:
+    stmt = select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.name == name)
+    if lock:
+        stmt = stmt.with_for_update(of=Adapter)
+    adapter = session.scalars(stmt).one_or_none()
+    if adapter is None:
+        raise NotFound(f"no adapter named {name!r}", code="adapter_not_found")
+    return adapter
+
+
+def _version_by_id(
+    session: Session, tenant_id: uuid.UUID, name: str, version_id: uuid.UUID
+) -> AdapterVersion:
+    adapter = _adapter(session, tenant_id, name)
+    version = session.scalars(
+        select(AdapterVersion).where(
+            AdapterVersion.id == version_id,
+            AdapterVersion.adapter_id == adapter.id,
+            AdapterVersion.tenant_id == tenant_id,
+        )
+    ).one_or_none()
+    if version is None:
+        raise NotFound(f"no upload {version_id} for adapter {name!r}", code="upload_not_found")
+    return version
+
+
+def latest_version(session: Session, adapter: Adapter) -> AdapterVersion | None:
+    """The adapter's newest version, whatever its status."""
+    return session.scalars(
+        select(AdapterVersion)
+        .where(AdapterVersion.adapter_id == adapter.id)
+        .order_by(AdapterVersion.n.desc())
+        .limit(1)
+    ).one_or_none()
+
+
+def list_adapters(
+    session: Session, tenant_id: uuid.UUID
+) -> list[tuple[Adapter, AdapterVersion | None]]:
+    """The tenant's adapters with their latest versions."""
+    adapters = session.scalars(
+        select(Adapter).where(Adapter.tenant_id == tenant_id).order_by(Adapter.name)
+    ).all()
+    return [(a, latest_version(session, a)) for a in adapters]
+
+
+def get_adapter(
+    session: Session, tenant_id: uuid.UUID, name: str
+) -> tuple[Adapter, AdapterVersion | None]:
+    """One of the tenant's adapters and its latest version."""
+    adapter = _adapter(session, tenant_id, name)
+    return adapter, latest_version(session, adapter)
+
+
+def get_version(
+    session: Session, tenant_id: uuid.UUID, name: str, n: int
+) -> tuple[Adapter, AdapterVersion]:
+    """Version `n` of one of the tenant's adapters."""
+    adapter = _adapter(session, tenant_id, name)
+    version = session.scalars(
+        select(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id, AdapterVersion.n == n)
+    ).one_or_none()
+    if version is None:
+        raise NotFound(f"adapter {name!r} has no version {n}", code="version_not_found")
+    return adapter, version
+
+
+def delete_adapter(up: Uploader, name: str) -> tuple[Adapter, uuid.UUID]:
+    """Delete the adapter and its versions now; a job removes the objects."""
+    with session_scope(up.sessions) as session:
+        adapter = _adapter(session, up.tenant_id, name, lock=True)
+        session.execute(
+            delete(Adapter).where(Adapter.id == adapter.id, Adapter.tenant_id == up.tenant_id)
+        )
+        job = records.create_job(
+            session,
+            records.DELETE_OBJECTS,
+            tenant_id=up.tenant_id,
+            subject_id=adapter.id,
+            payload={"prefix": adapter_prefix(up.tenant_id, adapter.id)},
+        )
+        audit.record(
+            session,
+            actor=up.actor,
+            action="adapter.delete",
+            resource_type="adapter",
+            resource_id=adapter.id,
+            tenant_id=up.tenant_id,
+            detail={"name": name},
+        )
+    up.dispatcher.send(records.DELETE_OBJECTS, job.id)
+    return adapter, job.id

@@ -1,0 +1,120 @@
+"""Tenant API keys: shown once as `lp_...`, stored as a sha256 hash plus a display prefix."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from loraplex.platform.db.models import ApiKey
+
+from . import audit
+from .errors import InvalidInput, NotFound
+from .names import check_label
+from .tenants import get_tenant
+
+KEY_PREFIX = "lp_"
+PREFIX_CHARS = 12
+TOUCH_INTERVAL = timedelta(seconds=60)
+DEFAULT_SCOPES = ["adapters", "inference"]
+KNOWN_SCOPES = frozenset(DEFAULT_SCOPES)
+
+
+def hash_key(plain: str) -> str:
+    """sha256 hex of a presented key (what the table stores and looks up)."""
+    return hashlib.sha256(plain.encode("utf-8")).hexdigest()
+
+
+def generate_key() -> tuple[str, str, str]:
+    """A new random key: (plain text, display prefix, hash)."""
+    plain = KEY_PREFIX + secrets.token_urlsafe(32)
+    return plain, plain[:PREFIX_CHARS], hash_key(plain)
+
+
+def create_api_key(
+    session: Session,
+    tenant_id: uuid.UUID,
+    name: str,
+    scopes: list[str] | None = None,
+    *,
+    actor: str = audit.ADMIN_ACTOR,
+) -> tuple[ApiKey, str]:
+    """Create a key for a tenant; returns the row and the plain key (never stored)."""
+    get_tenant(session, tenant_id)
+    check_label(name, "name")
+    scopes = sorted(set(scopes if scopes is not None else DEFAULT_SCOPES))
+    unknown = set(scopes) - KNOWN_SCOPES
+    if unknown:
+        raise InvalidInput(
+            f"unknown scopes {sorted(unknown)}; known: {sorted(KNOWN_SCOPES)}",
+            code="invalid_scope",
+            param="scopes",
+        )
+    plain, prefix, digest = generate_key()
+    key = ApiKey(
+        id=uuid.uuid4(),
+        tenant_id=tenant_id,
+        name=name,
+        prefix=prefix,
+        key_hash=digest,
+        scopes=scopes,
+    )
+    session.add(key)
+    session.flush()
+    audit.record(
+        session,
+        actor=actor,
+        action="api_key.create",
+        resource_type="api_key",
+        resource_id=key.id,
+        tenant_id=tenant_id,
+        detail={"name": name, "prefix": prefix},
+    )
+    return key, plain
+
+
+def list_api_keys(session: Session, tenant_id: uuid.UUID) -> list[ApiKey]:
+    """A tenant's keys (hashes are never returned by the API)."""
+    stmt = select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at)
+    return list(session.scalars(stmt))
+
+
+def verify_api_key(session: Session, plain: str) -> ApiKey | None:
+    """The live (not revoked) key matching `plain`, or None."""
+    if not plain.startswith(KEY_PREFIX) or len(plain) > 256:
+        return None
+    stmt = select(ApiKey).where(ApiKey.key_hash == hash_key(plain), ApiKey.revoked_at.is_(None))
+    return session.scalars(stmt).one_or_none()
+
+
+def touch_last_used(session: Session, key: ApiKey) -> None:
+    """Record use, at most once a minute per key so hot keys do not write on every request."""
+    now = datetime.now(UTC)
+    if key.last_used_at is not None and now - key.last_used_at < TOUCH_INTERVAL:
+        return
+    session.execute(update(ApiKey).where(ApiKey.id == key.id).values(last_used_at=now))
+    key.last_used_at = now
+
+
+def revoke_api_key(
+    session: Session, key_id: uuid.UUID, *, actor: str = audit.ADMIN_ACTOR
+) -> ApiKey:
+    """Revoke a key (idempotent: revoking twice keeps the first time)."""
+    key = session.get(ApiKey, key_id, with_for_update=True)
+    if key is None:
+        raise NotFound(f"no API key with id {key_id}", code="api_key_not_found")
+    if key.revoked_at is None:
+        key.revoked_at = datetime.now(UTC)
+        audit.record(
+            session,
+            actor=actor,
+            action="api_key.revoke",
+            resource_type="api_key",
+            resource_id=key.id,
+            tenant_id=key.tenant_id,
+        )
+    return key

@@ -1,0 +1,133 @@
+"""Base models: upload a HuggingFace-layout folder to object storage and register it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from loraplex.adapters.peft_format import is_moe_config
+from loraplex.platform.db.models import BaseModel
+from loraplex.platform.db.session import make_sessionmaker, session_scope
+from loraplex.platform.settings import Settings
+
+from . import audit, objects
+from .errors import InvalidInput, NotFound
+from .names import check_name
+
+MAX_MODEL_NAME = 128
+MAX_CONFIG_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class BaseModelInfo:
+    """What registration returns: the row's id and what it recorded."""
+
+    id: uuid.UUID
+    name: str
+    family: str
+    object_prefix: str
+    config: dict[str, Any]
+    uploaded_files: int
+
+
+def model_prefix(name: str) -> str:
+    """Object prefix of a base model's files."""
+    return f"models/{name}/"
+
+
+def family_of(config: dict[str, Any]) -> str:
+    """`moe` for mixture-of-experts configs, else `dense`."""
+    return "moe" if is_moe_config(config) else "dense"
+
+
+def read_model_config(path: Path) -> dict[str, Any]:
+    """Parse a model folder's config.json (InvalidInput if missing or not a JSON object)."""
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise InvalidInput(f"{path} has no config.json: not a HuggingFace model folder")
+    if cfg_path.stat().st_size > MAX_CONFIG_BYTES:
+        raise InvalidInput(f"{cfg_path} is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        config = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"{cfg_path} is not valid JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise InvalidInput(f"{cfg_path} must hold a JSON object")
+    return config
+
+
+def _model_files(path: Path) -> list[Path]:
+    files = []
+    for f in sorted(path.rglob("*")):
+        rel = f.relative_to(path)
+        if f.is_file() and not any(part.startswith(".") for part in rel.parts):
+            files.append(f)
+    return files
+
+
+def _upload_folder(settings: Settings, path: Path, prefix: str) -> int:
+    """Upload every file not already stored with the same size; returns how many were sent."""
+    client = objects.s3_client(settings)
+    sent = 0
+    for f in _model_files(path):
+        key = prefix + f.relative_to(path).as_posix()
+        if objects.object_size(client, settings.s3_bucket, key) == f.stat().st_size:
+            continue
+        with f.open("rb") as fh:
+            objects.put_file(client, settings.s3_bucket, key, fh)
+        sent += 1
+    return sent
+
+
+def register_base_model(settings: Settings, name: str, path: str | Path) -> BaseModelInfo:
+    """Upload the folder under `models/{name}/` and create or update its row (idempotent)."""
+    check_name(name, "name", MAX_MODEL_NAME)
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise InvalidInput(f"{folder} is not a directory")
+    config = read_model_config(folder)
+    family = family_of(config)
+    prefix = model_prefix(name)
+    sent = _upload_folder(settings, folder, prefix)
+    if not settings.database_url:
+        raise RuntimeError("LORAPLEX_DATABASE_URL is not set")
+    with session_scope(make_sessionmaker(settings.database_url)) as session:
+        stmt = insert(BaseModel).values(
+            id=uuid.uuid4(), name=name, family=family, object_prefix=prefix, config=config
+        )
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[BaseModel.name],
+            set_={"family": family, "object_prefix": prefix, "config": config},
+        ).returning(BaseModel.id)
+        model_id = session.execute(stmt).scalar_one()
+        audit.record(
+            session,
+            actor="system",
+            action="base_model.register",
+            resource_type="base_model",
+            resource_id=model_id,
+            detail={"name": name, "family": family, "files_uploaded": sent},
+        )
+    return BaseModelInfo(model_id, name, family, prefix, config, sent)
+
+
+def get_base_model(session: Session, name: str) -> BaseModel:
+    """The base model registered under `name` (NotFound otherwise)."""
+    model = session.scalars(select(BaseModel).where(BaseModel.name == name)).one_or_none()
+    if model is None:
+        raise NotFound(
+            f"no base model named {name!r}", code="base_model_not_found", param="base_model"
+        )
+    return model
+
+
+def list_base_models(session: Session) -> list[BaseModel]:
+    """Every registered base model."""
+    return list(session.scalars(select(BaseModel).order_by(BaseModel.name)))

@@ -1,0 +1,142 @@
+"""Deployments: how a base model is served (quantization, LoRA slots, replicas, EP size)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from loraplex.platform.db.models import (
+    KV_CACHE_DTYPES,
+    WEIGHT_QUANTIZATIONS,
+    Deployment,
+)
+from loraplex.platform.settings import Settings
+
+from . import audit
+from .base_models import get_base_model
+from .errors import Conflict, InvalidInput
+from .names import check_name
+
+MAX_DEPLOYMENT_NAME = 128
+MAX_LORA_RANK_LIMIT = 1024
+MAX_LORAS_LIMIT = 4096
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    """What an admin asks for when creating a deployment."""
+
+    name: str
+    base_model: str
+    weight_quantization: str = "bf16"
+    kv_cache_dtype: str = "auto"
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
+    replicas: int = 1
+    expert_parallel_size: int = 1
+    share_prefix_cache: bool = False
+
+
+def _check_range(value: int, what: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidInput(
+            f"{what} must be an integer in {low}..{high}, got {value!r}",
+            code="invalid_value",
+            param=what,
+        )
+    return value
+
+
+def create_deployment(
+    session: Session, settings: Settings, spec: DeploymentSpec, *, actor: str = audit.ADMIN_ACTOR
+) -> Deployment:
+    """Validate the spec against the base model and store it (Conflict on a taken name)."""
+    check_name(spec.name, "name", MAX_DEPLOYMENT_NAME)
+    if spec.weight_quantization not in WEIGHT_QUANTIZATIONS:
+        raise InvalidInput(
+            f"quantization.weights must be one of {list(WEIGHT_QUANTIZATIONS)}",
+            code="invalid_value",
+            param="quantization.weights",
+        )
+    if spec.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise InvalidInput(
+            f"quantization.kv_cache must be one of {list(KV_CACHE_DTYPES)}",
+            code="invalid_value",
+            param="quantization.kv_cache",
+        )
+    max_loras = _check_range(
+        spec.max_loras or settings.default_max_loras, "max_loras", 1, MAX_LORAS_LIMIT
+    )
+    max_rank = _check_range(
+        spec.max_lora_rank or settings.default_max_lora_rank,
+        "max_lora_rank",
+        1,
+        MAX_LORA_RANK_LIMIT,
+    )
+    replicas = _check_range(spec.replicas, "replicas", 0, 1024)
+    ep = _check_range(spec.expert_parallel_size, "expert_parallel_size", 1, 1024)
+    base = get_base_model(session, spec.base_model)
+    if ep > 1 and base.family != "moe":
+        raise InvalidInput(
+            f"expert_parallel_size > 1 needs a mixture-of-experts base model; "
+            f"{base.name!r} is {base.family}",
+            code="invalid_value",
+            param="expert_parallel_size",
+        )
+    stmt = (
+        insert(Deployment)
+        .values(
+            id=uuid.uuid4(),
+            name=spec.name,
+            base_model_id=base.id,
+            weight_quantization=spec.weight_quantization,
+            kv_cache_dtype=spec.kv_cache_dtype,
+            max_loras=max_loras,
+            max_lora_rank=max_rank,
+            replicas=replicas,
+            expert_parallel_size=ep,
+            share_prefix_cache=bool(spec.share_prefix_cache),
+        )
+        .on_conflict_do_nothing()
+        .returning(Deployment.id)
+    )
+    dep_id = session.execute(stmt).scalar_one_or_none()
+    if dep_id is None:
+        raise Conflict(
+            f"a deployment named {spec.name!r} exists already",
+            code="deployment_exists",
+            param="name",
+        )
+    dep = session.get(Deployment, dep_id)
+    assert dep is not None
+    audit.record(
+        session,
+        actor=actor,
+        action="deployment.create",
+        resource_type="deployment",
+        resource_id=dep.id,
+        detail={"name": spec.name, "base_model": base.name},
+    )
+    return dep
+
+
+def list_deployments(session: Session) -> list[Deployment]:
+    """Every deployment."""
+    return list(session.scalars(select(Deployment).order_by(Deployment.created_at)))
+
+
+def max_lora_rank_for(session: Session, settings: Settings, base_model_id: uuid.UUID) -> int:
+    """The rank limit an adapter over this base model must meet.
+
+    The smallest `max_lora_rank` of the base model's deployments, so a ready adapter fits every
+    deployment that may serve it; `Settings.default_max_lora_rank` when there is none.
+    """
+    stmt = select(func.min(Deployment.max_lora_rank)).where(
+        Deployment.base_model_id == base_model_id
+    )
+    limit = session.execute(stmt).scalar_one_or_none()
+    return int(limit) if limit is not None else settings.default_max_lora_rank

@@ -1,0 +1,51 @@
+"""Errors a service raises for bad input or state; the API maps each kind to an HTTP status."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base: a message fit to show the caller, a machine-readable code and the offending param."""
+
+    status = 400
+
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.param = param
+
+
+class InvalidInput(ServiceError):
+    """The request's content is wrong (400)."""
+
+    status = 400
+
+
+class NotFound(ServiceError):
+    """No such resource for this caller (404); also used for other tenants' resources."""
+
+    status = 404
+
+
+class Conflict(ServiceError):
+    """The resource exists already or is in the wrong state (409)."""
+
+    status = 409
+
+
+class TooLarge(ServiceError):
+    """The request or one of its files is over a size limit (413)."""
+
+    status = 413
+
+
+class Unprocessable(ServiceError):
+    """Well-formed but not acceptable, e.g. an idempotency key reused with another body (422)."""
+
+    status = 422
+
+
+class Unavailable(ServiceError):
+    """A backing service (object storage, broker) failed; retry later (503)."""
+
+    status = 503

@@ -1,0 +1,350 @@
+"""`loraplex up`: the whole platform on one machine, on loopback, under one data dir.
+
+Starts embedded PostgreSQL, SeaweedFS S3 and Redis (each unless its URL is set), migrates
+the database, creates the bucket, keeps an admin key, registers the demo model (or
+`--model`), then runs a Celery worker and the API as child processes. Ctrl-C (or SIGTERM)
+stops everything it started, last started first. A second `up` on the same data dir
+finds its data again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import secrets
+import signal
+import sys
+import time
+import traceback
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from rich.console import Console
+
+from loraplex.platform.embedded.process import (
+    EmbeddedServiceError,
+    ServiceProcess,
+    log_tail,
+    port_is_free,
+    stop_together,
+)
+from loraplex.platform.settings import Settings
+
+DEMO_MODEL_NAME = "demo"
+
+
+class UpError(RuntimeError):
+    """`up` cannot go on; the message says why and what to do."""
+
+
+class Stack:
+    """What `up` started, each with its stop function; closed in reverse order."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._stops: list[tuple[str, Callable[[], None]]] = []
+
+    def push(self, name: str, stop: Callable[[], None]) -> None:
+        """Remember how to stop `name`."""
+        self._stops.append((name, stop))
+
+    def close(self) -> None:
+        """Stop everything, newest first; one failure does not keep the rest running.
+
+        Ctrl-C / SIGTERM are ignored meanwhile, so a second Ctrl-C cannot leave a service
+        half-stopped (children die with this process anyway if it is killed outright)."""
+        previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self._close_all()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _close_all(self) -> None:
+        while self._stops:
+            name, stop = self._stops.pop()
+            began = time.monotonic()
+            with self.console.status(f"Stopping {name}…"):
+                try:
+                    stop()
+                except Exception as exc:  # keep stopping the others
+                    self.console.print(f"[red]✗[/] stopping {name}: {exc}")
+                    continue
+            self.console.print(f"[dim]stopped {name} ({time.monotonic() - began:.1f}s)[/]")
+
+
+def redact(url: str) -> str:
+    """`url` with any password replaced by ***."""
+    return re.sub(r"(//[^:/@]+:)[^@]*@", r"\1***@", url)
+
+
+def child_env(settings: Settings) -> dict[str, str]:
+    """This process's environment plus every setting as a `LORAPLEX_*` variable."""
+    env = dict(os.environ)
+    for name, value in settings.model_dump().items():
+        key = f"LORAPLEX_{name.upper()}"
+        if value is None:
+            env.pop(key, None)
+        elif isinstance(value, bool):
+            env[key] = "true" if value else "false"
+        elif isinstance(value, str | int | float | Path):
+            env[key] = str(value)
+        else:
+            env[key] = json.dumps(value, default=str)
+    return env
+
+
+@contextlib.contextmanager
+def data_dir_lock(data_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the data dir so two `up`s never share one."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    handle: IO[str] = open(data_dir / "up.lock", "w")  # noqa: SIM115 - held for the whole run
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise UpError(f"another `loraplex up` is running on {data_dir}") from exc
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+    finally:
+        handle.close()
+
+
+def admin_key(settings: Settings, data_dir: Path) -> str:
+    """LORAPLEX_ADMIN_KEY when set, else the key kept in the data dir (made on first run)."""
+    if settings.admin_key:
+        return settings.admin_key
+    path = data_dir / "admin_key"
+    if not path.exists():
+        path.write_text("lpx-admin-" + secrets.token_urlsafe(32) + "\n")
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def ensure_bucket(settings: Settings) -> None:
+    """Create the configured bucket if it is missing."""
+    from loraplex.platform.services.objects import s3_client
+
+    client = s3_client(settings)
+    names = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+    if settings.s3_bucket not in names:
+        client.create_bucket(Bucket=settings.s3_bucket)
+
+
+def model_folder(data_dir: Path, model: Path | None) -> Path:
+    """`--model` as given, else the demo model kept in the data dir (written once)."""
+    if model is not None:
+        folder = model.expanduser().resolve()
+        if not (folder / "config.json").is_file():
+            raise UpError(f"--model {model}: no config.json there (need a HuggingFace folder)")
+        return folder
+    folder = data_dir / "models" / DEMO_MODEL_NAME
+    if not (folder / "config.json").is_file():
+        from loraplex.platform.demo_model import make_demo_model
+
+        make_demo_model(folder)
+    return folder
+
+
+def default_model_name(folder: Path) -> str:
+    """A base-model name from a folder name: lower case, [a-z0-9._-] only."""
+    name = re.sub(r"[^a-z0-9._-]+", "-", folder.name.lower()).strip("-.") or "model"
+    return name[:64]
+
+
+def _http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=2) as resp:
+        return resp.status == 200
+
+
+def _start_child(name: str, argv: list[str], log: Path, env: dict[str, str]) -> ServiceProcess:
+    proc = ServiceProcess(name, log)
+    proc.start(argv, env=env, cwd=log.parent)
+    return proc
+
+
+def _raise_on_term(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def step(console: Console, label: str) -> Iterator[list[str]]:
+    """Show a spinner while the block runs, then a check mark with what it appended."""
+    notes: list[str] = []
+    began = time.monotonic()
+    with console.status(f"{label}…"):
+        yield notes
+    took = time.monotonic() - began
+    console.print(f"[green]✓[/] {label}  [dim]{' '.join(notes)} ({took:.1f}s)[/]")
+
+
+def start_services(settings: Settings, stack: Stack, data_dir: Path) -> dict[str, object]:
+    """Start each embedded service whose URL is not set; returns the URLs to fill in."""
+    from loraplex.platform.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedSeaweedFS
+
+    console = stack.console
+    urls: dict[str, object] = {}
+    if settings.database_url is None:
+        pg = EmbeddedPostgres(data_dir / "postgres")
+        stack.push("PostgreSQL", pg.stop)
+        with step(console, "PostgreSQL") as note:
+            urls["database_url"] = pg.start()
+            note.append(redact(pg.url))
+    if settings.s3_endpoint_url is None:
+        s3 = EmbeddedSeaweedFS(
+            data_dir / "seaweedfs",
+            access_key=settings.s3_access_key,
+            secret_key=settings.s3_secret_key,
+            region=settings.s3_region,
+        )
+        stack.push("SeaweedFS S3", s3.stop)
+        with step(console, "SeaweedFS S3") as note:
+            urls["s3_endpoint_url"] = s3.start()
+            note.append(s3.endpoint_url)
+    if settings.broker_url is None:
+        rd = EmbeddedRedis(data_dir / "redis")
+        stack.push("Redis", rd.stop)
+        with step(console, "Redis") as note:
+            urls["broker_url"] = rd.start()
+            note.append(rd.url)
+    return urls
+
+
+def start_all(
+    settings: Settings,
+    stack: Stack,
+    model: Path | None,
+    model_name: str | None,
+    engine: bool = True,
+) -> tuple[Settings, str, list[ServiceProcess]]:
+    """Bring every part up in order; returns the final settings, the API URL and children."""
+    console = stack.console
+    data_dir = settings.data_dir.expanduser().resolve()
+    if not port_is_free(settings.port, settings.host):
+        raise UpError(f"port {settings.port} on {settings.host} is in use; pass --port")
+    folder = model_folder(data_dir, model)  # checked (or written) before anything starts
+    name = model_name or (DEMO_MODEL_NAME if model is None else default_model_name(folder))
+    updates = start_services(settings, stack, data_dir)
+    updates |= {"data_dir": data_dir, "admin_key": admin_key(settings, data_dir)}
+    settings = settings.model_copy(update=updates)
+    if settings.database_url is None:  # only if a start above silently gave nothing
+        raise UpError("no database URL")
+
+    from loraplex.platform.db.migrate import upgrade
+    from loraplex.platform.services.base_models import register_base_model
+
+    with step(console, "Database migrations") as note:
+        upgrade(settings.database_url)
+        note.append("at head")
+    with step(console, "Bucket") as note:
+        ensure_bucket(settings)
+        note.append(settings.s3_bucket)
+    with step(console, "Base model") as note:
+        info = register_base_model(settings, name, folder)
+        note.append(f"{info.name} ({info.family}) from {folder}")
+
+    env = child_env(settings)
+    logs = data_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    cli = [sys.executable, "-m", "loraplex.platform.cli"]
+    url = f"http://{settings.host}:{settings.port}"
+    with step(console, "Worker and API") as note:
+        worker = _start_child("worker", [*cli, "worker"], logs / "worker.log", env)
+        api = _start_child("API", [*cli, "api"], logs / "api.log", env)
+        # Both are clients of the services: stopped together (SIGINT = graceful for each).
+        stack.push("worker and API", lambda: stop_together([api, worker], signal.SIGINT, 20))
+        api.wait_ready(lambda: _http_ok(url + "/healthz"), timeout=90)
+        if not worker.running():
+            raise worker.fail("exited")
+        note.append(url)
+    children = [worker, api]
+    if engine:
+        children += start_serving(settings, stack, folder, name, logs / "engine.log", env)
+    return settings, url, children
+
+
+def start_serving(
+    settings: Settings, stack: Stack, folder: Path, name: str, log: Path, env: dict[str, str]
+) -> list[ServiceProcess]:
+    """A deployment for the base model and one engine replica the gateway routes to."""
+    from loraplex.platform.up_replica import ensure_deployment, start_replica
+
+    with step(stack.console, "Deployment") as note:
+        deployment = ensure_deployment(settings, name)
+        note.append(f"{deployment.name} (max_loras {deployment.max_loras}, "
+                    f"max_lora_rank {deployment.max_lora_rank})")  # fmt: skip
+    with step(stack.console, "Engine replica") as note:
+        url, proc, deregister = start_replica(settings, deployment, folder, name, log, env)
+
+        def stop() -> None:
+            deregister()
+            proc.stop(signal.SIGINT, timeout=20)
+
+        stack.push("engine replica", stop)
+        note.append(f"{url}, serving {name!r}")
+    return [proc]
+
+
+def run_up(
+    settings: Settings,
+    *,
+    model: Path | None = None,
+    model_name: str | None = None,
+    engine: bool = True,
+) -> int:
+    """Run `loraplex up` until Ctrl-C / SIGTERM; returns the exit code."""
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    console = Console(highlight=False)
+    signal.signal(signal.SIGTERM, _raise_on_term)
+    data_dir = settings.data_dir.expanduser().resolve()
+    stack = Stack(console)
+    code = 0
+    try:
+        with data_dir_lock(data_dir):
+            try:
+                console.print(f"loraplex up — data in {data_dir}")
+                settings, url, children = start_all(settings, stack, model, model_name, engine)
+                console.print()
+                console.print(f"URL: {url}")
+                console.print(f"Admin key: {settings.admin_key}")
+                console.print(f"Logs: {data_dir / 'logs'}")
+                console.print("Press Ctrl-C to stop.")
+                code = _watch(console, children)
+            except KeyboardInterrupt:
+                console.print("\nShutting down…")
+            except (UpError, EmbeddedServiceError) as exc:
+                console.print(f"[red]error:[/] {exc}")
+                code = 1
+            except Exception as exc:
+                report = data_dir / "logs" / "up-error.log"
+                report.parent.mkdir(parents=True, exist_ok=True)
+                report.write_text(traceback.format_exc())
+                message = getattr(exc, "message", None) or str(exc)
+                console.print(f"[red]error:[/] {type(exc).__name__}: {message}", markup=False)
+                console.print(f"[dim](traceback in {report})[/]")
+                code = 1
+            finally:
+                stack.close()
+    except UpError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 1
+    return code
+
+
+def _watch(console: Console, children: list[ServiceProcess]) -> int:
+    """Block until Ctrl-C (returns 0) or a child dies on its own (returns 1)."""
+    while True:
+        for child in children:
+            if not child.running():
+                console.print(f"[red]error:[/] {child.name} exited; last lines of its log:")
+                console.print(log_tail(child.log_path), markup=False)
+                return 1
+        time.sleep(0.5)

@@ -1,0 +1,185 @@
+"""PEFT adapter format: config parsing, tensor names, dims, and rank/scale resolution vs peft."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from lora_testutil import TINY_LLAMA, make_adapter, tiny_llama
+
+from loraplex.adapters.peft_format import (
+    LORA_MODULES,
+    AdapterFormatError,
+    module_dims,
+    parse_adapter_config,
+    parse_lora_tensor_name,
+    rank_for,
+    scale_for,
+)
+
+BASE = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+
+
+def test_parse_minimal_bytes_and_dict():
+    cfg = parse_adapter_config(json.dumps(BASE).encode())
+    assert cfg.r == 8 and cfg.lora_alpha == 16.0 and not cfg.use_rslora
+    assert cfg.target_modules == ["q_proj", "v_proj"]
+    assert parse_adapter_config(BASE) == cfg
+
+
+@pytest.mark.parametrize(
+    "raw, needle",
+    [
+        (b"not json", "not valid JSON"),
+        (b"\xff\xfe", "UTF-8"),
+        (b"[1, 2]", "JSON object"),
+        (json.dumps({"lora_alpha": 8, "target_modules": ["q_proj"]}).encode(), "missing 'r'"),
+        (json.dumps({"r": 0, "lora_alpha": 8, "target_modules": ["q_proj"]}).encode(), "r must"),
+        (json.dumps({"r": 8.5, "lora_alpha": 8, "target_modules": ["q_proj"]}).encode(), "r must"),
+        (json.dumps({"r": True, "lora_alpha": 8, "target_modules": ["q_proj"]}).encode(), "r must"),
+        (json.dumps({"r": 8, "target_modules": ["q_proj"]}).encode(), "missing 'lora_alpha'"),
+        (json.dumps({"r": 8, "lora_alpha": "x", "target_modules": ["q"]}).encode(), "lora_alpha"),
+        (json.dumps({"r": 8, "lora_alpha": -1, "target_modules": ["q"]}).encode(), "lora_alpha"),
+        (json.dumps(BASE | {"use_dora": True}).encode(), "not supported yet"),
+        (json.dumps(BASE | {"modules_to_save": ["lm_head"]}).encode(), "not supported yet"),
+        (json.dumps(BASE | {"peft_type": "IA3"}).encode(), "only LORA"),
+        (json.dumps(BASE | {"target_modules": "("}).encode(), "regular expression"),
+        (json.dumps(BASE | {"target_modules": []}).encode(), "targets no module"),
+        (json.dumps(BASE | {"rank_pattern": {"q_proj": 0}}).encode(), "rank_pattern"),
+        (json.dumps(BASE | {"alpha_pattern": []}).encode(), "alpha_pattern"),
+        (b"[" * 100000 + b"]" * 100000, "JSON"),
+    ],
+)
+def test_bad_configs_are_refused(raw, needle):
+    with pytest.raises(AdapterFormatError, match=needle):
+        parse_adapter_config(raw)
+
+
+def test_dora_message_is_clear():
+    with pytest.raises(AdapterFormatError) as exc:
+        parse_adapter_config(BASE | {"use_dora": True})
+    assert "DoRA" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "name, layer, module, kind",
+    [
+        ("base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight", 3, "q_proj", "A"),
+        ("base_model.model.model.layers.0.mlp.down_proj.lora_B.weight", 0, "down_proj", "B"),
+        (
+            "base_model.model.model.layers.12.mlp.gate_proj.lora_A.default.weight",
+            12,
+            "gate_proj",
+            "A",
+        ),
+        (
+            "base_model.model.model.layers.1.self_attn.o_proj.lora_B.my-ad_1.weight",
+            1,
+            "o_proj",
+            "B",
+        ),
+    ],
+)
+def test_tensor_names(name, layer, module, kind):
+    t = parse_lora_tensor_name(name)
+    assert (t.layer_idx, t.module, t.kind) == (layer, module, kind)
+    block = "self_attn" if module in {"q_proj", "k_proj", "v_proj", "o_proj"} else "mlp"
+    assert t.module_path == f"model.layers.{layer}.{block}.{module}"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "base_model.model.model.layers.3.mlp.q_proj.lora_A.weight",
+        "base_model.model.model.layers.3.self_attn.gate_proj.lora_A.weight",
+        "base_model.model.lm_head.lora_A.weight",
+        "base_model.model.model.layers.3.self_attn.q_proj.lora_C.weight",
+        "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight.x",
+        "base_model.model.model.layers.03.self_attn.q_proj.lora_A.weight",
+        "base_model.model.model.layers.1.mlp.experts.0.gate_proj.lora_A.weight",
+        "model.layers.3.self_attn.q_proj.lora_A.weight",
+        "base_model.model.model.embed_tokens.lora_embedding_A",
+        "",
+    ],
+)
+def test_bad_tensor_names(name):
+    with pytest.raises(AdapterFormatError):
+        parse_lora_tensor_name(name)
+
+
+def test_module_dims_dense_and_moe():
+    cfg = dict(TINY_LLAMA)
+    dims = module_dims(cfg)
+    assert dims["q_proj"] == (64, 64) and dims["k_proj"] == (64, 32) and dims["v_proj"] == (64, 32)
+    assert dims["o_proj"] == (64, 64)
+    assert dims["gate_proj"] == (64, 96) and dims["up_proj"] == (64, 96)
+    assert dims["down_proj"] == (96, 64)
+    moe = cfg | {"num_local_experts": 4, "head_dim": 32}
+    dims = module_dims(moe)
+    assert set(dims) == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    assert dims["q_proj"] == (64, 128) and dims["o_proj"] == (128, 64)
+
+
+def test_rslora_and_patterns():
+    cfg = parse_adapter_config(
+        {
+            "r": 16,
+            "lora_alpha": 32,
+            "use_rslora": True,
+            "target_modules": "all-linear",
+            "rank_pattern": {"q_proj": 4, r"layers\.1\.mlp\.down_proj": 64},
+            "alpha_pattern": {"v_proj": 8},
+        }
+    )
+    assert rank_for(cfg, "model.layers.0.self_attn.q_proj") == 4
+    assert rank_for(cfg, "model.layers.1.mlp.down_proj") == 64
+    assert rank_for(cfg, "model.layers.0.mlp.down_proj") == 16
+    assert scale_for(cfg, "model.layers.0.self_attn.v_proj") == pytest.approx(8 / 4)
+    assert scale_for(cfg, "model.layers.0.self_attn.q_proj") == pytest.approx(32 / 2)
+    assert all(cfg.targets(f"model.layers.0.mlp.{m}") for m in ("gate_proj", "up_proj"))
+    assert not cfg.targets("lm_head")
+
+
+CASES = [
+    dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
+    dict(r=4, lora_alpha=8, target_modules="all-linear", use_rslora=True),
+    dict(
+        r=16,
+        lora_alpha=32,
+        target_modules=r".*\.(q_proj|down_proj|up_proj)",
+        rank_pattern={"down_proj": 4, r"layers\.1\.self_attn\.q_proj": 12},
+        alpha_pattern={"up_proj": 5},
+    ),
+    dict(r=8, lora_alpha=8, target_modules=["o_proj", "gate_proj"], layers_to_transform=[1]),
+    dict(
+        r=6,
+        lora_alpha=10,
+        target_modules=["k_proj", "up_proj", "q_proj"],
+        use_rslora=True,
+        rank_pattern={"k_proj": 2},
+        exclude_modules=[r"layers.0.self_attn.q_proj"],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_targets_rank_scale_agree_with_peft(tmp_path, case):
+    """Our config resolution must give the same module set, ranks and scales as peft itself."""
+    from peft import PeftModel
+
+    base = tiny_llama()
+    path = make_adapter(base, tmp_path / "ad", seed=case, **CASES[case])
+    cfg = parse_adapter_config((path / "adapter_config.json").read_bytes())
+    peft_model = PeftModel.from_pretrained(tiny_llama(), path)
+    inner = peft_model.base_model.model
+    for layer in range(TINY_LLAMA["num_hidden_layers"]):
+        for m in LORA_MODULES:
+            block = "self_attn" if m in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            mp = f"model.layers.{layer}.{block}.{m}"
+            mod = inner.get_submodule(mp)
+            has = hasattr(mod, "lora_A") and "default" in mod.lora_A
+            assert cfg.targets(mp) == has, mp
+            if has:
+                assert rank_for(cfg, mp) == mod.r["default"], mp
+                assert math.isclose(scale_for(cfg, mp), mod.scaling["default"], rel_tol=1e-9), mp

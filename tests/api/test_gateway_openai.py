@@ -1,0 +1,613 @@
+"""The OpenAI-compatible gateway end to end, driven by the official `openai` SDK against a
+running stack: the API app under uvicorn plus real engine replicas (subprocesses) serving the
+demo model, over real PostgreSQL, S3 and Redis.
+
+Tests that need adapters uploaded, validated and served by a replica are marked
+`gateway_adapters` (select them alone with `-m gateway_adapters`).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from gateway_stack import Api, Replica, fresh_database, settings_env
+
+from loraplex.platform.db.session import make_sessionmaker, session_scope
+from loraplex.platform.demo_model import make_demo_model
+from loraplex.platform.engine.llm import LLM
+from loraplex.platform.engine.sampling_params import SamplingParams
+from loraplex.platform.gateway.assets import ModelAssets
+from loraplex.platform.services.api_keys import create_api_key, revoke_api_key
+from loraplex.platform.services.base_models import register_base_model
+from loraplex.platform.services.deployments import DeploymentSpec, create_deployment
+from loraplex.platform.services.tenants import create_tenant
+
+pytestmark = pytest.mark.timeout(300)
+
+MESSAGES = [{"role": "user", "content": "Hello! How are you today?"}]
+
+
+class Stack:
+    """What the tests need to reach the running stack."""
+
+    def __init__(self, **kw: Any) -> None:
+        self.__dict__.update(kw)
+
+    def client(self, key: str | None = None, **kw: Any) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=f"{self.api.url}/v1",
+            api_key=key or self.key_a,
+            max_retries=0,
+            timeout=60,
+            **kw,
+        )
+
+
+@pytest.fixture(scope="module")
+def stack(pg_url: str, settings: Any, redis_url: str, tmp_path_factory: pytest.TempPathFactory):
+    work = tmp_path_factory.mktemp("gwstack")
+    db_url = fresh_database(pg_url)
+    tag = uuid.uuid4().hex[:8]
+    s = settings.model_copy(
+        update={
+            "database_url": db_url,
+            "data_dir": work / "data",
+            "stream_stall_timeout_s": 5.0,
+            "rate_limit_rpm": 100_000,
+        }
+    )
+    model_dir = make_demo_model(work / "demo")
+    base_name, dep_name = f"demo-{tag}", f"demo-dep-{tag}"
+    register_base_model(s, base_name, model_dir)
+    factory = make_sessionmaker(db_url)
+    with session_scope(factory) as session:
+        create_deployment(
+            session,
+            s,
+            DeploymentSpec(
+                name=dep_name,
+                base_model=base_name,
+                weight_quantization="fp32",
+                max_loras=4,
+                max_lora_rank=16,
+            ),
+        )
+        ta, tb = create_tenant(session, f"acme-{tag}"), create_tenant(session, f"globex-{tag}")
+        _, key_a = create_api_key(session, ta.id, "a")
+        _, key_b = create_api_key(session, tb.id, "b")
+        ids = (ta.id, tb.id)
+    # Replicas get the settings too: they fetch adapters from the same object store.
+    replica = Replica(model_dir, dep_name, redis_url, work, env=settings_env(s))
+    api = Api(settings_env(s), work)
+    st = Stack(
+        api=api,
+        replica=replica,
+        settings=s,
+        factory=factory,
+        model_dir=model_dir,
+        base=base_name,
+        deployment=dep_name,
+        key_a=key_a,
+        key_b=key_b,
+        tenant_a=ids[0],
+        tenant_b=ids[1],
+        redis_url=redis_url,
+        work=work,
+        assets=ModelAssets.load(model_dir),
+    )
+    try:
+        yield st
+    finally:
+        api.stop()
+        replica.stop()
+
+
+@pytest.fixture(scope="module")
+def offline(stack: Stack) -> LLM:
+    return LLM(str(stack.model_dir))
+
+
+def _chat_prompt_ids(stack: Stack, messages: list[dict[str, str]]) -> list[int]:
+    text = stack.assets.template.render(messages, add_generation_prompt=True)
+    return stack.assets.encode(text, add_special_tokens=False)
+
+
+def test_chat_matches_offline_engine_with_logprobs(stack: Stack, offline: LLM) -> None:
+    resp = stack.client().chat.completions.create(
+        model=stack.base,
+        messages=MESSAGES,
+        max_tokens=12,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    ids = _chat_prompt_ids(stack, MESSAGES)
+    ref = offline.generate([ids], SamplingParams(temperature=0, max_tokens=12, logprobs=2))[0]
+    choice = resp.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content == stack.assets.tokenizer.decode(ref.token_ids)
+    assert choice.finish_reason == ref.finish_reason
+    assert resp.usage.prompt_tokens == len(ids)
+    assert resp.usage.completion_tokens == len(ref.token_ids)
+    assert resp.usage.total_tokens == len(ids) + len(ref.token_ids)
+    lps = choice.logprobs.content
+    assert len(lps) == len(ref.token_ids)
+    for entry, tok, ref_lp in zip(lps, ref.token_ids, ref.logprobs, strict=True):
+        assert entry.logprob == pytest.approx(ref_lp[tok], abs=1e-4)
+        assert len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+
+
+def test_chat_stream_with_usage_equals_non_stream(stack: Stack) -> None:
+    client = stack.client()
+    full = client.chat.completions.create(
+        model=stack.base, messages=MESSAGES, max_tokens=10, temperature=0
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model=stack.base,
+            messages=MESSAGES,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    finishes = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert finishes == [full.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completions_stream_and_not_with_logprobs(stack: Stack, offline: LLM) -> None:
+    client = stack.client()
+    prompt = "The library opens at nine in the morning and"
+    resp = client.completions.create(
+        model=stack.base, prompt=prompt, max_tokens=8, temperature=0, logprobs=2
+    )
+    ids = stack.assets.encode(prompt)
+    ref = offline.generate([ids], SamplingParams(temperature=0, max_tokens=8))[0]
+    assert resp.choices[0].text == stack.assets.tokenizer.decode(ref.token_ids)
+    assert (
+        len(resp.choices[0].logprobs.tokens) == resp.usage.completion_tokens == len(ref.token_ids)
+    )
+    assert all(len(top) <= 2 for top in resp.choices[0].logprobs.top_logprobs)
+    streamed = list(
+        client.completions.create(
+            model=stack.base, prompt=prompt, max_tokens=8, temperature=0, stream=True
+        )
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == resp.choices[0].text
+    # Token-id prompts and n > 1 with a seed.
+    many = client.completions.create(
+        model=stack.base, prompt=ids, max_tokens=5, n=3, seed=7, temperature=1.0
+    )
+    assert sorted(c.index for c in many.choices) == [0, 1, 2]
+    assert many.usage.prompt_tokens == len(ids)
+
+
+def test_prefix_cache_is_salted_per_tenant(stack: Stack) -> None:
+    long = [
+        {
+            "role": "user",
+            "content": "The train left the station on time, crossed the river, "
+            "and climbed slowly into the hills. " * 4 + uuid.uuid4().hex,
+        }
+    ]
+    a = stack.client(stack.key_a)
+    first = a.chat.completions.create(model=stack.base, messages=long, max_tokens=2)
+    again = a.chat.completions.create(model=stack.base, messages=long, max_tokens=2)
+    other = stack.client(stack.key_b).chat.completions.create(
+        model=stack.base, messages=long, max_tokens=2
+    )
+    assert first.usage.prompt_tokens > 48
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens >= 32  # same tenant: KV reused
+    assert other.usage.prompt_tokens_details.cached_tokens == 0  # another tenant: never shared
+
+
+def test_stop_sequences_and_rate_limit_headers(stack: Stack) -> None:
+    client = stack.client()
+    full = (
+        client.completions.create(
+            model=stack.base, prompt="one, two, three,", max_tokens=12, temperature=0
+        )
+        .choices[0]
+        .text
+    )
+    at = next(i for i in range(2, len(full)) if full[i].strip())
+    stop = full[at : at + 2]
+    cut = client.completions.create(
+        model=stack.base, prompt="one, two, three,", max_tokens=12, temperature=0, stop=[stop]
+    )
+    assert cut.choices[0].text == full[: full.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    raw = client.chat.completions.with_raw_response.create(
+        model=stack.base, messages=MESSAGES, max_tokens=2
+    )
+    for h in (
+        "x-ratelimit-limit-requests",
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-limit-tokens",
+        "x-ratelimit-remaining-tokens",
+        "x-ratelimit-reset-requests",
+        "x-ratelimit-reset-tokens",
+    ):
+        assert h in raw.headers
+
+
+def test_bad_input_is_400_never_500(stack: Stack) -> None:
+    client = stack.client()
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=stack.base, messages=MESSAGES, temperature=3)
+    assert info.value.status_code == 400 and info.value.body["param"] == "temperature"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=stack.base, prompt="word " * 2100, max_tokens=4)
+    assert info.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=stack.base, prompt="hi", max_tokens=2047)
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="no-such-model", messages=MESSAGES)
+    assert info.value.body["code"] == "model_not_found"
+    r = httpx.post(
+        f"{stack.api.url}/v1/chat/completions",
+        content=b"{not json",
+        headers={"Authorization": f"Bearer {stack.key_a}"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+
+
+def test_models_listing(stack: Stack) -> None:
+    models = stack.client().models.list()
+    ids = {m.id for m in models.data}
+    assert stack.base in ids
+    one = stack.client().models.retrieve(stack.base)
+    assert one.id == stack.base
+    with pytest.raises(openai.NotFoundError):
+        stack.client().models.retrieve("nope")
+
+
+def test_cross_tenant_and_revoked_keys(stack: Stack) -> None:
+    from gateway_seed import add_ready_adapter
+
+    with session_scope(stack.factory) as session:
+        add_ready_adapter(session, stack.tenant_a, stack.base, "private-a")
+    a_models = {m.id: m for m in stack.client(stack.key_a).models.list().data}
+    assert "private-a" in a_models and a_models["private-a"].model_extra["parent"] == stack.base
+    b = stack.client(stack.key_b)
+    assert "private-a" not in {m.id for m in b.models.list().data}
+    for call in (
+        lambda: b.chat.completions.create(model="private-a", messages=MESSAGES),
+        lambda: b.completions.create(model="private-a:1", prompt="x"),
+        lambda: b.models.retrieve("private-a"),
+    ):
+        with pytest.raises(openai.NotFoundError) as info:
+            call()
+        assert info.value.body["code"] == "model_not_found"
+    r = httpx.post(
+        f"{stack.api.url}/v1/adapters/private-a/chat/completions",
+        json={"model": "x", "messages": MESSAGES},
+        headers={"Authorization": f"Bearer {stack.key_b}"},
+    )
+    assert r.status_code == 404
+    # A revoked key is refused on the very next call.
+    with session_scope(stack.factory) as session:
+        key_row, plain = create_api_key(session, stack.tenant_b, "short-lived")
+    c = stack.client(plain)
+    c.chat.completions.create(model=stack.base, messages=MESSAGES, max_tokens=1)
+    with session_scope(stack.factory) as session:
+        revoke_api_key(session, key_row.id)
+    with pytest.raises(openai.AuthenticationError):
+        c.chat.completions.create(model=stack.base, messages=MESSAGES, max_tokens=1)
+    with pytest.raises(openai.AuthenticationError):
+        stack.client("lp_not-a-key").models.list()
+
+
+def test_usage_endpoint(stack: Stack) -> None:
+    stack.client().chat.completions.create(model=stack.base, messages=MESSAGES, max_tokens=3)
+    deadline = time.monotonic() + 10
+    rows: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        r = httpx.get(
+            f"{stack.api.url}/v1/usage", headers={"Authorization": f"Bearer {stack.key_a}"}
+        )
+        assert r.status_code == 200
+        rows = [row for row in r.json()["data"] if row["model"] == stack.base]
+        if rows and rows[0]["requests"] >= 1:
+            break
+        time.sleep(0.3)
+    assert rows and rows[0]["prompt_tokens"] > 0 and rows[0]["adapter"] is None
+    other = httpx.get(
+        f"{stack.api.url}/v1/usage", headers={"Authorization": f"Bearer {stack.key_b}"}
+    )
+    assert all(row["model"] != "private-a" for row in other.json()["data"])
+
+
+def _wait_idle(replica: Replica, timeout_s: float = 20.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    state: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        state = replica.state()
+        if (
+            state["num_requests_running"] == 0
+            and state["num_requests_waiting"] == 0
+            and state["kv_cache_usage_perc"] == 0
+        ):
+            return state
+        time.sleep(0.1)
+    raise AssertionError(f"replica not idle: {state}")
+
+
+def _stream_worker(url: str, key: str, model: str, mode: str, out: dict[str, Any]) -> None:
+    """One client: reads all ('full'), disconnects after 2 events ('drop'), or reads slowly."""
+    body = {
+        "model": model,
+        "messages": MESSAGES,
+        # A dropped stream asks for far more than it reads: only an abort frees it quickly.
+        "max_tokens": 1500 if mode == "drop" else 40,
+        "stream": True,
+        "temperature": 1.0,
+        "seed": 1,
+    }
+    events = 0
+    try:
+        with httpx.stream(
+            "POST",
+            f"{url}/v1/chat/completions",
+            json=body,
+            timeout=60,
+            headers={"Authorization": f"Bearer {key}"},
+        ) as r:
+            out["status"] = r.status_code
+            for line in r.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                events += 1
+                if line == "data: [DONE]":
+                    out["done"] = True
+                if mode == "drop" and events == 2:
+                    break
+                if mode == "slow":
+                    time.sleep(0.15)
+    except httpx.HTTPError as exc:
+        out["error"] = repr(exc)
+    out["events"] = events
+
+
+def _run_clients(stack: Stack, models: list[str]) -> list[dict[str, Any]]:
+    outs: list[dict[str, Any]] = [{} for _ in range(20)]
+    modes = ["full", "drop", "slow", "full"] * 5
+    threads = [
+        threading.Thread(
+            target=_stream_worker,
+            args=(stack.api.url, stack.key_a, models[i % len(models)], modes[i], outs[i]),
+        )
+        for i in range(20)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a client hung"
+    for mode, out in zip(modes, outs, strict=True):
+        assert out.get("status") == 200, out
+        if mode in ("full", "slow"):
+            assert out.get("done"), out
+    return outs
+
+
+def test_20_concurrent_streams_with_drops_and_slow_readers(stack: Stack) -> None:
+    _run_clients(stack, [stack.base])
+    _wait_idle(stack.replica, timeout_s=8.0)
+
+
+def test_disconnect_aborts_on_the_replica_at_once(stack: Stack) -> None:
+    body = {"model": stack.base, "messages": MESSAGES, "max_tokens": 1900, "stream": True}
+    with httpx.stream(
+        "POST",
+        f"{stack.api.url}/v1/chat/completions",
+        json=body,
+        timeout=60,
+        headers={"Authorization": f"Bearer {stack.key_a}"},
+    ) as r:
+        lines = r.iter_lines()
+        while not next(lines).startswith("data: {"):
+            pass
+        assert stack.replica.state()["num_requests_running"] == 1
+    t0 = time.monotonic()
+    _wait_idle(stack.replica, timeout_s=3.0)  # 1900 tokens would take far longer
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_killed_replica_does_not_hang_clients(stack: Stack) -> None:
+    second = Replica(
+        stack.model_dir,
+        stack.deployment,
+        stack.redis_url,
+        stack.work,
+        env=settings_env(stack.settings),
+    )
+    results: list[str] = []
+
+    def client(i: int) -> None:
+        c = stack.client()
+        try:
+            stream = c.chat.completions.create(
+                model=stack.base,
+                # Distinct prompts: no cached prefix pulls them all to the first replica.
+                messages=[{"role": "user", "content": f"{i} Tell me about the train."}],
+                max_tokens=300,
+                stream=True,
+                temperature=1.0,
+                seed=i,
+            )
+            for _ in stream:
+                pass
+            results.append("ok")
+        except openai.APIError as exc:
+            results.append(f"error:{type(exc).__name__}")
+
+    try:
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while second.state()["num_requests_running"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert second.state()["num_requests_running"] > 0, "the router never used replica 2"
+        second.proc.kill()
+        for t in threads:
+            t.join(timeout=90)
+        assert not any(t.is_alive() for t in threads), "a client hung after the replica died"
+        assert len(results) == 6
+        assert any(r.startswith("error") for r in results)
+        # New requests go to the surviving replica (the dead one is skipped, then expires).
+        resp = stack.client().chat.completions.create(
+            model=stack.base, messages=MESSAGES, max_tokens=2
+        )
+        assert resp.choices[0].message.content is not None
+    finally:
+        second.stop()
+    _wait_idle(stack.replica)
+
+
+# ---------------------------------------------------------------- adapters served by replicas
+
+
+def make_peft_adapter(model_dir: Path, out: Path, seed: int, rank: int = 8) -> Path:
+    """A random (non-zero B) PEFT LoRA adapter for the demo model, saved by `peft`."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
+    cfg = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        target_modules=["q_proj", "v_proj", "down_proj"],
+        init_lora_weights=False,
+    )
+    peft_model = get_peft_model(model, cfg)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    peft_model.save_pretrained(str(out))
+    return out
+
+
+def upload_adapter(stack: Stack, key: str, name: str, folder: Path, timeout_s: float = 60) -> None:
+    """Upload through the tenant API and wait until the version is ready."""
+    headers = {"Authorization": f"Bearer {key}"}
+    files = {
+        "adapter_config": ("adapter_config.json", (folder / "adapter_config.json").read_bytes()),
+        "adapter_model": (
+            "adapter_model.safetensors",
+            (folder / "adapter_model.safetensors").read_bytes(),
+        ),
+    }
+    r = httpx.post(
+        f"{stack.api.url}/v1/adapters",
+        headers=headers,
+        files=files,
+        data={"name": name, "base_model": stack.base},
+        timeout=60,
+    )
+    assert r.status_code == 202, r.text
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        doc = httpx.get(f"{stack.api.url}/v1/adapters/{name}", headers=headers).json()
+        if doc["status"] == "ready":
+            return
+        assert doc["status"] != "failed", doc
+        time.sleep(0.2)
+    raise AssertionError(f"adapter {name} never became ready")
+
+
+@pytest.fixture(scope="module")
+def worker(stack: Stack) -> Any:
+    from gateway_stack import Proc
+
+    proc = Proc(
+        [sys.executable, "-m", "loraplex.platform.jobs.worker"],
+        settings_env(stack.settings),
+        stack.work / "worker.log",
+    )
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def adapters(stack: Stack, worker: Any) -> dict[str, Path]:
+    made = {}
+    for i in range(5):
+        name = f"ad{i}"
+        folder = make_peft_adapter(stack.model_dir, stack.work / name, seed=i)
+        upload_adapter(stack, stack.key_a, name, folder)
+        made[name] = folder
+    return made
+
+
+@pytest.mark.gateway_adapters
+def test_uploaded_adapter_is_callable_and_matches_offline(
+    stack: Stack, adapters: dict[str, Path]
+) -> None:
+    folder = adapters["ad0"]
+    ids = _chat_prompt_ids(stack, MESSAGES)
+    offline_lora = LLM(str(stack.model_dir), max_loras=2, max_lora_rank=16)
+    ref = offline_lora.generate(
+        [ids], SamplingParams(temperature=0, max_tokens=10), adapters=[str(folder)]
+    )[0]
+    base_ref = offline_lora.generate([ids], SamplingParams(temperature=0, max_tokens=10))[0]
+    assert ref.token_ids != base_ref.token_ids, "the adapter must change the output"
+    for model in ("ad0", "ad0:1"):
+        resp = stack.client().chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=10, temperature=0
+        )
+        assert resp.choices[0].message.content == stack.assets.tokenizer.decode(ref.token_ids)
+    alias = httpx.post(
+        f"{stack.api.url}/v1/adapters/ad0/completions",
+        headers={"Authorization": f"Bearer {stack.key_a}"},
+        json={"model": "ignored", "prompt": ids, "max_tokens": 10, "temperature": 0},
+    )
+    assert alias.status_code == 200, alias.text
+    assert alias.json()["choices"][0]["text"] == stack.assets.tokenizer.decode(ref.token_ids)
+    listed = {m.id: m for m in stack.client().models.list().data}
+    assert listed["ad0"].model_extra["parent"] == stack.base
+    with pytest.raises(openai.NotFoundError):
+        stack.client(stack.key_b).chat.completions.create(model="ad0", messages=MESSAGES)
+
+
+@pytest.mark.gateway_adapters
+def test_20_streams_over_5_adapters_leave_replica_idle(
+    stack: Stack, adapters: dict[str, Path]
+) -> None:
+    _run_clients(stack, sorted(adapters))
+    state = _wait_idle(stack.replica, timeout_s=10.0)
+    assert state["resident_adapters"], "the adapters were loaded into device slots"
+    metrics = httpx.get(f"{stack.replica.url}/metrics", timeout=10).text
+    running = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("loraplex:lora_adapter_running_requests{")
+    ]
+    assert len(running) >= 5 and all(v == 0 for v in running), running
+    info = [ln for ln in metrics.splitlines() if ln.startswith("loraplex:lora_requests_info{")]
+    assert info and all(
+        'running_lora_adapters=""' in ln and 'waiting_lora_adapters=""' in ln for ln in info
+    ), info

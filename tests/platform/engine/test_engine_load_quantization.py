@@ -1,0 +1,88 @@
+"""The deployment's weight quantization on load: bf16 / fp16 casts run close to fp32; int8 is
+refused while the Linear layers cannot consume `weight_scale`; fp8 / int4 are not implemented;
+unknown choices are rejected."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from engine_model_harness import PagedHarness, save_tiny_model  # noqa: E402
+
+from loraplex.platform.engine.config import EngineConfig  # noqa: E402
+from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
+from loraplex.platform.engine.weight_quantization import (  # noqa: E402
+    linear_consumes_weight_scale,
+    resolve_weight_quantization,
+)
+
+ENGINE = dict(block_size=8, max_num_seqs=4, max_num_batched_tokens=64)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-quant")
+    save_tiny_model(path, "llama", seed=11, with_tokenizer=False)
+    return path
+
+
+def _logits(core: EngineCore, dtype: torch.dtype, tokens: list[int]) -> torch.Tensor:
+    harness = PagedHarness(core.model, num_blocks=16, block_size=4, dtype=dtype)
+    return harness.step([("s", tokens)])[0].float()
+
+
+@pytest.mark.parametrize(("choice", "dtype"), [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_cast_on_load_stays_close_to_fp32(tiny: Path, choice: str, dtype: torch.dtype) -> None:
+    ref = EngineCore(EngineConfig(str(tiny), **ENGINE))
+    low = EngineCore(EngineConfig(str(tiny), quantization=choice, **ENGINE))
+    assert low.dtype == dtype
+    assert {p.dtype for p in low.model.parameters()} == {dtype}
+    assert low.runner.kv_caches[0].dtype == dtype
+    for name, p in low.model.named_parameters():  # each weight is the fp32 one, rounded
+        want = dict(ref.model.named_parameters())[name].to(dtype)
+        assert torch.equal(p, want), name
+    tokens = list(range(3, 40))
+    want, got = _logits(ref, torch.float32, tokens), _logits(low, dtype, tokens)
+    scale = want.abs().max()
+    assert scale > 0.5
+    err = (got - want).abs().max() / scale
+    assert 0 < err < 0.03, err
+    # the next-token choice agrees wherever fp32 has a clear winner
+    top2 = want.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.1 * scale
+    assert clear.sum() >= 5
+    assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+    assert "quantize" in low.timeline.seconds
+
+
+def test_fp32_choice_is_a_plain_load(tiny: Path) -> None:
+    core = EngineCore(EngineConfig(str(tiny), quantization="fp32", **ENGINE))
+    assert core.dtype == torch.float32
+
+
+def test_int8_is_refused_while_linear_cannot_consume_weight_scale(tiny: Path) -> None:
+    assert not linear_consumes_weight_scale()
+    with pytest.raises(NotImplementedError, match="weight_scale"):
+        EngineConfig(str(tiny), quantization="int8")
+
+
+@pytest.mark.parametrize("choice", ["fp8", "int4", "awq"])
+def test_unbuilt_choices_are_not_implemented(tiny: Path, choice: str) -> None:
+    with pytest.raises(NotImplementedError, match="not implemented"):
+        EngineConfig(str(tiny), quantization=choice)
+
+
+@pytest.mark.parametrize("choice", ["int3", "bf17", "fast"])
+def test_unknown_choices_are_rejected(tiny: Path, choice: str) -> None:
+    with pytest.raises(ValueError, match="unknown weight quantization"):
+        EngineConfig(str(tiny), quantization=choice)
+
+
+def test_no_choice_means_no_quantizer() -> None:
+    assert resolve_weight_quantization(None).quantizer() is None
+    assert resolve_weight_quantization("BF16").cast_to == torch.bfloat16

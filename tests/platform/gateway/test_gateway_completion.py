@@ -1,0 +1,101 @@
+"""Building a job from a validated request: prompt tokens, context-length checks (400s),
+sampling fields sent to the replica, the adapter reference and the tenant cache salt."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from gateway_testutil import make_model_dir
+
+from loraplex.platform.gateway.assets import ModelAssets
+from loraplex.platform.gateway.completion import SEED_MASK, build_chat_job, build_text_job
+from loraplex.platform.gateway.errors import GatewayError
+from loraplex.platform.gateway.openai_schemas import parse_chat_request, parse_completion_request
+from loraplex.platform.gateway.resolve import ResolvedModel
+
+TENANT = uuid.uuid4()
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> ModelAssets:
+    return ModelAssets.load(make_model_dir(tmp_path_factory.mktemp("m"), context_length=64))
+
+
+def _resolved(adapter: bool = False, share: bool = False) -> ResolvedModel:
+    extra = {}
+    if adapter:
+        extra = dict(
+            adapter_id=uuid.uuid4(),
+            adapter_name="sql",
+            adapter_version_id=uuid.uuid4(),
+            adapter_version=3,
+            adapter_sha256="ab" * 32,
+            adapter_object_prefix="tenants/t/adapters/a/v3/",
+        )
+    return ResolvedModel(
+        "m", uuid.uuid4(), "base", "models/base/", uuid.uuid4(), "dep", share, **extra
+    )
+
+
+def test_chat_job(assets: ModelAssets) -> None:
+    body = parse_chat_request(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "Hello"}],
+            "temperature": 0.5,
+            "seed": -1,
+            "stop": "END",
+            "n": 2,
+            "logprobs": True,
+            "top_logprobs": 3,
+            "max_tokens": 5,
+        }
+    )
+    job = build_chat_job(body, _resolved(), assets, TENANT, None, 1024)
+    text = assets.template.render([{"role": "user", "content": "Hello"}])
+    assert job.prompt_ids == assets.encode(text, add_special_tokens=False)
+    assert job.max_tokens == 5 and job.n == 2 and job.top_n == 3
+    s = job.sampling
+    assert s["temperature"] == 0.5 and s["stop"] == ["END"] and s["logprobs"] == 3
+    assert s["seed"] == -1 & SEED_MASK and s["seed"] >= 0 and s["n"] == 1
+    assert job.cid.startswith("chatcmpl-")
+
+
+def test_default_max_tokens_fills_the_context(assets: ModelAssets) -> None:
+    body = parse_completion_request({"model": "m", "prompt": "Hello world", "max_tokens": None})
+    body.max_tokens = None
+    job = build_text_job(body, _resolved(), assets, TENANT, None, 1024)
+    assert job.max_tokens == 16  # completions default
+    chat = parse_chat_request({"model": "m", "messages": [{"role": "user", "content": "Hi"}]})
+    job = build_chat_job(chat, _resolved(), assets, TENANT, None, 1024)
+    assert job.max_tokens == 64 - len(job.prompt_ids)
+
+
+def test_context_length_is_a_400(assets: ModelAssets) -> None:
+    long = parse_completion_request({"model": "m", "prompt": "Hello world " * 40})
+    with pytest.raises(GatewayError) as info:
+        build_text_job(long, _resolved(), assets, TENANT, None, 1024)
+    assert info.value.status == 400 and info.value.code == "context_length_exceeded"
+    over = parse_completion_request({"model": "m", "prompt": "Hi", "max_tokens": 64})
+    with pytest.raises(GatewayError) as info:
+        build_text_job(over, _resolved(), assets, TENANT, None, 1024)
+    assert info.value.param == "max_tokens"
+    bad_ids = parse_completion_request({"model": "m", "prompt": [1, 2, 10_000]})
+    with pytest.raises(GatewayError) as info:
+        build_text_job(bad_ids, _resolved(), assets, TENANT, None, 1024)
+    assert info.value.param == "prompt"
+
+
+def test_adapter_reference_and_salt() -> None:
+    from loraplex.platform.gateway.completion import _adapter_ref
+
+    r = _resolved(adapter=True)
+    assert _adapter_ref(r, TENANT) == {
+        "object_prefix": "tenants/t/adapters/a/v3/",
+        "sha256": "ab" * 32,
+        "tenant": str(TENANT),
+    }
+    assert _adapter_ref(_resolved(), TENANT) is None
+    assert r.cache_salt(TENANT) == f"tenant:{TENANT}"
+    assert _resolved(share=True).cache_salt(TENANT) is None

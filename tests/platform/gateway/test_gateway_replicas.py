@@ -1,0 +1,42 @@
+"""The replica registry on a real Redis: registration, heartbeats, expiry of stale replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from redis.asyncio import Redis
+
+from loraplex.platform.gateway.replicas import Heartbeat, ReplicaInfo, ReplicaRegistry
+
+
+def test_heartbeat_registers_and_expires(redis_url: str) -> None:
+    prefix = f"test:reps:{uuid.uuid4().hex}"
+    a = ReplicaInfo("dep", "http://127.0.0.1:1")
+    b = ReplicaInfo("dep", "http://127.0.0.1:2")
+    other = ReplicaInfo("dep2", "http://127.0.0.1:3")
+    hb_a = Heartbeat(redis_url, a, ttl_s=0.6, interval_s=0.1, prefix=prefix).start()
+    hb_b = Heartbeat(redis_url, b, ttl_s=0.6, interval_s=0.1, prefix=prefix).start()
+    hb_o = Heartbeat(redis_url, other, ttl_s=0.6, interval_s=0.1, prefix=prefix).start()
+
+    async def live() -> set[str]:
+        redis = Redis.from_url(redis_url)
+        try:
+            return {r.url for r in await ReplicaRegistry(redis, prefix).live("dep")}
+        finally:
+            await redis.aclose()
+
+    try:
+        assert asyncio.run(live()) == {a.url, b.url}
+        time.sleep(1.0)  # beats keep them alive past the TTL
+        assert asyncio.run(live()) == {a.url, b.url}
+        hb_b.stop(deregister_now=False)  # a crash: no goodbye; it must expire by itself
+        assert b.url in asyncio.run(live())
+        time.sleep(0.9)
+        assert asyncio.run(live()) == {a.url}
+        hb_a.stop()  # a clean shutdown leaves at once
+        assert asyncio.run(live()) == set()
+    finally:
+        hb_a.stop()
+        hb_o.stop()

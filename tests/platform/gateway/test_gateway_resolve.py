@@ -1,0 +1,105 @@
+"""Model resolution on real PostgreSQL + Redis: NAME (latest ready), NAME:N, base names,
+tenant isolation (404 model_not_found), and the cache invalidated on change."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis as sync_redis
+from gateway_testutil import add_adapter_version, fresh_database, seed_catalog
+from redis.asyncio import Redis
+
+from loraplex.platform.db.session import make_sessionmaker
+from loraplex.platform.gateway.errors import GatewayError
+from loraplex.platform.gateway.resolve import ModelResolver, bump_generation, resolve_uncached
+from loraplex.platform.services.tenants import create_tenant
+
+
+@pytest.fixture(scope="module")
+def world(pg_url: str):
+    factory = make_sessionmaker(fresh_database(pg_url))
+    with factory() as s, s.begin():
+        t1 = create_tenant(s, "acme")
+        t2 = create_tenant(s, "globex")
+        base, dep = seed_catalog(s)
+        add_adapter_version(s, t1.id, base, "sql")  # v1 ready
+        add_adapter_version(s, t1.id, base, "sql")  # v2 ready
+        add_adapter_version(s, t1.id, base, "sql", "failed")  # v3 failed
+        add_adapter_version(s, t1.id, base, "draft", "validating")
+        add_adapter_version(s, t2.id, base, "secret")
+        ids = (t1.id, t2.id, base, dep)
+    return factory, ids
+
+
+def test_resolution_rules(world) -> None:
+    factory, (t1, t2, base, dep) = world
+    with factory() as s:
+        latest = resolve_uncached(s, t1, "sql")
+        assert latest.adapter_version == 2 and latest.deployment_name == dep.name
+        assert latest.adapter_key is not None and len(latest.adapter_key) == 64
+        assert resolve_uncached(s, t1, "sql:1").adapter_version == 1
+        assert latest.cache_salt(t1) == f"tenant:{t1}"
+        b = resolve_uncached(s, t1, base.name)
+        assert b.adapter_id is None and b.base_model_name == base.name
+        for model in ("sql:3", "sql:9", "draft", "nope"):
+            with pytest.raises(GatewayError) as info:
+                resolve_uncached(s, t1, model)
+            assert info.value.status == 404 and info.value.code == "model_not_found"
+
+
+def test_other_tenants_adapter_is_404(world) -> None:
+    factory, (t1, t2, _, _) = world
+    with factory() as s:
+        assert resolve_uncached(s, t2, "secret").adapter_name == "secret"
+        with pytest.raises(GatewayError) as info:
+            resolve_uncached(s, t1, "secret")
+        assert info.value.status == 404 and info.value.code == "model_not_found"
+        with pytest.raises(GatewayError):
+            resolve_uncached(s, t2, "sql")
+
+
+def test_cache_is_invalidated_on_change(world, redis_url: str) -> None:
+    factory, (t1, _, base, _) = world
+
+    async def main():
+        redis = Redis.from_url(redis_url)
+        resolver = ModelResolver(redis)
+        try:
+            with factory() as s:
+                first = await resolver.resolve(s, t1, "sql")
+            with factory() as s, s.begin():
+                add_adapter_version(s, t1, base, "sql")  # v4 ready
+            with factory() as s:
+                stale = await resolver.resolve(s, t1, "sql")  # cached until told
+            client = sync_redis.Redis.from_url(redis_url)
+            bump_generation(client, t1)
+            client.close()
+            with factory() as s:
+                fresh = await resolver.resolve(s, t1, "sql")
+            return first, stale, fresh
+        finally:
+            await redis.aclose()
+
+    first, stale, fresh = asyncio.run(main())
+    assert first.adapter_version == 2 and stale.adapter_version == 2
+    assert fresh.adapter_version == 4
+
+
+def test_misses_are_not_cached(world, redis_url: str) -> None:
+    factory, (t1, _, base, _) = world
+
+    async def main():
+        redis = Redis.from_url(redis_url)
+        resolver = ModelResolver(redis)
+        try:
+            with factory() as s, pytest.raises(GatewayError):
+                await resolver.resolve(s, t1, "late")
+            with factory() as s, s.begin():
+                add_adapter_version(s, t1, base, "late")
+            with factory() as s:
+                return await resolver.resolve(s, t1, "late")
+        finally:
+            await redis.aclose()
+
+    assert asyncio.run(main()).adapter_name == "late"

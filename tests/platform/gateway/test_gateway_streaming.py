@@ -1,0 +1,106 @@
+"""The bounded per-stream buffer: slow readers are cut off after the stall timeout, and a
+closed (disconnected) stream closes its source at once so the replica request is aborted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+
+from loraplex.platform.gateway.streaming import DONE, bounded_relay, sse, sse_error
+
+
+def test_frames() -> None:
+    assert sse({"a": 1}) == b'data: {"a":1}\n\n'
+    assert DONE == b"data: [DONE]\n\n"
+    err = json.loads(sse_error("boom", code="x")[6:])
+    assert err == {"error": {"message": "boom", "type": "server_error", "param": None, "code": "x"}}
+
+
+class Source:
+    """A frame source that records how far it got and whether it was closed."""
+
+    def __init__(self, n: int, delay: float = 0.0) -> None:
+        self.n, self.delay = n, delay
+        self.produced = 0
+        self.closed_at: float | None = None
+
+    async def gen(self):
+        try:
+            for i in range(self.n):
+                if self.delay:
+                    await asyncio.sleep(self.delay)
+                self.produced += 1
+                yield sse({"i": i})
+            yield DONE
+        finally:
+            self.closed_at = time.monotonic()
+
+
+def test_fast_reader_gets_everything() -> None:
+    async def main() -> list[bytes]:
+        src = Source(50)
+        return [f async for f in bounded_relay(src.gen(), max_buffer=4, stall_timeout_s=1.0)]
+
+    frames = asyncio.run(main())
+    assert len(frames) == 51 and frames[-1] == DONE
+
+
+def test_slow_reader_is_aborted_after_timeout() -> None:
+    async def main() -> tuple[Source, list[bytes], float]:
+        src = Source(1000)
+        relay = bounded_relay(src.gen(), max_buffer=8, stall_timeout_s=0.3)
+        first = await anext(relay)
+        t0 = time.monotonic()
+        await asyncio.sleep(1.5)  # the client reads nothing for a while
+        assert src.closed_at is not None, "the source must be closed while the reader is stuck"
+        closed_after = src.closed_at - t0
+        rest = [f async for f in relay]
+        return src, [first, *rest], closed_after
+
+    src, frames, closed_after = asyncio.run(main())
+    assert closed_after < 1.2  # the stall timeout is 0.3 s
+    assert src.produced <= 8 + 2  # bounded: it never ran ahead of the buffer
+    last = json.loads(frames[-1][6:])
+    assert last["error"]["code"] == "stream_stalled"
+    assert DONE not in frames
+
+
+def test_disconnect_closes_source_at_once() -> None:
+    async def main() -> tuple[Source, float]:
+        src = Source(1000, delay=0.01)
+        relay = bounded_relay(src.gen(), max_buffer=4, stall_timeout_s=5.0)
+
+        async def client() -> None:
+            async for _ in relay:
+                pass
+
+        task = asyncio.create_task(client())
+        await asyncio.sleep(0.1)
+        t0 = time.monotonic()
+        task.cancel()  # what Starlette does when the HTTP client goes away
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        for _ in range(200):  # the source is closed without waiting for more tokens
+            if src.closed_at is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert src.closed_at is not None
+        return src, src.closed_at - t0
+
+    src, latency = asyncio.run(main())
+    assert latency < 0.5 and src.produced < 100  # 1000 tokens would take 10 s
+
+
+def test_source_failure_becomes_error_event() -> None:
+    async def bad():
+        yield sse({"ok": 1})
+        raise RuntimeError("replica went away")
+
+    async def main() -> list[bytes]:
+        return [f async for f in bounded_relay(bad(), max_buffer=4, stall_timeout_s=1.0)]
+
+    frames = asyncio.run(main())
+    assert json.loads(frames[0][6:]) == {"ok": 1}
+    assert "replica went away" in json.loads(frames[-1][6:])["error"]["message"]

@@ -1,0 +1,248 @@
+"""`loraplex up` as a user runs it: a subprocess on a fresh data dir; the API answers, an
+adapter made with PEFT for the demo model reaches `ready`, Ctrl-C leaves no process
+behind, and a second `up` on the same data dir finds the data again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from loraplex.platform.demo_model import make_demo_model
+from loraplex.platform.embedded.process import free_port
+
+START_TIMEOUT_S = 180
+
+
+class UpProcess:
+    """A running `loraplex up` and the lines it printed so far."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int,
+        env_extra: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+    ) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_")}
+        env |= env_extra or {}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "loraplex.platform.cli", "up"]
+            + ["--data-dir", str(data_dir), "--port", str(port), *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def value(self, label: str) -> str | None:
+        for line in self.lines:
+            if line.startswith(label + ": "):
+                return line.split(": ", 1)[1].strip()
+        return None
+
+    def wait_started(self) -> tuple[str, str]:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            url, key = self.value("URL"), self.value("Admin key")
+            if url and key:
+                return url, key
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        self.proc.kill()
+        pytest.fail("loraplex up did not start:\n" + "\n".join(self.lines))
+
+    def descendants(self) -> set[int]:
+        """Every process below `up` right now (from /proc)."""
+        children: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+        found: set[int] = set()
+        todo = [self.proc.pid]
+        while todo:
+            for child in children.get(todo.pop(), []):
+                if child not in found:
+                    found.add(child)
+                    todo.append(child)
+        return found
+
+    def interrupt(self, timeout: float = 90) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            pytest.fail("loraplex up ignored Ctrl-C:\n" + "\n".join(self.lines))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _make_peft_adapter(model_dir: Path, out: Path) -> None:
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    config = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+    peft.get_peft_model(model, config).save_pretrained(out)
+
+
+def _upload_ready(
+    client: httpx.Client, url: str, admin: str, adapter: Path
+) -> tuple[str, dict[str, str]]:
+    admin_h = {"Authorization": f"Bearer {admin}"}
+    tenant = client.post(f"{url}/admin/v1/tenants", json={"name": "acme"}, headers=admin_h)
+    assert tenant.status_code == 201, tenant.text
+    key = client.post(
+        f"{url}/admin/v1/tenants/{tenant.json()['id']}/api-keys",
+        json={"name": "ci"},
+        headers=admin_h,
+    )
+    assert key.status_code == 201, key.text
+    tenant_h = {"Authorization": f"Bearer {key.json()['key']}"}
+    with (
+        open(adapter / "adapter_config.json", "rb") as cfg,
+        open(adapter / "adapter_model.safetensors", "rb") as weights,
+    ):
+        resp = client.post(
+            f"{url}/v1/adapters",
+            data={"name": "support-bot", "base_model": "demo"},
+            files={"adapter_config": cfg, "adapter_model": weights},
+            headers=tenant_h,
+        )
+    assert resp.status_code == 202, resp.text
+    deadline = time.monotonic() + 60
+    body: dict = {}
+    while time.monotonic() < deadline:
+        got = client.get(f"{url}/v1/adapters/support-bot", headers=tenant_h)
+        assert got.status_code == 200, got.text
+        body = got.json()
+        status = body.get("status") or body.get("latest", {}).get("status")
+        if status in ("ready", "failed"):
+            assert status == "ready", body
+            return tenant.json()["id"], tenant_h
+        time.sleep(0.5)
+    pytest.fail(f"adapter never left validation: {body}")
+
+
+@pytest.mark.slow
+def test_up_serves_validates_stops_and_restarts(service_tmp_path: Path, tmp_path: Path) -> None:
+    up_dir = service_tmp_path / "data"
+    port = free_port()
+    first = UpProcess(up_dir, port)
+    # While `up` boots: a PEFT adapter for the demo model (same seed, same shapes).
+    adapter = tmp_path / "adapter"
+    _make_peft_adapter(make_demo_model(tmp_path / "demo"), adapter)
+    url, admin = first.wait_started()
+    assert url == f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(timeout=30) as client:
+            assert client.get(f"{url}/healthz").json() == {"status": "ok"}
+            no_auth = client.get(f"{url}/admin/v1/tenants")
+            assert no_auth.status_code == 401
+            tenant_id, tenant_h = _upload_ready(client, url, admin, adapter)
+            for model in ("demo", "support-bot"):
+                chat = client.post(
+                    f"{url}/v1/chat/completions",
+                    json={"model": model, "messages": [{"role": "user", "content": "hi"}],
+                          "max_tokens": 4},
+                    headers=tenant_h,
+                )  # fmt: skip
+                assert chat.status_code == 200, (model, chat.text)
+                assert chat.json()["usage"]["completion_tokens"] >= 1
+        children = first.descendants()
+        assert len(children) >= 5  # postgres, weed, redis, worker, API (+ postgres helpers)
+    finally:
+        code = first.interrupt()
+    assert code == 0, "\n".join(first.lines)
+    time.sleep(0.5)
+    assert not [pid for pid in children if _alive(pid)], "children outlived `up`"
+    assert any(line.startswith("stopped PostgreSQL") for line in first.lines)
+
+    second = UpProcess(up_dir, port)
+    url2, admin2 = second.wait_started()
+    try:
+        assert admin2 == admin  # the key kept in the data dir
+        with httpx.Client(timeout=30) as client:
+            tenants = client.get(
+                f"{url2}/admin/v1/tenants", headers={"Authorization": f"Bearer {admin2}"}
+            )
+            assert tenant_id in {t["id"] for t in tenants.json()["data"]}
+    finally:
+        assert second.interrupt() == 0, "\n".join(second.lines)
+
+
+def test_up_refuses_a_busy_port(service_tmp_path: Path) -> None:
+    tmp_path = service_tmp_path
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        up = UpProcess(tmp_path / "data", port)
+        assert up.proc.wait(timeout=60) == 1
+    up._reader.join(timeout=5)
+    assert any("in use" in line for line in up.lines), up.lines
+
+
+def test_cli_help_and_bench_listing() -> None:
+    cli = [sys.executable, "-m", "loraplex.platform.cli"]
+    out = subprocess.run([*cli, "--help"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "up" in out.stdout and "bench" in out.stdout
+    bad = subprocess.run([*cli, "bench", "no-such"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "available:" in bad.stderr
+    # Arguments after `engine` / `bench NAME` go to that command's own parser untouched.
+    eng = subprocess.run([*cli, "engine", "--help"], capture_output=True, text=True, timeout=120)
+    assert eng.returncode == 0 and "--model" in eng.stdout
+
+
+def test_up_uses_services_given_by_url(settings, pg_fresh_url: str, service_tmp_path: Path) -> None:
+    env_extra = {
+        "LORAPLEX_DATABASE_URL": pg_fresh_url,
+        "LORAPLEX_S3_ENDPOINT_URL": settings.s3_endpoint_url,
+        "LORAPLEX_S3_BUCKET": "loraplex-up-external",
+        "LORAPLEX_BROKER_URL": settings.broker_url,
+        "LORAPLEX_ADMIN_KEY": "lpx-admin-from-env",
+    }
+    up = UpProcess(service_tmp_path / "data", free_port(), env_extra, args=("--no-engine",))
+    url, admin = up.wait_started()
+    try:
+        assert admin == "lpx-admin-from-env"
+        started = "\n".join(up.lines)
+        for name in ("PostgreSQL", "SeaweedFS", "Redis", "Engine replica"):
+            assert f"✓ {name}" not in started
+        assert not (service_tmp_path / "data" / "postgres").exists()
+        with httpx.Client(timeout=30) as client:
+            tenants = client.get(
+                f"{url}/admin/v1/tenants", headers={"Authorization": f"Bearer {admin}"}
+            )
+            assert tenants.status_code == 200, tenants.text
+    finally:
+        assert up.interrupt() == 0, "\n".join(up.lines)

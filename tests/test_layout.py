@@ -1,0 +1,41 @@
+"""The repository layout: `platform/` maps to `loraplex.platform` without shadowing the
+standard library's `platform` module for Python started at the repository root."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_platform_folder_has_no_init() -> None:
+    assert (REPO / "platform").is_dir()
+    assert not (REPO / "platform" / "__init__.py").exists()
+
+
+def test_stdlib_platform_wins_at_repo_root() -> None:
+    code = (
+        "import platform, sysconfig, pathlib;"
+        "print(platform.system());"
+        "print(pathlib.Path(platform.__file__).resolve().parent == "
+        "pathlib.Path(sysconfig.get_path('stdlib')).resolve())"
+    )
+    # `-c` puts the current directory first on sys.path: the case the layout must survive.
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    system, from_stdlib = out.stdout.split()
+    assert system in {"Linux", "Darwin", "Windows"}
+    assert from_stdlib == "True"
+
+
+def test_loraplex_platform_imports_from_the_folder() -> None:
+    code = "import loraplex.platform, loraplex.platform.settings as s;print(s.__file__)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.strip()).resolve() == REPO / "platform" / "settings.py"
