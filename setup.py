@@ -14,7 +14,9 @@ package_dir: dict[str, str] = {}
 for part in PARTS:
     package_dir[f"loraplex.{part}"] = part
     packages.append(f"loraplex.{part}")
-    packages += [f"loraplex.{part}.{sub}" for sub in find_namespace_packages(where=part, exclude=EXCLUDE)]
+    packages += [
+        f"loraplex.{part}.{sub}" for sub in find_namespace_packages(where=part, exclude=EXCLUDE)
+    ]
 
 setup(
     packages=packages,

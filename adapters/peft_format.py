@@ -305,10 +305,11 @@ def targets_module(cfg: PeftAdapterConfig, module_path: str) -> bool:
     if cfg.exclude_modules and _matches_list_or_regex(cfg.exclude_modules, module_path):
         return False
     if cfg.target_modules == "all-linear":
-        return module_path.rsplit(".", 1)[-1] in LORA_MODULES
-    if isinstance(cfg.target_modules, str):
+        if module_path.rsplit(".", 1)[-1] not in LORA_MODULES:
+            return False
+    elif isinstance(cfg.target_modules, str):  # a regex: PEFT applies no layer filter to it
         return re.fullmatch(cfg.target_modules, module_path) is not None
-    if not _matches_list_or_regex(cfg.target_modules, module_path):
+    elif not _matches_list_or_regex(cfg.target_modules, module_path):
         return False
     if cfg.layers_to_transform:
         return _layer_index(cfg, module_path) in cfg.layers_to_transform

@@ -142,6 +142,7 @@ def version_view(a: Adapter, v: AdapterVersion) -> dict[str, Any]:
         "status": v.status,
         "error": v.error,
         "sha256": v.sha256,
+        "config_sha256": v.config_sha256,
         "bytes": v.bytes,
         "rank": v.rank,
         "alpha": v.alpha,

@@ -11,8 +11,10 @@ import json
 import math
 import struct
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 MAX_HEADER_BYTES = 100_000_000
 """The reference reader's cap on the JSON header length N."""
@@ -105,7 +107,12 @@ class SafetensorsHeader:
 
 
 def torch_dtype(dtype_str: str) -> torch.dtype:
-    """Map a safetensors dtype string (e.g. "BF16") to its torch dtype."""
+    """Map a safetensors dtype string (e.g. "BF16") to its torch dtype.
+
+    torch is imported here, not at module level: the API process parses headers without it.
+    """
+    import torch
+
     name = _TORCH_DTYPES.get(dtype_str)
     if name is None:
         raise SafetensorsError(f"unknown dtype {dtype_str!r}")

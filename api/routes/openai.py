@@ -7,13 +7,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from datetime import date
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from sqlalchemy import select
@@ -29,6 +31,7 @@ from loraplex.platform.services.api_keys import touch_last_used, verify_api_key
 
 INFERENCE_SCOPE = "inference"
 MAX_JSON_DEPTH = 32
+DISCONNECT_POLL_S = 0.25
 
 
 @asynccontextmanager
@@ -55,6 +58,21 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 router = APIRouter(lifespan=_lifespan, tags=["openai"])
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A stream whose body iterator is always closed when the response ends.
+
+    Starlette cancels the sending task when the client disconnects but leaves the body
+    generator suspended, to be finalized whenever the GC gets to it; closing it here runs
+    its cleanup (which aborts the request on the replica) at once."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
 def _error(exc: GatewayError, extra_headers: dict[str, str] | None = None) -> JSONResponse:
@@ -135,6 +153,24 @@ async def _json_body(gw: Gateway, request: Request) -> Any:
     return body
 
 
+async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, Any]) -> Any:
+    """Await `work`, cancelling it (which aborts its replica requests) if the client leaves."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                raise GatewayError(499, "The client closed the request.", code="client_closed")
+    finally:
+        if not task.done():
+            task.cancel()
+
+
 async def _run(request: Request, kind: str, adapter: str | None) -> Response:
     headers: dict[str, str] = {}
     try:
@@ -157,7 +193,8 @@ async def _run(request: Request, kind: str, adapter: str | None) -> Response:
         )
         headers = job.limit.headers()
         if not job.stream:
-            return JSONResponse(await responses.complete(gw, job), headers=headers)
+            body = await _unless_disconnected(request, responses.complete(gw, job))
+            return JSONResponse(body, headers=headers)
         try:
             first, rest = await responses.primed(gw, job)
         except BaseException:
@@ -170,7 +207,9 @@ async def _run(request: Request, kind: str, adapter: str | None) -> Response:
             stall_timeout_s=gw.settings.stream_stall_timeout_s,
         )
         stream_headers = {**headers, "cache-control": "no-cache", "x-accel-buffering": "no"}
-        return StreamingResponse(relay, media_type="text/event-stream", headers=stream_headers)
+        return ClosingStreamingResponse(
+            relay, media_type="text/event-stream", headers=stream_headers
+        )
     except GatewayError as exc:
         return _error(exc, headers)
 

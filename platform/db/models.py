@@ -179,6 +179,7 @@ class AdapterVersion(Base):
     status: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     sha256: Mapped[str | None] = mapped_column(String(64))
+    config_sha256: Mapped[str | None] = mapped_column(String(64))
     bytes: Mapped[int | None] = mapped_column(BigInteger)
     rank: Mapped[int | None] = mapped_column(Integer)
     alpha: Mapped[float | None] = mapped_column(Float)

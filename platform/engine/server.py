@@ -3,7 +3,8 @@
 One asyncio task drives the engine: between steps it applies queued adds and aborts (on the
 event loop, so the engine is never touched by two threads), then runs `EngineCore.step` in a
 worker thread and hands each delta to its request's stream. A client that disconnects aborts
-its request, which frees its KV blocks before the next step.
+its request at once (a watcher reads the ASGI `http.disconnect`, streamed or not), which frees
+its KV blocks before the next step.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from loraplex.platform.engine.engine_core import EngineCore
+from loraplex.platform.engine.ep_engine import add_ep_arguments, build_engine
 from loraplex.platform.engine.load_args import add_load_arguments, load_options
 from loraplex.platform.engine.metrics import CONTENT_TYPE_LATEST
 from loraplex.platform.engine.outputs import RequestDelta
@@ -239,7 +241,7 @@ def create_app(core: EngineCore) -> FastAPI:
         )
 
     @app.post("/generate")
-    async def generate(body: GenerateRequest) -> Response:
+    async def generate(body: GenerateRequest, request: Request) -> Response:
         loop = holder["loop"]
         if (body.prompt is None) == (body.prompt_token_ids is None):
             return error_response(400, "give exactly one of prompt or prompt_token_ids",
@@ -260,9 +262,13 @@ def create_app(core: EngineCore) -> FastAPI:
             return error_response(501, str(exc), "not_implemented", "adapter")
         except ValueError as exc:
             return error_response(400, str(exc), "invalid_request_error")
+        watcher = asyncio.create_task(_abort_on_disconnect(request, loop, rid))
         if body.stream:
-            return StreamingResponse(_sse(loop, rid, queue), media_type="text/event-stream")
-        return JSONResponse(await _collect(loop, rid, queue))
+            return _AbortingStream(watcher, _sse(loop, rid, queue), media_type="text/event-stream")
+        try:
+            return JSONResponse(await _collect(loop, rid, queue))
+        finally:
+            watcher.cancel()
 
     @app.post("/abort/{request_id}")
     async def abort(request_id: str) -> Response:
@@ -286,6 +292,32 @@ def create_app(core: EngineCore) -> FastAPI:
         return Response(core.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+async def _abort_on_disconnect(request: Request, loop: EngineLoop, rid: str) -> None:
+    """Abort `rid` the moment the ASGI server reports the client gone (`http.disconnect`).
+
+    Runs beside the handler (the body is already read, so the next message is the disconnect):
+    the abort does not wait for a suspended stream generator to be garbage-collected."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    loop.abort(rid)
+
+
+class _AbortingStream(StreamingResponse):
+    """A stream whose disconnect watcher stops, and whose body generator is closed (running
+    its abort), when the response ends for any reason."""
+
+    def __init__(self, watcher: asyncio.Task, body: AsyncIterator[str], **kw: Any) -> None:
+        super().__init__(body, **kw)
+        self._watcher = watcher
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._watcher.cancel()
+            await asyncio.shield(self.body_iterator.aclose())  # type: ignore[attr-defined]
 
 
 async def _next(queue: asyncio.Queue) -> RequestDelta:
@@ -356,6 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-lora-rank", type=int, default=64)
     p.add_argument("--log-level", default="info")
     add_load_arguments(p)
+    add_ep_arguments(p)
     return p
 
 
@@ -394,8 +427,12 @@ def main(argv: list[str] | None = None) -> int:
     level = getattr(logging, args.log_level.upper(), logging.INFO)
     logging.basicConfig(level=level)  # so the cold-start timeline is logged
     settings = Settings()
-    core = EngineCore(config_from_args(args, settings))
-    if args.max_loras > 0:  # adapters come as {object_prefix, sha256, tenant} refs to S3
+    core = build_engine(config_from_args(args, settings), args)
+    if args.ep_size > 1 and args.max_loras > 0:
+        logging.getLogger(__name__).warning(
+            "expert parallelism: adapters are not served yet (base model only)"
+        )
+    elif args.max_loras > 0:  # adapters come as {object_prefix, sha256, tenant} refs to S3
         from loraplex.loader.object_store import ObjectStore
         from loraplex.platform.engine.lora import LoraRuntime
 
@@ -403,7 +440,11 @@ def main(argv: list[str] | None = None) -> int:
         core.install_lora_runtime(
             LoraRuntime.for_engine(core, object_store=store, allow_local_paths=False)
         )
-    uvicorn.run(create_app(core), host=args.host, port=args.port, log_level=args.log_level)
+    try:
+        uvicorn.run(create_app(core), host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        if hasattr(core, "close"):
+            core.close()
     return 0
 
 

@@ -169,12 +169,15 @@ def build_text_job(
 
 
 def _adapter_ref(resolved: ResolvedModel, tenant_id: uuid.UUID) -> dict[str, Any] | None:
-    """The replica-side adapter reference: where the version's files are and their sha256."""
+    """The replica-side adapter reference: where the version's files are and their sha256s.
+
+    `config_sha256` makes the config part of the replica's cache identity (`AdapterRef.key`)."""
     if resolved.adapter_sha256 is None:
         return None
     return {
         "object_prefix": resolved.adapter_object_prefix or "",
         "sha256": resolved.adapter_sha256,
+        "config_sha256": resolved.adapter_config_sha256,
         "tenant": str(tenant_id),
     }
 

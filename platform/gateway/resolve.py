@@ -25,6 +25,7 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from loraplex.adapters.identity import adapter_ref_key
 from loraplex.platform.db.models import Adapter, AdapterVersion, BaseModel, Deployment
 from loraplex.platform.gateway.errors import GatewayError, model_not_found
 
@@ -48,12 +49,15 @@ class ResolvedModel:
     adapter_version_id: uuid.UUID | None = None
     adapter_version: int | None = None
     adapter_sha256: str | None = None
+    adapter_config_sha256: str | None = None
     adapter_object_prefix: str | None = None
 
     @property
     def adapter_key(self) -> str | None:
-        """The adapter version's content hash: what KV and adapter caches are keyed by."""
-        return self.adapter_sha256
+        """The version's identity (weights and config): what the replica's caches key by."""
+        if self.adapter_sha256 is None:
+            return None
+        return adapter_ref_key(self.adapter_sha256, self.adapter_config_sha256)
 
     def cache_salt(self, tenant_id: uuid.UUID | str) -> str | None:
         """Prefix-cache salt: per tenant unless the deployment opts into sharing."""
@@ -128,6 +132,7 @@ def resolve_uncached(session: Session, tenant_id: uuid.UUID, model: str) -> Reso
             adapter_version_id=version.id,
             adapter_version=version.n,
             adapter_sha256=version.sha256,
+            adapter_config_sha256=version.config_sha256,
             adapter_object_prefix=version.object_prefix,
         )
     base = session.execute(select(BaseModel).where(BaseModel.name == model)).scalar_one_or_none()

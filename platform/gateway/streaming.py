@@ -61,20 +61,25 @@ async def bounded_relay(
     """Relay `source` through a bounded buffer; see the module docstring for the rules."""
     queue: asyncio.Queue[Any] = asyncio.Queue()
     slots = asyncio.Semaphore(max_buffer)
-    outcome: dict[str, BaseException | None] = {"error": None}
+    state: dict[str, Any] = {"error": None, "closed": False}
 
     async def produce() -> None:
         try:
             async for frame in source:
                 try:
-                    await asyncio.wait_for(slots.acquire(), stall_timeout_s)
+                    # Not `wait_for`: on 3.11 it can swallow a cancellation that races with
+                    # the acquire completing, and the request would outlive its client.
+                    async with asyncio.timeout(stall_timeout_s):
+                        await slots.acquire()
                 except TimeoutError:
                     raise _Stalled() from None
+                if state["closed"]:
+                    break
                 queue.put_nowait(frame)
         except _Stalled as exc:
-            outcome["error"] = exc
+            state["error"] = exc
         except Exception as exc:  # the source failed after the first byte
-            outcome["error"] = exc
+            state["error"] = exc
         finally:
             await source.aclose()
             queue.put_nowait(_END)
@@ -88,7 +93,7 @@ async def bounded_relay(
                 break
             slots.release()
             yield item
-        error = outcome["error"]
+        error = state["error"]
         if isinstance(error, _Stalled):
             yield sse_error(
                 f"The stream was aborted: the client read nothing for {stall_timeout_s:g}s.",
@@ -99,6 +104,7 @@ async def bounded_relay(
             yield sse_error(f"The stream failed: {error}", code="stream_failed")
         finished = True
     finally:
+        state["closed"] = True  # the producer stops at its next frame even if not cancelled
         if not finished and not task.done():
             task.cancel()
             with contextlib.suppress(BaseException):

@@ -7,6 +7,7 @@ on that status, so a re-delivered or re-enqueued job (after a worker died) is sa
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import uuid
@@ -26,6 +27,7 @@ from loraplex.adapters.validation import (
 from loraplex.platform.db.models import Adapter, AdapterVersion, BaseModel, Job
 from loraplex.platform.db.session import make_sessionmaker, session_scope
 from loraplex.platform.services import objects
+from loraplex.platform.services.resolution_events import adapters_changed
 from loraplex.platform.services.deployments import max_lora_rank_for
 from loraplex.platform.settings import Settings
 
@@ -63,7 +65,7 @@ def _inspect(
     base_config: dict,
     max_rank: int,
     beat: Callable[[], None],
-) -> tuple[ValidationResult, str, int]:
+) -> tuple[ValidationResult, str, str, int]:
     """Do the checks against object storage; raises AdapterValidationError for a bad adapter."""
     client = objects.s3_client(settings)
     bucket = settings.s3_bucket
@@ -83,6 +85,7 @@ def _inspect(
     except ValueError as exc:
         raise AdapterValidationError(f"adapter_config.json: {exc}", "config_too_large") from None
     config = parse_config(raw_config, settings.max_config_bytes)
+    config_digest = hashlib.sha256(raw_config or b"").hexdigest()
     first8 = objects.read_range(client, bucket, version.weights_key, 0, min(8, size))
     n = header_length(first8, size, settings.max_safetensors_header_bytes)
     header_bytes = objects.read_range(client, bucket, version.weights_key, 8, n)
@@ -94,7 +97,7 @@ def _inspect(
             f"adapter_model.safetensors changed while validating ({total} != {size} bytes)",
             "changed",
         )
-    return result, digest, size
+    return result, digest, config_digest, size
 
 
 def _heartbeater(settings: Settings, job_id: uuid.UUID) -> Callable[[], None]:
@@ -133,7 +136,7 @@ def run_validation(settings: Settings, job_id: uuid.UUID) -> str:
         return "skipped"
     version, base_config, max_rank = claimed
     try:
-        result, digest, size = _inspect(
+        result, digest, config_digest, size = _inspect(
             settings, version, base_config, max_rank, _heartbeater(settings, job_id)
         )
     except AdapterValidationError as exc:
@@ -146,6 +149,7 @@ def run_validation(settings: Settings, job_id: uuid.UUID) -> str:
             {"outcome": "failed", "code": exc.code},
         )
         if written:
+            adapters_changed(settings, version.tenant_id)
             objects.delete_prefix(
                 objects.s3_client(settings), settings.s3_bucket, version.object_prefix
             )
@@ -154,13 +158,15 @@ def run_validation(settings: Settings, job_id: uuid.UUID) -> str:
         "status": "ready",
         "error": None,
         "sha256": digest,
+        "config_sha256": config_digest,
         "bytes": size,
         "rank": result.rank,
         "alpha": result.alpha,
         "use_rslora": result.use_rslora,
         "target_modules": result.target_modules,
     }
-    _finish(settings, job_id, version.id, values, {"outcome": "ready", **asdict(result)})
+    if _finish(settings, job_id, version.id, values, {"outcome": "ready", **asdict(result)}):
+        adapters_changed(settings, version.tenant_id)
     return "ready"
 
 

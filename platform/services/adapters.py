@@ -26,6 +26,7 @@ from loraplex.platform.settings import Settings
 
 from . import audit, objects
 from .base_models import get_base_model
+from .resolution_events import adapters_changed
 from .errors import Conflict, InvalidInput, NotFound, TooLarge, Unavailable
 from .names import check_name
 
@@ -372,5 +373,6 @@ def delete_adapter(up: Uploader, name: str) -> tuple[Adapter, uuid.UUID]:
             tenant_id=up.tenant_id,
             detail={"name": name},
         )
+    adapters_changed(up.settings, up.tenant_id)
     up.dispatcher.send(records.DELETE_OBJECTS, job.id)
     return adapter, job.id

@@ -139,6 +139,11 @@ def test_rslora_and_patterns():
     assert scale_for(cfg, "model.layers.0.self_attn.q_proj") == pytest.approx(32 / 2)
     assert all(cfg.targets(f"model.layers.0.mlp.{m}") for m in ("gate_proj", "up_proj"))
     assert not cfg.targets("lm_head")
+    only1 = parse_adapter_config(
+        {"r": 4, "lora_alpha": 4, "target_modules": "all-linear", "layers_to_transform": 1}
+    )
+    assert only1.targets("model.layers.1.mlp.up_proj")
+    assert not only1.targets("model.layers.0.mlp.up_proj")
 
 
 CASES = [

@@ -35,6 +35,7 @@ def test_upload_validates_to_ready_and_versions_increment(
     assert v1["status"] == "ready", v1
     assert v1["error"] is None
     assert v1["sha256"] == hashlib.sha256(weights).hexdigest()
+    assert v1["config_sha256"] == hashlib.sha256(config).hexdigest()
     assert v1["bytes"] == len(weights)
     assert v1["rank"] == 4 and v1["alpha"] == 8.0 and v1["use_rslora"] is False
     assert v1["target_modules"] == ["q_proj", "v_proj"]

@@ -18,6 +18,14 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from gateway_clients import (
+    MESSAGES,
+    aborted_count,
+    make_peft_adapter,
+    run_clients,
+    upload_adapter,
+    wait_idle,
+)
 from gateway_stack import Api, Replica, fresh_database, settings_env
 
 from loraplex.platform.db.session import make_sessionmaker, session_scope
@@ -31,8 +39,6 @@ from loraplex.platform.services.deployments import DeploymentSpec, create_deploy
 from loraplex.platform.services.tenants import create_tenant
 
 pytestmark = pytest.mark.timeout(300)
-
-MESSAGES = [{"role": "user", "content": "Hello! How are you today?"}]
 
 
 class Stack:
@@ -337,82 +343,9 @@ def test_usage_endpoint(stack: Stack) -> None:
     assert all(row["model"] != "private-a" for row in other.json()["data"])
 
 
-def _wait_idle(replica: Replica, timeout_s: float = 20.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    state: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        state = replica.state()
-        if (
-            state["num_requests_running"] == 0
-            and state["num_requests_waiting"] == 0
-            and state["kv_cache_usage_perc"] == 0
-        ):
-            return state
-        time.sleep(0.1)
-    raise AssertionError(f"replica not idle: {state}")
-
-
-def _stream_worker(url: str, key: str, model: str, mode: str, out: dict[str, Any]) -> None:
-    """One client: reads all ('full'), disconnects after 2 events ('drop'), or reads slowly."""
-    body = {
-        "model": model,
-        "messages": MESSAGES,
-        # A dropped stream asks for far more than it reads: only an abort frees it quickly.
-        "max_tokens": 1500 if mode == "drop" else 40,
-        "stream": True,
-        "temperature": 1.0,
-        "seed": 1,
-    }
-    events = 0
-    try:
-        with httpx.stream(
-            "POST",
-            f"{url}/v1/chat/completions",
-            json=body,
-            timeout=60,
-            headers={"Authorization": f"Bearer {key}"},
-        ) as r:
-            out["status"] = r.status_code
-            for line in r.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                events += 1
-                if line == "data: [DONE]":
-                    out["done"] = True
-                if mode == "drop" and events == 2:
-                    break
-                if mode == "slow":
-                    time.sleep(0.15)
-    except httpx.HTTPError as exc:
-        out["error"] = repr(exc)
-    out["events"] = events
-
-
-def _run_clients(stack: Stack, models: list[str]) -> list[dict[str, Any]]:
-    outs: list[dict[str, Any]] = [{} for _ in range(20)]
-    modes = ["full", "drop", "slow", "full"] * 5
-    threads = [
-        threading.Thread(
-            target=_stream_worker,
-            args=(stack.api.url, stack.key_a, models[i % len(models)], modes[i], outs[i]),
-        )
-        for i in range(20)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a client hung"
-    for mode, out in zip(modes, outs, strict=True):
-        assert out.get("status") == 200, out
-        if mode in ("full", "slow"):
-            assert out.get("done"), out
-    return outs
-
-
 def test_20_concurrent_streams_with_drops_and_slow_readers(stack: Stack) -> None:
-    _run_clients(stack, [stack.base])
-    _wait_idle(stack.replica, timeout_s=8.0)
+    run_clients(stack, [stack.base])
+    wait_idle(stack.replica, timeout_s=8.0)
 
 
 def test_disconnect_aborts_on_the_replica_at_once(stack: Stack) -> None:
@@ -429,8 +362,24 @@ def test_disconnect_aborts_on_the_replica_at_once(stack: Stack) -> None:
             pass
         assert stack.replica.state()["num_requests_running"] == 1
     t0 = time.monotonic()
-    _wait_idle(stack.replica, timeout_s=3.0)  # 1900 tokens would take far longer
+    wait_idle(stack.replica, timeout_s=3.0)  # 1900 tokens would take far longer
     assert time.monotonic() - t0 < 3.0
+
+
+def test_non_streamed_request_is_aborted_when_the_client_leaves(stack: Stack) -> None:
+    before = aborted_count(stack.replica)
+    body = {"model": stack.base, "prompt": "The library", "max_tokens": 1900, "temperature": 0}
+    t0 = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{stack.api.url}/v1/completions",
+            json=body,
+            timeout=1.5,
+            headers={"Authorization": f"Bearer {stack.key_a}"},
+        )
+    wait_idle(stack.replica, timeout_s=3.0)
+    assert time.monotonic() - t0 < 4.5  # 1900 tokens would take far longer
+    assert aborted_count(stack.replica) == before + 1
 
 
 def test_killed_replica_does_not_hang_clients(stack: Stack) -> None:
@@ -482,61 +431,10 @@ def test_killed_replica_does_not_hang_clients(stack: Stack) -> None:
         assert resp.choices[0].message.content is not None
     finally:
         second.stop()
-    _wait_idle(stack.replica)
+    wait_idle(stack.replica)
 
 
 # ---------------------------------------------------------------- adapters served by replicas
-
-
-def make_peft_adapter(model_dir: Path, out: Path, seed: int, rank: int = 8) -> Path:
-    """A random (non-zero B) PEFT LoRA adapter for the demo model, saved by `peft`."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
-    cfg = LoraConfig(
-        r=rank,
-        lora_alpha=2 * rank,
-        target_modules=["q_proj", "v_proj", "down_proj"],
-        init_lora_weights=False,
-    )
-    peft_model = get_peft_model(model, cfg)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05)
-    peft_model.save_pretrained(str(out))
-    return out
-
-
-def upload_adapter(stack: Stack, key: str, name: str, folder: Path, timeout_s: float = 60) -> None:
-    """Upload through the tenant API and wait until the version is ready."""
-    headers = {"Authorization": f"Bearer {key}"}
-    files = {
-        "adapter_config": ("adapter_config.json", (folder / "adapter_config.json").read_bytes()),
-        "adapter_model": (
-            "adapter_model.safetensors",
-            (folder / "adapter_model.safetensors").read_bytes(),
-        ),
-    }
-    r = httpx.post(
-        f"{stack.api.url}/v1/adapters",
-        headers=headers,
-        files=files,
-        data={"name": name, "base_model": stack.base},
-        timeout=60,
-    )
-    assert r.status_code == 202, r.text
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        doc = httpx.get(f"{stack.api.url}/v1/adapters/{name}", headers=headers).json()
-        if doc["status"] == "ready":
-            return
-        assert doc["status"] != "failed", doc
-        time.sleep(0.2)
-    raise AssertionError(f"adapter {name} never became ready")
 
 
 @pytest.fixture(scope="module")
@@ -597,8 +495,8 @@ def test_uploaded_adapter_is_callable_and_matches_offline(
 def test_20_streams_over_5_adapters_leave_replica_idle(
     stack: Stack, adapters: dict[str, Path]
 ) -> None:
-    _run_clients(stack, sorted(adapters))
-    state = _wait_idle(stack.replica, timeout_s=10.0)
+    run_clients(stack, sorted(adapters))
+    state = wait_idle(stack.replica, timeout_s=10.0)
     assert state["resident_adapters"], "the adapters were loaded into device slots"
     metrics = httpx.get(f"{stack.replica.url}/metrics", timeout=10).text
     running = [

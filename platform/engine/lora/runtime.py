@@ -203,6 +203,7 @@ class LoraRuntime:
                 raise ValueError("this engine has no object store to fetch adapters from")
             source = ObjectSource(ref, self.object_store)
             self.sources.setdefault(source.key, source)
+            self._failed.pop(source.key, None)  # a new request retries a failed fetch
             return source.key, AdapterHandle(source.key, ref.tenant)
         if isinstance(ref, str | Path | LocalAdapterRef):
             if not self.allow_local_paths:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from loraplex.adapters.identity import adapter_ref_key
 from loraplex.adapters.peft_format import AdapterFormatError
 from loraplex.adapters.weights import (
     CONFIG_FILE,
@@ -63,10 +64,7 @@ class AdapterRef:
     @property
     def key(self) -> str:
         """The engine-wide identity of this version (prefix cache, host and device tiers)."""
-        if self.config_sha256 is None:
-            return self.sha256.lower()
-        h = hashlib.sha256(f"{self.sha256.lower()}:{self.config_sha256.lower()}".encode())
-        return h.hexdigest()
+        return adapter_ref_key(self.sha256, self.config_sha256)
 
 
 @dataclass(frozen=True)

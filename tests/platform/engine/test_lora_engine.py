@@ -304,3 +304,38 @@ def test_replica_refs_only_and_checked(world):
         with pytest.raises(ValueError):
             rt.resolve_adapter(bad)
     rt.detach()
+
+
+def test_moe_model_attention_adapters_match_peft(tmp_path):
+    """On a MoE base (Qwen3-MoE: q/k norm, head_dim != hidden/heads) adapters target the
+    attention projections; one that reaches into the MoE block is refused with a clear error."""
+    import transformers
+    from engine_model_harness import TINY, make_hf_model
+
+    cfg = transformers.Qwen3MoeConfig(
+        **{**TINY, "intermediate_size": 80, "tie_word_embeddings": False},
+        head_dim=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+    )
+    hf = make_hf_model(cfg, seed=2).eval()
+    base = tmp_path / "moe"
+    hf.save_pretrained(str(base))
+    attn = make_adapter(hf, tmp_path / "attn", seed=4, r=8, lora_alpha=16, target_modules=ALL[:4])
+    router = make_adapter(
+        hf, tmp_path / "router", seed=5, r=4, lora_alpha=8, target_modules=["gate"]
+    )
+    llm = LLM(str(base), max_loras=2, block_size=4, max_num_batched_tokens=32, max_num_seqs=8)
+    rows = record_logits(llm)
+    prompts = make_prompts(3)
+    refs = [attn, None, attn]
+    outs = llm.generate(
+        prompts,
+        SamplingParams(max_tokens=3, **GREEDY),
+        adapters=[str(r) if r else None for r in refs],
+    )
+    check_against_peft(hf, prompts, refs, outs, rows)
+    with pytest.raises(ValueError, match="not supported yet|unexpected tensor name"):
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=1), adapters=[str(router)])

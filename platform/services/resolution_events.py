@@ -1,0 +1,39 @@
+"""Tell every gateway that a tenant's adapters changed, so cached resolutions drop at once.
+
+The gateways cache `model -> adapter version` answers for a short TTL, keyed by a per-tenant
+generation counter in Redis (`gateway.resolve.bump_generation`). Whoever changes what a name
+resolves to (a version turning ready or failed, an adapter deleted) calls
+`adapters_changed` after its database write has committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import redis as sync_redis
+
+from loraplex.platform.gateway.resolve import bump_generation
+from loraplex.platform.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def adapters_changed(settings: Settings, tenant_id: uuid.UUID | str) -> bool:
+    """Bump the tenant's resolution generation; returns whether Redis took it.
+
+    Best effort: without Redis, or when it is down, gateways still see the change within
+    `resolve_cache_ttl_s`, so a failure is logged rather than failing the caller's write.
+    """
+    url = settings.gateway_redis_url()
+    if not url:
+        return False
+    client = sync_redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    try:
+        bump_generation(client, tenant_id)
+        return True
+    except sync_redis.RedisError as exc:
+        log.warning("could not invalidate cached resolutions of tenant %s: %s", tenant_id, exc)
+        return False
+    finally:
+        client.close()
