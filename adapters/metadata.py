@@ -28,6 +28,8 @@ class LoraGroup:
     token_idx: torch.Tensor | None  # int64 token indices when there is more than one run
     sorted_start: int
     num_tokens: int
+    key: str = ""  # the adapter version's key (content hash)
+    rows: int = 0  # pool rows the adapter spans (its largest rank)
 
 
 @dataclass
@@ -47,6 +49,9 @@ class LoraBatchMeta:
     max_rank: int
     max_tokens_per_slot: int
     groups: list[LoraGroup]
+    # [T, sum of the groups' rows]: 1 where a token belongs to the column's adapter; built
+    # lazily (once per step) by the CPU path that runs every adapter as one stacked matmul.
+    dense_mask: torch.Tensor | None = None
 
     @property
     def num_active(self) -> int:
@@ -113,6 +118,8 @@ def build_lora_meta(
                 token_idx=idx,
                 sorted_start=start,
                 num_tokens=count,
+                key=resident.key,
+                rows=resident.rows,
             )
         )
     sorted_ids.extend(t for t in range(num_tokens) if token_slot[t] == -1)

@@ -10,16 +10,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraplex.platform.embedded.process import ServiceProcess, free_port
+from loraplex.platform.engine.supported_models import (
+    SERVED_WEIGHT_QUANTIZATIONS,
+    unserved_quantization_message,
+)
 from loraplex.platform.settings import Settings
 
 
 @dataclass(frozen=True)
 class LocalDeployment:
-    """The deployment `up` serves: its name and the LoRA limits the replica must honour."""
+    """The deployment `up` serves: its name, and the LoRA limits and weight quantization the
+    replica must honour."""
 
     name: str
     max_loras: int
     max_lora_rank: int
+    weight_quantization: str = "fp32"
 
 
 def ensure_deployment(settings: Settings, base_model: str) -> LocalDeployment:
@@ -41,17 +47,41 @@ def ensure_deployment(settings: Settings, base_model: str) -> LocalDeployment:
             .limit(1)
         ).first()
         if found is None:
-            # The CPU engine computes in fp32; on a GPU, an admin creates a bf16/fp8 one.
+            # The CPU engine computes in fp32; on a GPU, an admin creates a bf16 one.
             spec = DeploymentSpec(
                 name=base_model, base_model=base_model, weight_quantization="fp32"
             )
             found = create_deployment(session, settings, spec, actor="system")
-        return LocalDeployment(found.name, found.max_loras, found.max_lora_rank)
+        return LocalDeployment(
+            found.name, found.max_loras, found.max_lora_rank, found.weight_quantization
+        )
 
 
 def _healthy(url: str) -> bool:
     with urllib.request.urlopen(url + "/health", timeout=2) as resp:
         return resp.status == 200
+
+
+def engine_argv(
+    settings: Settings, deployment: LocalDeployment, model_dir: Path, port: int
+) -> list[str]:
+    """The `loraplex engine` command line serving `deployment` (its limits and quantization).
+
+    Raises UpError, before anything starts, for a quantization the engine does not implement."""
+    from loraplex.platform.up import UpError
+
+    quant = deployment.weight_quantization
+    if quant not in SERVED_WEIGHT_QUANTIZATIONS:
+        raise UpError(
+            f"deployment {deployment.name!r}: {unserved_quantization_message(quant)} "
+            "(create a deployment with a served quantization)"
+        )
+    argv = [sys.executable, "-m", "loraplex.platform.cli", "engine", "--model", str(model_dir)]
+    argv += ["--host", settings.host, "--port", str(port)]
+    argv += ["--max-loras", str(deployment.max_loras)]
+    argv += ["--max-lora-rank", str(deployment.max_lora_rank)]
+    argv += ["--quantization", quant]
+    return argv
 
 
 def start_replica(
@@ -70,11 +100,8 @@ def start_replica(
 
     port = free_port(settings.host)
     url = f"http://{settings.host}:{port}"
+    argv = engine_argv(settings, deployment, model_dir, port)
     proc = ServiceProcess("engine", log)
-    argv = [sys.executable, "-m", "loraplex.platform.cli", "engine", "--model", str(model_dir)]
-    argv += ["--host", settings.host, "--port", str(port)]
-    argv += ["--max-loras", str(deployment.max_loras)]
-    argv += ["--max-lora-rank", str(deployment.max_lora_rank)]
     proc.start(argv, env=env, cwd=log.parent)
     try:
         proc.wait_ready(lambda: _healthy(url), timeout)

@@ -17,7 +17,12 @@ and `--adapters` rank-16 adapters on all seven projections, then prints:
   SeaweedFS S3 server; `--no-s3` reads a local directory instead and says so), next to the same
   request's time to first token with the adapter resident;
 - lora.warm_swap_ms: copying an adapter from the host tier into device memory, next to one
-  base decode step.
+  base decode step;
+- lora.small_*: the peers' small-model reference workload (see `_lora_small.py`): our engine
+  with 4 mixed adapters, base-only and LoRA-enabled-but-unused, against peft's mixed batch
+  and HF `generate`, in tok/s, plus `small_mixed4_over_peft` and `small_mixed4_over_base`.
+
+`--quick` shrinks everything to a seconds-long run (for tests).
 """
 
 from __future__ import annotations
@@ -281,8 +286,6 @@ def main(argv: list[str] | None = None) -> int:
     """Run the multi-LoRA benchmarks and print RESULT lines."""
     from rich.console import Console
 
-    from loraplex.platform.engine.llm import LLM
-
     ap = argparse.ArgumentParser(prog="loraplex bench lora", description=__doc__.split("\n")[0])
     ap.add_argument("--layers", type=int, default=2, help="decoder layers (CPU: keep it small)")
     ap.add_argument("--hidden", type=int, default=2048)
@@ -293,8 +296,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--no-s3", action="store_true", help="cold load from a local dir instead")
     ap.add_argument("--skip-peft", action="store_true")
+    ap.add_argument("--skip-small", action="store_true", help="skip the small-model workload")
+    ap.add_argument("--only-small", action="store_true", help="run only the small-model workload")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, for tests")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.layers, args.hidden, args.vocab, args.adapters = 1, 128, 512, 4
+        args.steps, args.rounds, args.max_tokens, args.no_s3 = 2, 1, 2, True
     console = Console()
+    results: dict[str, float] = {}
+    if not args.only_small:
+        results.update(_main_workload(args, console))
+    if not args.skip_small:
+        from loraplex.platform.bench._lora_small import SmallWorkload, run_small
+
+        w = SmallWorkload.quick() if args.quick else SmallWorkload()
+        with tempfile.TemporaryDirectory() as tmp_name, console.status("small-model workload"):
+            results.update(run_small(Path(tmp_name), w, args.skip_peft, console.print))
+    for name, value in results.items():
+        print(f"RESULT {name}={value:.3f}")
+    return 0
+
+
+def _main_workload(args: argparse.Namespace, console) -> dict[str, float]:  # noqa: ANN001
+    """The TinyLlama-shaped workload: step ratio, batching, peft, cold load, swap."""
+    from loraplex.platform.engine.llm import LLM
+
     n = args.adapters
     results: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -354,6 +381,4 @@ def main(argv: list[str] | None = None) -> int:
     ratio = results["lora.mixed32_over_base_step"] / results["lora.mixed32_ideal_ratio"]
     console.print(f"measured / ideal = {ratio:.3f} (target <= 1.15)")
     results["lora.torch_bmm_over_loop"] = bmm_s / loop_s
-    for name, value in results.items():
-        print(f"RESULT {name}={value:.3f}")
-    return 0
+    return results

@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(__name__).warning(
             "expert parallelism: adapters are not served yet (base model only)"
         )
-    elif args.max_loras > 0:  # adapters come as {object_prefix, sha256, tenant} refs to S3
+    elif args.max_loras > 0:  # adapters come as AdapterRef objects (object storage)
         from loraplex.loader.object_store import ObjectStore
         from loraplex.platform.engine.lora import LoraRuntime
 

@@ -27,8 +27,8 @@ from loraplex.adapters.validation import (
 from loraplex.platform.db.models import Adapter, AdapterVersion, BaseModel, Job
 from loraplex.platform.db.session import make_sessionmaker, session_scope
 from loraplex.platform.services import objects
-from loraplex.platform.services.resolution_events import adapters_changed
 from loraplex.platform.services.deployments import max_lora_rank_for
+from loraplex.platform.services.resolution_events import adapters_changed
 from loraplex.platform.settings import Settings
 
 from . import records

@@ -26,9 +26,9 @@ from loraplex.platform.settings import Settings
 
 from . import audit, objects
 from .base_models import get_base_model
-from .resolution_events import adapters_changed
 from .errors import Conflict, InvalidInput, NotFound, TooLarge, Unavailable
 from .names import check_name
+from .resolution_events import adapters_changed
 
 MIN_PART = 8 << 20
 MAX_PARTS = 10_000

@@ -12,9 +12,13 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from loraplex.adapters.peft_format import is_moe_config
 from loraplex.platform.db.models import BaseModel
 from loraplex.platform.db.session import make_sessionmaker, session_scope
+from loraplex.platform.engine.supported_models import (
+    SUPPORTED_ARCHITECTURES,
+    config_architectures,
+    served_architecture,
+)
 from loraplex.platform.settings import Settings
 
 from . import audit, objects
@@ -43,8 +47,20 @@ def model_prefix(name: str) -> str:
 
 
 def family_of(config: dict[str, Any]) -> str:
-    """`moe` for mixture-of-experts configs, else `dense`."""
-    return "moe" if is_moe_config(config) else "dense"
+    """`dense` or `moe`, from the architecture the engine will build for `config`.
+
+    Raises InvalidInput naming the supported architectures when the engine serves none of
+    those the config lists, so a model no replica could load is never registered."""
+    arch = served_architecture(config)
+    if arch is None:
+        named = config_architectures(config)
+        raise InvalidInput(
+            f"unsupported model architecture {', '.join(named) if named else '(none given)'} "
+            f"in config.json; the engine serves: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}",
+            code="unsupported_architecture",
+            param="architectures",
+        )
+    return SUPPORTED_ARCHITECTURES[arch]
 
 
 def read_model_config(path: Path) -> dict[str, Any]:

@@ -14,6 +14,12 @@ from loraplex.platform.db.models import (
     WEIGHT_QUANTIZATIONS,
     Deployment,
 )
+from loraplex.platform.engine.supported_models import (
+    SERVED_KV_CACHE_DTYPES,
+    SERVED_WEIGHT_QUANTIZATIONS,
+    unserved_kv_cache_message,
+    unserved_quantization_message,
+)
 from loraplex.platform.settings import Settings
 
 from . import audit
@@ -62,10 +68,22 @@ def create_deployment(
             code="invalid_value",
             param="quantization.weights",
         )
+    if spec.weight_quantization not in SERVED_WEIGHT_QUANTIZATIONS:
+        raise InvalidInput(
+            unserved_quantization_message(spec.weight_quantization),
+            code="unsupported_quantization",
+            param="quantization.weights",
+        )
     if spec.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise InvalidInput(
             f"quantization.kv_cache must be one of {list(KV_CACHE_DTYPES)}",
             code="invalid_value",
+            param="quantization.kv_cache",
+        )
+    if spec.kv_cache_dtype not in SERVED_KV_CACHE_DTYPES:
+        raise InvalidInput(
+            unserved_kv_cache_message(spec.kv_cache_dtype),
+            code="unsupported_quantization",
             param="quantization.kv_cache",
         )
     max_loras = _check_range(

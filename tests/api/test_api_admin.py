@@ -104,15 +104,30 @@ def test_deployments(
     assert deployment["max_lora_rank"] == 8 and deployment["base_model"] == base_model
     listed = client.get("/admin/v1/deployments", headers=admin_headers).json()["data"]
     assert deployment["id"] in {d["id"] for d in listed}
+    # Choices the engine does not implement are refused at creation, saying so.
+    for weights in ("int8", "fp8", "int4"):
+        unserved = {"name": f"{weights}-dep", "base_model": base_model,
+                    "quantization": {"weights": weights}}  # fmt: skip
+        resp = client.post("/admin/v1/deployments", headers=admin_headers, json=unserved)
+        assert resp.status_code == 400, resp.text
+        err = resp.json()["error"]
+        assert err["param"] == "quantization.weights" and err["code"] == "unsupported_quantization"
+        assert "not implemented by the engine" in err["message"] and "bf16" in err["message"]
+    fp8_kv = {"name": "fp8kv-dep", "base_model": base_model,
+              "quantization": {"weights": "fp16", "kv_cache": "fp8"}}  # fmt: skip
+    resp = client.post("/admin/v1/deployments", headers=admin_headers, json=fp8_kv)
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["param"] == "quantization.kv_cache" and err["code"] == "unsupported_quantization"
     body = {
-        "name": "int4-dep",
+        "name": "fp16-dep",
         "base_model": base_model,
-        "quantization": {"weights": "int4", "kv_cache": "fp8"},
+        "quantization": {"weights": "fp16", "kv_cache": "auto"},
         "replicas": 2,
     }
     resp = client.post("/admin/v1/deployments", headers=admin_headers, json=body)
     assert resp.status_code == 201, resp.text
-    assert resp.json()["quantization"] == {"weights": "int4", "kv_cache": "fp8"}
+    assert resp.json()["quantization"] == {"weights": "fp16", "kv_cache": "auto"}
     assert resp.json()["max_lora_rank"] == 64  # Settings.default_max_lora_rank
     assert client.post("/admin/v1/deployments", headers=admin_headers, json=body).status_code == 409
     bad_q = {**body, "name": "bad", "quantization": {"weights": "int3"}}

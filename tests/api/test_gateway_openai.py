@@ -509,3 +509,39 @@ def test_20_streams_over_5_adapters_leave_replica_idle(
     assert info and all(
         'running_lora_adapters=""' in ln and 'waiting_lora_adapters=""' in ln for ln in info
     ), info
+
+
+@pytest.mark.gateway_adapters
+def test_same_weights_other_alpha_never_share_caches(stack: Stack, worker: Any) -> None:
+    """Two versions with identical weights but another `lora_alpha` are two identities on the
+    replica (host tier, device slot, prefix cache): each serves its own scaling."""
+    import json
+    import shutil
+
+    low = make_peft_adapter(stack.model_dir, stack.work / "alpha-low", seed=21)
+    high = stack.work / "alpha-high"
+    shutil.copytree(low, high)
+    cfg = json.loads((high / "adapter_config.json").read_text())
+    cfg["lora_alpha"] = 4 * cfg["lora_alpha"]
+    (high / "adapter_config.json").write_text(json.dumps(cfg))
+    assert (low / "adapter_model.safetensors").read_bytes() == (
+        high / "adapter_model.safetensors"
+    ).read_bytes()
+    upload_adapter(stack, stack.key_a, "alpha-low", low)
+    upload_adapter(stack, stack.key_a, "alpha-high", high)
+
+    ids = _chat_prompt_ids(stack, MESSAGES)
+    offline_lora = LLM(str(stack.model_dir), max_loras=2, max_lora_rank=16)
+    params = SamplingParams(temperature=0, max_tokens=12)
+    refs = {
+        name: stack.assets.tokenizer.decode(
+            offline_lora.generate([ids], params, adapters=[str(folder)])[0].token_ids
+        )
+        for name, folder in (("alpha-low", low), ("alpha-high", high))
+    }
+    assert refs["alpha-low"] != refs["alpha-high"], "alpha must change the output"
+    for name in ("alpha-low", "alpha-high", "alpha-low"):  # each loaded while the other is cached
+        resp = stack.client().chat.completions.create(
+            model=name, messages=MESSAGES, max_tokens=12, temperature=0
+        )
+        assert resp.choices[0].message.content == refs[name], name

@@ -71,3 +71,25 @@ def test_models_add_uploads_and_registers(
     )  # fmt: skip
     assert missing.returncode == 2
     assert "not a directory" in missing.stderr
+
+
+def test_models_add_refuses_an_architecture_the_engine_cannot_serve(
+    settings, pg_fresh_url: str, s3_client, tmp_path: Path
+) -> None:
+    from loraplex.platform.db.migrate import upgrade
+
+    upgrade(pg_fresh_url)
+    folder = make_demo_model(tmp_path / "gpt2ish")
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (folder / "config.json").write_text(json.dumps(config))
+    name = f"bad-{tmp_path.name[-8:].lower().replace('_', '-')}"
+    out = subprocess.run(
+        [*CLI, "models", "add", name, str(folder)], env=_env(settings, pg_fresh_url),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "unsupported model architecture GPT2LMHeadModel" in out.stderr
+    assert "LlamaForCausalLM" in out.stderr  # names what is supported
+    listed = s3_client.list_objects_v2(Bucket=settings.s3_bucket, Prefix=f"models/{name}/")
+    assert listed.get("KeyCount", 0) == 0  # nothing uploaded for a refused model

@@ -33,11 +33,12 @@ def gather_kv(
     kv_cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V [S, num_blocks * bs, Hkv, D] of each sequence, read through its block table."""
-    bt = block_tables[:, :num_blocks].long()
-    s = bt.shape[0]
+    bt = block_tables[:, :num_blocks].reshape(-1).long()
+    s = block_tables.shape[0]
     _, _, bs, hkv, d = kv_cache.shape
-    k = kv_cache[0][bt].reshape(s, num_blocks * bs, hkv, d)
-    v = kv_cache[1][bt].reshape(s, num_blocks * bs, hkv, d)
+    # index_select on the block axis copies whole blocks (faster than advanced indexing)
+    k = kv_cache[0].index_select(0, bt).view(s, num_blocks * bs, hkv, d)
+    v = kv_cache[1].index_select(0, bt).view(s, num_blocks * bs, hkv, d)
     return k, v
 
 
@@ -49,20 +50,26 @@ def decode_attention_torch(
     max_seq_len: int,
     scale: float,
 ) -> torch.Tensor:
-    """One query token per sequence: q [S, Hq, D] -> out [S, Hq, D]; no host sync."""
+    """One query token per sequence: q [S, Hq, D] -> out [S, Hq, D]; no host sync.
+
+    The gathered K/V are handed to SDPA as strided [S, Hkv, L, D] views (no transpose copy),
+    with a per-sequence length mask; math in fp32 like the reference softmax.
+    """
     s, hq, d = q.shape
     bs, hkv = kv_cache.shape[2], kv_cache.shape[3]
-    group = hq // hkv
     num_blocks = max(1, -(-max_seq_len // bs))
     k, v = gather_kv(kv_cache, block_tables, num_blocks)
-    qg = q.view(s, hkv, group, d).float()
-    scores = torch.einsum("shgd,slhd->shgl", qg, k.float()) * scale
     key_pos = torch.arange(num_blocks * bs, device=q.device)
     mask = key_pos[None, :] < seq_lens[:, None].to(key_pos.dtype)
-    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("shgl,slhd->shgd", probs, v.float())
-    return out.reshape(s, hq, d).to(q.dtype)
+    out = F.scaled_dot_product_attention(
+        q.float()[:, :, None, :],
+        k.float().transpose(1, 2),
+        v.float().transpose(1, 2),
+        attn_mask=mask[:, None, None, :],
+        scale=scale,
+        enable_gqa=hq != hkv,
+    )
+    return out[:, :, 0, :].to(q.dtype)
 
 
 def prefill_attention_torch(

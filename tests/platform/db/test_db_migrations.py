@@ -139,7 +139,9 @@ def test_constraints_hold(empty_db_url: str) -> None:
 
 def test_0003_adds_and_drops_config_sha256(empty_db_url: str) -> None:
     def columns() -> set[str]:
-        return {c["name"] for c in inspect(get_engine(empty_db_url)).get_columns("adapter_versions")}
+        return {
+            c["name"] for c in inspect(get_engine(empty_db_url)).get_columns("adapter_versions")
+        }
 
     migrate.upgrade(empty_db_url)
     assert "config_sha256" in columns()

@@ -31,6 +31,7 @@ def _resolved(adapter: bool = False, share: bool = False) -> ResolvedModel:
             adapter_version_id=uuid.uuid4(),
             adapter_version=3,
             adapter_sha256="ab" * 32,
+            adapter_config_sha256="cd" * 32,
             adapter_object_prefix="tenants/t/adapters/a/v3/",
         )
     return ResolvedModel(
@@ -94,6 +95,7 @@ def test_adapter_reference_and_salt() -> None:
     assert _adapter_ref(r, TENANT) == {
         "object_prefix": "tenants/t/adapters/a/v3/",
         "sha256": "ab" * 32,
+        "config_sha256": "cd" * 32,
         "tenant": str(TENANT),
     }
     assert _adapter_ref(_resolved(), TENANT) is None

@@ -103,3 +103,29 @@ def test_misses_are_not_cached(world, redis_url: str) -> None:
             await redis.aclose()
 
     assert asyncio.run(main()).adapter_name == "late"
+
+
+def test_adapter_key_and_ref_cover_the_config() -> None:
+    """The router's affinity key is the replica's cache key, and it changes with the config."""
+    import uuid
+
+    from loraplex.platform.engine.lora.sources import AdapterRef
+    from loraplex.platform.gateway.completion import _adapter_ref
+    from loraplex.platform.gateway.resolve import ResolvedModel
+
+    w, c1, c2 = "a" * 64, "b" * 64, "c" * 64
+    common = dict(
+        model="m", base_model_id=uuid.uuid4(), base_model_name="b", base_object_prefix="models/b/",
+        deployment_id=uuid.uuid4(), deployment_name="d", share_prefix_cache=False,
+        adapter_sha256=w, adapter_object_prefix="tenants/t/adapters/a/v1/",
+    )  # fmt: skip
+    one = ResolvedModel(**common, adapter_config_sha256=c1)
+    two = ResolvedModel(**common, adapter_config_sha256=c2)
+    assert one.adapter_key != two.adapter_key
+    tenant = uuid.uuid4()
+    for resolved in (one, two):
+        ref = _adapter_ref(resolved, tenant)
+        assert ref is not None and ref["config_sha256"] == resolved.adapter_config_sha256
+        assert AdapterRef(**ref).key == resolved.adapter_key
+    legacy = ResolvedModel(**common)  # a version validated before config_sha256 was recorded
+    assert legacy.adapter_key == w == AdapterRef(**_adapter_ref(legacy, tenant)).key

@@ -81,9 +81,7 @@ def test_ready_failed_and_deleted_are_seen_at_once(
             # A failed version changes no answer, but it is a change: the generation moves.
             gen = await resolver.generation(tenant_id)
             v3 = await asyncio.to_thread(_upload, up, "bot", base_model, adapter_r4)
-            objects.s3_client(settings).delete_object(
-                Bucket=settings.s3_bucket, Key=v3.weights_key
-            )
+            objects.s3_client(settings).delete_object(Bucket=settings.s3_bucket, Key=v3.weights_key)
             assert await asyncio.to_thread(_validate, settings, v3.id) == "failed"
             assert await resolver.generation(tenant_id) != gen
             assert (await resolve("bot")).adapter_version == 2
