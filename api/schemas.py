@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from loraplex.platform.db.models import (
     Adapter,
@@ -21,10 +21,29 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class TenantCreate(_Strict):
+class TenantLimitsFields(_Strict):
+    """A tenant's own limits (null: the deployment default); ranges are checked by the
+    tenants service (400 naming the field)."""
+
+    requests_per_minute: StrictInt | None = None
+    tokens_per_minute: StrictInt | None = None
+    monthly_token_quota: StrictInt | None = None
+
+    def limits(self, only_sent: bool = False) -> dict[str, int | None]:
+        """The limit fields (only those the body named when `only_sent`)."""
+        names = TenantLimitsFields.model_fields
+        sent = self.model_fields_set if only_sent else names
+        return {k: getattr(self, k) for k in names if k in sent}
+
+
+class TenantCreate(TenantLimitsFields):
     """`POST /admin/v1/tenants`."""
 
     name: str = Field(min_length=1, max_length=128)
+
+
+class TenantUpdate(TenantLimitsFields):
+    """`PATCH /admin/v1/tenants/{id}`: the limits to change (null resets one to the default)."""
 
 
 class ApiKeyCreate(_Strict):
@@ -81,7 +100,17 @@ def _ts(value: datetime | None) -> str | None:
 
 def tenant_view(t: Tenant) -> dict[str, Any]:
     """A tenant as the API shows it."""
-    return {"object": "tenant", "id": str(t.id), "name": t.name, "created_at": _ts(t.created_at)}
+    return {
+        "object": "tenant",
+        "id": str(t.id),
+        "name": t.name,
+        "created_at": _ts(t.created_at),
+        "limits": {
+            "requests_per_minute": t.requests_per_minute,
+            "tokens_per_minute": t.tokens_per_minute,
+            "monthly_token_quota": t.monthly_token_quota,
+        },
+    }
 
 
 def api_key_view(k: ApiKey, plain: str | None = None) -> dict[str, Any]:

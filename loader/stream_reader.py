@@ -12,10 +12,11 @@ bytes are hashed in file order and a mismatch raises.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
@@ -24,9 +25,19 @@ import torch
 from loraplex.loader.checkpoint_index import CheckpointFiles, check_against_index
 from loraplex.loader.checkpoint_index import resolve_checkpoint as _resolve
 from loraplex.loader.device_sink import CpuSink, Sink, StagedSink
+from loraplex.loader.load_plan import (
+    LoadPlan,
+    Rows,
+    Select,
+    ShardPlan,
+    choose_tensors,
+    narrow_plan,
+    row_chooser,
+    selector,
+)
 from loraplex.loader.object_store import ObjectInfo, ObjectStore
 from loraplex.loader.quantize import Quantizer
-from loraplex.loader.range_plan import MIB, ByteRange, plan_ranges
+from loraplex.loader.range_plan import MIB, ByteRange, plan_pieces
 from loraplex.loader.safetensors_header import (
     MAX_HEADER_BYTES,
     SafetensorsError,
@@ -41,7 +52,7 @@ from loraplex.platform.settings import Settings
 
 log = logging.getLogger(__name__)
 
-Select = Callable[[str], bool] | Collection[str] | None
+__all__ = ["LoadPlan", "ShardPlan", "StreamConfig", "StreamLoader", "FetchStats", "narrow_plan"]
 
 
 class ChecksumMismatchError(RuntimeError):
@@ -86,33 +97,14 @@ class StreamConfig:
         return self.window_bytes or 2 * self.concurrency * self.chunk_bytes
 
 
-@dataclass(frozen=True)
-class ShardPlan:
-    """One file to read: its validated header, the tensors wanted, and the sha256 to check."""
+@dataclass
+class FetchStats:
+    """What a loader has fetched and handed on so far (all its loads together)."""
 
-    key: str
-    info: ObjectInfo
-    header: SafetensorsHeader
-    header_blob: bytes
-    wanted: tuple[TensorInfo, ...]
-    sha256: str | None
-
-
-@dataclass(frozen=True)
-class LoadPlan:
-    """Every shard of a checkpoint, validated; nothing allocated yet."""
-
-    shards: tuple[ShardPlan, ...]
-
-    @property
-    def total_bytes(self) -> int:
-        """Bytes of tensor data the plan fetches."""
-        return sum(t.nbytes for s in self.shards for t in s.wanted)
-
-    @property
-    def names(self) -> list[str]:
-        """Names of the tensors the plan yields, in fetch order."""
-        return [t.name for s in self.shards for t in s.wanted]
+    ranges: int = 0
+    range_bytes: int = 0
+    tensors: int = 0
+    tensor_bytes: int = 0
 
 
 @dataclass
@@ -120,6 +112,8 @@ class _Task:
     shard: int
     info: TensorInfo
     remaining: int
+    shape: tuple[int, ...]
+    nbytes: int
     dest: torch.Tensor | None = None
 
 
@@ -131,18 +125,6 @@ class _Hasher:
     next_offset: int
     end: int
     waiting: dict[int, int] = field(default_factory=dict)
-
-
-def _selector(select: Select, available: set[str]) -> Callable[[str], bool]:
-    if select is None:
-        return lambda name: True
-    if callable(select):
-        return select
-    wanted = set(select)
-    missing = sorted(wanted - available)
-    if missing:
-        raise KeyError(f"tensors not in the checkpoint: {missing[:5]}")
-    return wanted.__contains__
 
 
 class StreamLoader:
@@ -157,6 +139,7 @@ class StreamLoader:
         self.store = store
         self.config = config or StreamConfig()
         self.timeline = timeline or Timeline()
+        self.stats = FetchStats()
 
     def read_header(self, key: str) -> tuple[SafetensorsHeader, ObjectInfo, bytes]:
         """Fetch and validate a file's header: (header, object info, the first 8+N bytes)."""
@@ -184,8 +167,9 @@ class StreamLoader:
         location: str | CheckpointFiles,
         select: Select = None,
         expected_sha256: Mapping[str, str] | None = None,
+        rows: Rows = None,
     ) -> LoadPlan:
-        """Read and validate every header (concurrently); pick the wanted tensors."""
+        """Read and validate every header (concurrently); pick the wanted tensors (and rows)."""
         files = location if isinstance(location, CheckpointFiles) else self.resolve(location)
         with self.timeline.phase("header"):
             workers = max(1, min(self.config.concurrency, len(files.keys)))
@@ -195,16 +179,13 @@ class StreamLoader:
             files, [(k, list(h.tensors)) for k, (h, _, _) in zip(files.keys, headers, strict=True)]
         )
         available = {n for h, _, _ in headers for n in h.tensors}
-        keep = _selector(select, available)
+        keep = selector(select, available)
+        choose = row_chooser(rows)
         shards = []
         for key, (header, info, blob) in zip(files.keys, headers, strict=True):
-            wanted = tuple(t for t in header.tensors.values() if keep(t.name))
             sha = (expected_sha256 or {}).get(key) or info.sha256
-            whole = len(wanted) == len(header.tensors)
-            if sha and not whole:
-                log.info("%s: reading part of the file, its sha256 cannot be checked", key)
-            verify = sha.lower() if (sha and whole and self.config.verify_sha256) else None
-            shards.append(ShardPlan(key, info, header, blob, wanted, verify))
+            verify = sha.lower() if (sha and self.config.verify_sha256) else None
+            shards.append(choose_tensors(key, info, header, blob, keep, choose, verify))
         return LoadPlan(tuple(shards))
 
     def load(
@@ -216,6 +197,7 @@ class StreamLoader:
         quantizer: Quantizer | None = None,
         expected_sha256: Mapping[str, str] | None = None,
         staging: bool | None = None,
+        rows: Rows = None,
     ) -> dict[str, torch.Tensor]:
         """All wanted tensors as a dict (see `iter_tensors`)."""
         return dict(
@@ -226,6 +208,7 @@ class StreamLoader:
                 quantizer=quantizer,
                 expected_sha256=expected_sha256,
                 staging=staging,
+                rows=rows,
             )
         )
 
@@ -238,18 +221,22 @@ class StreamLoader:
         quantizer: Quantizer | None = None,
         expected_sha256: Mapping[str, str] | None = None,
         staging: bool | None = None,
+        rows: Rows = None,
     ) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (name, tensor) on `device` as each tensor's bytes are all in.
 
         `select` keeps only some tensors (a predicate or a set of names: e.g. one
-        expert-parallel rank's experts); `quantizer` is applied to each tensor on the device.
+        expert-parallel rank's experts); `rows` reads only some rows of a tensor (name -> rows
+        of its leading dimension, e.g. a rank's experts of a fused expert tensor), which is then
+        handed on with just those rows, in the order asked; both apply to a location, not to an
+        already-built plan (see `narrow_plan`). `quantizer` is applied to each tensor on the device.
         `staging` forces the bounded host staging pool on or off; by default it is used for
         GPUs only (CPU loads read straight into the final tensors).
         """
         plan = (
             location
             if isinstance(location, LoadPlan)
-            else self.plan(location, select, expected_sha256)
+            else self.plan(location, select, expected_sha256, rows)
         )
         dev = torch.device(device)
         staged = dev.type != "cpu" if staging is None else staging
@@ -272,12 +259,21 @@ class _Run:
         self.hashers: dict[int, _Hasher] = {}
         for si, shard in enumerate(plan.shards):
             ids = list(range(len(self.tasks), len(self.tasks) + len(shard.wanted)))
-            shard_ranges = plan_ranges(shard.wanted, self.cfg.chunk_bytes, si, ids)
+            pieces, shapes, sizes = [], [], []
+            for i, t in zip(ids, shard.wanted, strict=True):
+                shape, spans = shard.output(t)
+                pieces += [dataclasses.replace(p, tensor=i) for p in spans]
+                shapes.append(shape)
+                sizes.append(sum(p.end - p.begin for p in spans))
+            shard_ranges = plan_pieces(pieces, self.cfg.chunk_bytes, si)
             counts = dict.fromkeys(ids, 0)
             for r in shard_ranges:
                 for seg in r.segments:
                     counts[seg.tensor] += 1
-            self.tasks += [_Task(si, t, counts[i]) for i, t in zip(ids, shard.wanted, strict=True)]
+            self.tasks += [
+                _Task(si, t, counts[i], shape, n)
+                for i, t, shape, n in zip(ids, shard.wanted, shapes, sizes, strict=True)
+            ]
             self.ranges += shard_ranges
             if shard.sha256:
                 sha = hashlib.sha256(shard.header_blob)
@@ -292,10 +288,13 @@ class _Run:
         info = task.info
         dtype = torch_dtype(info.dtype)
         if task.dest is None:  # a tensor with no bytes
-            tensor = torch.empty(info.shape, dtype=dtype, device=self.sink.device)
+            tensor = torch.empty(task.shape, dtype=dtype, device=self.sink.device)
         else:
-            tensor = task.dest.view(dtype).reshape(info.shape)
+            tensor = task.dest.view(dtype).reshape(task.shape)
             task.dest = None
+        stats = self.loader.stats
+        stats.tensors += 1
+        stats.tensor_bytes += task.nbytes
         if self.quantizer is None:
             yield info.name, tensor
             return
@@ -345,7 +344,7 @@ class _Run:
         for seg in r.segments:
             task = self.tasks[seg.tensor]
             if task.dest is None:
-                task.dest = self.sink.allocate(task.info.nbytes)
+                task.dest = self.sink.allocate(task.nbytes)
         self.sink.reserve(ri)
         self.inflight += r.nbytes
         key = self.plan.shards[r.file_index].key
@@ -384,6 +383,8 @@ class _Run:
                         ri = pending.pop(fut)
                         fut.result()
                         BYTES_FETCHED.inc(self.ranges[ri].nbytes)
+                        self.loader.stats.ranges += 1
+                        self.loader.stats.range_bytes += self.ranges[ri].nbytes
                         progress.update(bar, advance=self.ranges[ri].nbytes)
                         self._fetched(ri)
                     ready, self.ready = self.ready, []

@@ -50,6 +50,8 @@ class Timeline:
         self.seconds: dict[str, float] = {}
         self.skipped: dict[str, str] = {}
         """Phases this start did not run, with why (e.g. graph capture on a CPU replica)."""
+        self.counts: dict[str, int] = {}
+        """What the start loaded, e.g. `weight_tensors` and `weight_bytes` handed to the model."""
         self._lock = threading.Lock()
 
     def add(self, phase: str, seconds: float) -> None:
@@ -65,6 +67,11 @@ class Timeline:
             raise ValueError(f"unknown phase {phase!r}; expected one of {PHASES}")
         with self._lock:
             self.skipped[phase] = reason
+
+    def count(self, key: str, amount: int) -> None:
+        """Add `amount` to the counter `key` (e.g. tensors or bytes of weights loaded)."""
+        with self._lock:
+            self.counts[key] = self.counts.get(key, 0) + int(amount)
 
     @contextmanager
     def phase(self, phase: str) -> Iterator[None]:
@@ -89,6 +96,7 @@ class Timeline:
         with self._lock:
             parts = [f"{p}={self.seconds[p]:.3f}s" for p in PHASES if p in self.seconds]
             parts += [f"{p}=skipped ({why})" for p, why in self.skipped.items()]
+            parts += [f"{k}={v}" for k, v in self.counts.items()]
         return " ".join(parts)
 
     def export(self) -> None:

@@ -135,14 +135,14 @@ class MoEBlock(nn.Module):
                 self._missing.discard(("e_score_correction_bias",))
                 return True
             if name == "experts.gate_up_proj":
-                self._expect(name, tensor, (self.spec.num_experts, 2 * i, self.spec.hidden_size))
-                self.w13.copy_(tensor[list(self.local_experts)])
+                rows = self._fused_rows(name, tensor, (2 * i, self.spec.hidden_size))
+                self.w13.copy_(tensor[rows])
                 for slot in range(self.w13.shape[0]):
                     self._missing -= {("w13", slot, 0), ("w13", slot, 1)}
                 return True
             if name == "experts.down_proj":
-                self._expect(name, tensor, (self.spec.num_experts, self.spec.hidden_size, i))
-                self.w2.copy_(tensor[list(self.local_experts)])
+                rows = self._fused_rows(name, tensor, (self.spec.hidden_size, i))
+                self.w2.copy_(tensor[rows])
                 for slot in range(self.w2.shape[0]):
                     self._missing.discard(("w2", slot))
                 return True
@@ -182,6 +182,21 @@ class MoEBlock(nn.Module):
                 self._missing.discard(("shared_gate",))
                 return True
         return False
+
+    def _fused_rows(self, name: str, tensor: torch.Tensor, inner: tuple[int, ...]) -> list[int]:
+        """Rows of a fused 3-D expert tensor for each local slot.
+
+        The tensor holds every expert ([E, ...]), or, when the loader read only this rank's
+        experts' rows, just those experts in increasing order ([len(held), ...]).
+        """
+        held = sorted(set(self.local_experts))
+        n = tensor.shape[0] if tensor.ndim else -1
+        if n == self.spec.num_experts:
+            self._expect(name, tensor, (n, *inner))
+            return list(self.local_experts)
+        self._expect(name, tensor, (len(held), *inner))
+        row_of = {e: r for r, e in enumerate(held)}
+        return [row_of[e] for e in self.local_experts]
 
     @staticmethod
     def _expect(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> None:

@@ -66,6 +66,9 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     rate_limit_rpm: int = 600
     rate_limit_tpm: int = 2_000_000
+    # Tokens (prompt + completion) a tenant may use per calendar month (UTC); None: no quota.
+    # Each of these three is the default for tenants whose own limit is unset.
+    monthly_token_quota: int | None = None
     max_request_bytes: int = 4 * 1024 * 1024
     default_max_tokens: int = 1024
     stream_buffer_frames: int = 256

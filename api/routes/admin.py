@@ -20,6 +20,7 @@ from ..schemas import (
     ApiKeyCreate,
     DeploymentCreate,
     TenantCreate,
+    TenantUpdate,
     api_key_view,
     base_model_view,
     deployment_view,
@@ -51,7 +52,8 @@ async def create_tenant(
 
     def handler() -> dict[str, Any]:
         with session_scope(sessions) as session:
-            return tenant_view(tenants.create_tenant(session, body.name, actor=actor))
+            tenant = tenants.create_tenant(session, body.name, limits=body.limits(), actor=actor)
+            return tenant_view(tenant)
 
     return await idempotent.respond(
         request,
@@ -74,6 +76,20 @@ def list_tenants(session: Session = Depends(get_db)) -> dict[str, Any]:
 def get_tenant(tenant_id: str, session: Session = Depends(get_db)) -> dict[str, Any]:
     """One tenant."""
     return tenant_view(tenants.get_tenant(session, _uuid(tenant_id, "tenant")))
+
+
+@router.patch("/tenants/{tenant_id}")
+def update_tenant(
+    tenant_id: str,
+    body: TenantUpdate,
+    session: Session = Depends(get_db),
+    actor: str = Depends(require_admin),
+) -> dict[str, Any]:
+    """Change a tenant's rate limits or monthly token quota (null: back to the default).
+    The gateway applies them from the tenant's next request."""
+    tid = _uuid(tenant_id, "tenant")
+    changes = body.limits(only_sent=True)
+    return tenant_view(tenants.update_limits(session, tid, changes, actor=actor))
 
 
 @router.post("/tenants/{tenant_id}/api-keys", status_code=201)

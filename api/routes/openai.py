@@ -1,6 +1,6 @@
 """OpenAI-compatible inference routes: `/v1/chat/completions`, `/v1/completions`,
-`/v1/models`, `/v1/models/{id}`, the per-adapter aliases `/v1/adapters/{name}/...`, and
-`/v1/usage`. Include `router` in the app; its lifespan builds the `Gateway` from
+`/v1/models`, `/v1/models/{id}`, the per-adapter aliases `/v1/adapters/{name}/...`,
+`/v1/usage` and `/v1/limits`. Include `router` in the app; its lifespan builds the `Gateway` from
 `app.state.settings` (or uses `app.state.gateway` when one is already set).
 """
 
@@ -12,6 +12,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
@@ -24,6 +25,7 @@ from loraplex.platform.db.models import Adapter, AdapterVersion, BaseModel
 from loraplex.platform.gateway import completion, responses
 from loraplex.platform.gateway.errors import GatewayError, model_not_found
 from loraplex.platform.gateway.openai_schemas import parse_chat_request, parse_completion_request
+from loraplex.platform.gateway.ratelimit import TenantLimits, tenant_limits
 from loraplex.platform.gateway.service import Gateway
 from loraplex.platform.gateway.streaming import bounded_relay
 from loraplex.platform.gateway.usage import usage_report
@@ -92,8 +94,18 @@ def _gateway(request: Request) -> Gateway:
     return gw
 
 
-def _authenticate(gw: Gateway, request: Request) -> tuple[uuid.UUID, uuid.UUID]:
-    """The caller's (tenant id, key id); 401 for a missing, unknown or revoked key."""
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated inference request: the tenant, its key, and the tenant's limits."""
+
+    tenant_id: uuid.UUID
+    key_id: uuid.UUID
+    limits: TenantLimits
+
+
+def _authenticate(gw: Gateway, request: Request) -> Caller:
+    """The caller (its limits come with the key, in the same query); 401 for a missing,
+    unknown or revoked key."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -116,7 +128,7 @@ def _authenticate(gw: Gateway, request: Request) -> tuple[uuid.UUID, uuid.UUID]:
                 code="insufficient_scope",
             )
         touch_last_used(session, key)
-        return key.tenant_id, key.id
+        return Caller(key.tenant_id, key.id, tenant_limits(key.tenant, gw.settings))
 
 
 def _depth(value: Any, limit: int) -> int:
@@ -175,7 +187,8 @@ async def _run(request: Request, kind: str, adapter: str | None) -> Response:
     headers: dict[str, str] = {}
     try:
         gw = _gateway(request)
-        tenant_id, key_id = await asyncio.to_thread(_authenticate, gw, request)
+        caller = await asyncio.to_thread(_authenticate, gw, request)
+        tenant_id, key_id, limits = caller.tenant_id, caller.key_id, caller.limits
         body = await _json_body(gw, request)
         if adapter is not None and isinstance(body, dict):
             body = {**body, "model": body.get("model") or adapter}
@@ -187,9 +200,12 @@ async def _run(request: Request, kind: str, adapter: str | None) -> Response:
         build = completion.build_chat_job if kind == "chat" else completion.build_text_job
         job = build(parsed, resolved, assets, tenant_id, key_id, gw.settings.default_max_tokens)  # type: ignore[arg-type]
         job.model = model
-        rpm, tpm = gw.settings.rate_limit_rpm, gw.settings.rate_limit_tpm
         job.limit = await gw.limiter.acquire(
-            str(tenant_id), len(job.prompt_ids) + job.n * job.max_tokens, rpm, tpm
+            str(tenant_id),
+            len(job.prompt_ids) + job.n * job.max_tokens,
+            limits.requests_per_minute,
+            limits.tokens_per_minute,
+            limits.monthly_token_quota,
         )
         headers = job.limit.headers()
         if not job.stream:
@@ -280,7 +296,7 @@ async def list_models(request: Request) -> Response:
     """Base models and the caller's adapters that have a ready version."""
     try:
         gw = _gateway(request)
-        tenant_id, _ = await asyncio.to_thread(_authenticate, gw, request)
+        tenant_id = (await asyncio.to_thread(_authenticate, gw, request)).tenant_id
         with gw.session_factory() as session:
             return JSONResponse({"object": "list", "data": _model_entries(session, tenant_id)})
     except GatewayError as exc:
@@ -292,7 +308,7 @@ async def get_model(model_id: str, request: Request) -> Response:
     """One model: a base model, an adapter `NAME` or a version `NAME:N` the caller can use."""
     try:
         gw = _gateway(request)
-        tenant_id, _ = await asyncio.to_thread(_authenticate, gw, request)
+        tenant_id = (await asyncio.to_thread(_authenticate, gw, request)).tenant_id
         with gw.session_factory() as session:
             resolved = await gw.resolver.resolve(session, tenant_id, model_id)
             base = session.get(BaseModel, resolved.base_model_id)
@@ -329,9 +345,20 @@ async def get_usage(
     """The caller's usage per day and per adapter (or base model)."""
     try:
         gw = _gateway(request)
-        tenant_id, _ = await asyncio.to_thread(_authenticate, gw, request)
+        tenant_id = (await asyncio.to_thread(_authenticate, gw, request)).tenant_id
         with gw.session_factory() as session:
             rows = usage_report(session, tenant_id, start, end)
         return JSONResponse({"object": "list", "data": rows})
+    except GatewayError as exc:
+        return _error(exc)
+
+
+@router.get("/v1/limits")
+async def get_limits(request: Request) -> Response:
+    """The caller's rate limits and monthly token quota, and what remains of each now."""
+    try:
+        gw = _gateway(request)
+        caller = await asyncio.to_thread(_authenticate, gw, request)
+        return JSONResponse(await gw.limiter.snapshot(str(caller.tenant_id), caller.limits))
     except GatewayError as exc:
         return _error(exc)

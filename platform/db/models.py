@@ -80,6 +80,10 @@ class Tenant(Base):
     id: Mapped[uuid.UUID] = _uuid_pk()
     name: Mapped[str] = mapped_column(String(128), unique=True)
     created_at: Mapped[datetime] = _created()
+    # Per-tenant limits; NULL means the deployment default from Settings.
+    requests_per_minute: Mapped[int | None] = mapped_column(Integer)
+    tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
+    monthly_token_quota: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class ApiKey(Base):
@@ -96,6 +100,8 @@ class ApiKey(Base):
     created_at: Mapped[datetime] = _created()
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Loaded with the key (one query) so the gateway has the tenant's limits on auth.
+    tenant: Mapped[Tenant] = relationship(lazy="joined", innerjoin=True)
 
 
 class BaseModel(Base):

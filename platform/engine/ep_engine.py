@@ -4,7 +4,9 @@ Rank 0 (the calling process) runs the ordinary `EngineCore`: scheduler, KV manag
 sampler, the server on top. Before every forward it broadcasts the step's scheduled batch;
 the follower ranks (spawned processes) run the same forward on their own replica of
 attention and KV cache, so every rank reaches each MoE layer together and exchanges tokens
-all-to-all. Each rank builds its model inside its EP group, holding only its experts.
+all-to-all. Each rank builds its model inside its EP group, holding only its experts, and
+reads only those experts' tensors (and fused-expert rows) from the model source; what each
+rank loaded is gathered on rank 0 (`EPEngine.rank_loads`).
 A rebalance (EPLB) is broadcast the same way and happens between two steps.
 """
 
@@ -52,8 +54,11 @@ class EPEngine:
         channel: StepChannel,
         procs: list[Any],
         rebalancer: ExpertRebalancer | None,
+        rank_loads: list[dict[str, int]] | None = None,
     ) -> None:
         self.core = core
+        self.rank_loads: list[dict[str, int]] = rank_loads or []
+        """Per rank, what its cold start loaded (`weight_tensors`, `weight_bytes`, ...)."""
         self.channel = channel
         self.procs = procs
         self.rebalancer = rebalancer
@@ -116,6 +121,7 @@ def _follower_main(
     box: list[Any] = [None]
     dist.broadcast_object_list(box, src=0)  # the leader's KV block count
     core = EngineCore(dataclasses.replace(config, num_gpu_blocks=box[0]))
+    dist.gather_object(dict(core.timeline.counts), None, dst=0)
     rebalancer = ExpertRebalancer(core.model, redundant)
 
     def execute(message: tuple[str, Any]) -> None:
@@ -169,6 +175,8 @@ def start_ep_engine(
         if getattr(core.model, "moe_blocks", None) is None:
             raise ValueError(f"{config.model} is not a MoE model; expert parallelism needs experts")
         dist.broadcast_object_list([core.pool.num_blocks], src=0)
+        rank_loads: list[Any] = [None] * ep_size
+        dist.gather_object(dict(core.timeline.counts), rank_loads, dst=0)
         if registry is None:  # export balancedness on the engine's own /metrics
             registry = getattr(getattr(core, "metrics", None), "registry", None)
         rebalancer = ExpertRebalancer(core.model, num_redundant, rebalance_interval, registry)
@@ -180,7 +188,7 @@ def start_ep_engine(
         if dist.is_initialized():
             dist.destroy_process_group()
         raise
-    return EPEngine(core, StepChannel(ep), procs, rebalancer)
+    return EPEngine(core, StepChannel(ep), procs, rebalancer, rank_loads)
 
 
 def add_ep_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ a time so a large checkpoint never sits in memory twice.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +73,40 @@ def safetensors_files(path: str | Path) -> list[Path]:
     return files
 
 
-def iter_weights(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) for every tensor of every weight file, lazily, on CPU."""
+def _row_runs(rows: Sequence[int]) -> list[tuple[int, int]]:
+    """Consecutive rows merged into [start, stop) runs, in the order given."""
+    runs: list[tuple[int, int]] = []
+    for r in rows:
+        if runs and runs[-1][1] == r:
+            runs[-1] = (runs[-1][0], r + 1)
+        else:
+            runs.append((r, r + 1))
+    return runs
+
+
+def iter_weights(
+    path: str | Path,
+    keep: Callable[[str], bool] | None = None,
+    rows: Callable[[str], Sequence[int] | None] | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) for every tensor of every weight file, lazily, on CPU.
+
+    `keep` skips tensors without reading their bytes; `rows(name)` reads only those rows of a
+    tensor's leading dimension (e.g. one expert-parallel rank's experts of a fused tensor),
+    handed on in the order given.
+    """
     for file in safetensors_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                yield name, f.get_tensor(name)
+                if keep is not None and not keep(name):
+                    continue
+                picked = rows(name) if rows is not None else None
+                if picked is None:
+                    yield name, f.get_tensor(name)
+                    continue
+                part = f.get_slice(name)
+                n = part.get_shape()[0]
+                if any(not 0 <= r < n for r in picked) or len(set(picked)) != len(picked):
+                    raise ModelFolderError(f"{name}: bad row slice {list(picked)} of {n} rows")
+                chunks = [part[a:b] for a, b in _row_runs(picked)] or [part[0:0]]
+                yield name, torch.cat(chunks)

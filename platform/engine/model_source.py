@@ -11,6 +11,7 @@ Every phase lands in the cold-start `Timeline`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import tempfile
@@ -25,12 +26,14 @@ from torch import nn
 
 from loraplex.loader.object_store import ObjectNotFoundError
 from loraplex.loader.quantize import Quantizer
-from loraplex.loader.stream_reader import LoadPlan, StreamLoader, open_loader
+from loraplex.loader.select import ExpertShare
+from loraplex.loader.stream_reader import LoadPlan, StreamLoader, narrow_plan, open_loader
 from loraplex.loader.timeline import Timeline
 from loraplex.platform.engine.hf_folder import iter_weights, read_config, safetensors_files
 from loraplex.platform.engine.hf_tokenizer import HFTokenizer, load_tokenizer
 from loraplex.platform.engine.model_loading import resolve_dtype
 from loraplex.platform.engine.models.registry import resolve_model_class
+from loraplex.platform.engine.rank_weights import expert_share
 from loraplex.platform.engine.weight_quantization import resolve_weight_quantization
 
 if TYPE_CHECKING:
@@ -71,8 +74,11 @@ class ModelSource(Protocol):
         """Find and validate the weight files (no weight memory is allocated)."""
         ...
 
-    def iter_weights(self, device: torch.device, quantizer: Quantizer | None) -> Weights:
-        """(name, tensor) pairs in HuggingFace checkpoint names, quantized if asked."""
+    def iter_weights(
+        self, device: torch.device, quantizer: Quantizer | None, share: ExpertShare | None = None
+    ) -> Weights:
+        """(name, tensor) pairs in HuggingFace checkpoint names, quantized if asked; with a
+        `share`, only the tensors (and fused-expert rows) an expert-parallel rank holds."""
         ...
 
     def load_tokenizer(self) -> HFTokenizer | None:
@@ -129,10 +135,26 @@ class LocalModelSource:
         with self.timeline.phase("header"):
             safetensors_files(self.path)
 
-    def iter_weights(self, device: torch.device, quantizer: Quantizer | None) -> Weights:
-        """The folder's tensors read from disk (timed as fetch), quantized on the way."""
-        read = _timed(iter_weights(self.path), self.timeline, producer_phase="fetch")
+    def iter_weights(
+        self, device: torch.device, quantizer: Quantizer | None, share: ExpertShare | None = None
+    ) -> Weights:
+        """The folder's tensors read from disk (timed as fetch), quantized on the way; with a
+        `share`, other ranks' experts are skipped unread and fused experts read by rows."""
+        keep, rows = (share.keep, share.rows) if share is not None else (None, None)
+        counted = self._counted(iter_weights(self.path, keep, rows))
+        read = _timed(counted, self.timeline, producer_phase="fetch")
         return _timed(self._quantized(read, quantizer), self.timeline, consumer_phase="device_copy")
+
+    def _counted(self, weights: Weights) -> Weights:
+        tensors = nbytes = 0
+        try:
+            for name, tensor in weights:
+                tensors += 1
+                nbytes += tensor.numel() * tensor.element_size()
+                yield name, tensor
+        finally:
+            self.timeline.count("weight_tensors", tensors)
+            self.timeline.count("weight_bytes", nbytes)
 
     def _quantized(self, weights: Weights, quantizer: Quantizer | None) -> Weights:
         for name, tensor in weights:
@@ -223,12 +245,36 @@ class S3ModelSource:
             self.plan.total_bytes / 2**20,
         )
 
-    def iter_weights(self, device: torch.device, quantizer: Quantizer | None) -> Weights:
-        """Each tensor on `device` as soon as its bytes are in (the loader times the fetch)."""
+    def iter_weights(
+        self, device: torch.device, quantizer: Quantizer | None, share: ExpertShare | None = None
+    ) -> Weights:
+        """Each tensor on `device` as soon as its bytes are in (the loader times the fetch);
+        with a `share`, only the rank's tensors and fused-expert rows are fetched at all."""
         if self.plan is None:
             self.prepare_weights()
-        stream = self.loader.iter_tensors(self.plan, device=device, quantizer=quantizer)
+        plan = self.plan if share is None else narrow_plan(self.plan, share.keep, share.rows)
+        if share is not None:
+            log.info(
+                "%s: this rank fetches %.1f of %.1f MiB (its experts only)",
+                self.model_id,
+                plan.total_bytes / 2**20,
+                self.plan.total_bytes / 2**20,
+            )
+        stream = self._counted(self.loader.iter_tensors(plan, device=device, quantizer=quantizer))
         return _timed(stream, self.timeline, consumer_phase="device_copy")
+
+    def _counted(self, weights: Weights) -> Weights:
+        before = dataclasses.replace(self.loader.stats)
+        try:
+            yield from weights
+        finally:
+            close = getattr(weights, "close", None)
+            if close is not None:
+                close()
+            after = self.loader.stats
+            self.timeline.count("weight_tensors", after.tensors - before.tensors)
+            self.timeline.count("weight_bytes", after.tensor_bytes - before.tensor_bytes)
+            self.timeline.count("fetched_bytes", after.range_bytes - before.range_bytes)
 
     def load_tokenizer(self) -> HFTokenizer | None:
         """Fetch the tokenizer files into a temporary folder and load them from there."""
@@ -288,7 +334,8 @@ def load_engine_model(config: EngineConfig, timeline: Timeline) -> LoadedModel:
     device = torch.device(config.device)
     with torch.device(device):
         model = cls(hf_config, dtype)
-    model.load_weights(source.iter_weights(device, quant.quantizer()))
+    # Under expert parallelism the built model knows its experts: read only those.
+    model.load_weights(source.iter_weights(device, quant.quantizer(), expert_share(model)))
     model.eval()
     model.requires_grad_(False)
     return LoadedModel(

@@ -39,6 +39,17 @@ def topn_logprobs(
     return out
 
 
+def _plain_greedy(r: Request) -> bool:
+    """Greedy with nothing else to do: no logprobs, no penalties, no EOS/stop ban pending."""
+    p = r.sampling_params
+    return (
+        p.greedy
+        and p.logprobs is None
+        and not p.has_penalties
+        and r.num_output_tokens >= p.min_tokens
+    )
+
+
 class Sampler:
     """Batched sampling with per-request settings; keeps one generator for unseeded requests."""
 
@@ -50,6 +61,8 @@ class Sampler:
         """Sample one token for each row of `logits` [S, V] (fp32), row i for requests[i]."""
         logits = logits.float()
         params = [r.sampling_params for r in requests]
+        if all(_plain_greedy(r) for r in requests):  # the common case: one argmax, no extras
+            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * len(requests))
         raw_logprobs = None
         if any(p.logprobs is not None for p in params):
             raw_logprobs = torch.log_softmax(logits, dim=-1)

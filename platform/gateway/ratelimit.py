@@ -1,22 +1,33 @@
-"""Per-tenant rate limits in Redis: requests and tokens per minute, fixed one-minute windows.
+"""Per-tenant rate limits and monthly token quotas in Redis.
 
-One Lua script checks and charges both counters atomically (Redis' clock, so gateways agree).
-A request is charged its prompt tokens plus its `max_tokens` up front, and the unused part
-is given back when it finishes (`refund`). Results carry OpenAI's `x-ratelimit-*` headers;
-a refusal is a 429 `GatewayError` with `Retry-After`.
+Requests and tokens per minute use fixed one-minute windows; the quota counts a tenant's
+tokens per calendar month (UTC). One Lua script checks and charges all three atomically
+(Redis' clock for the windows, so gateways agree). A request is charged its prompt tokens
+plus its `max_tokens` up front, and the unused part is given back when it finishes
+(`refund`). Results carry OpenAI's `x-ratelimit-*` headers; a refusal is a 429
+`GatewayError`: `rate_limit_exceeded` with `Retry-After`, or `insufficient_quota`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
 from redis.asyncio import Redis
 
+from loraplex.platform.db.models import Tenant
 from loraplex.platform.gateway.errors import GatewayError
+from loraplex.platform.settings import Settings
 
 WINDOW_MS = 60_000
+QUOTA_TTL_MS = 40 * 24 * 3600 * 1000  # a month's counter outlives its month, then goes
 
+# KEYS: window prefix, this month's quota counter.
+# ARGV: rpm, tpm, tokens wanted, window ms, quota (-1: none), quota counter TTL ms.
+# Returns {status, requests, tokens, reset_ms, window, quota_used}; status 1 allowed,
+# 0 over a per-minute limit, -1 over the monthly quota (nothing is charged unless 1).
 _CHECK = """
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -26,18 +37,67 @@ local rkey = KEYS[1] .. ':req:' .. window
 local tkey = KEYS[1] .. ':tok:' .. window
 local req = tonumber(redis.call('GET', rkey) or '0')
 local tok = tonumber(redis.call('GET', tkey) or '0')
+local used = tonumber(redis.call('GET', KEYS[2]) or '0')
 local rlim = tonumber(ARGV[1])
 local tlim = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
+local quota = tonumber(ARGV[5])
+if quota >= 0 and used + want > quota then
+  return {-1, req, tok, reset_ms, window, used}
+end
 if req + 1 > rlim or tok + want > tlim then
-  return {0, req, tok, reset_ms, window}
+  return {0, req, tok, reset_ms, window, used}
 end
 req = redis.call('INCR', rkey)
 tok = redis.call('INCRBY', tkey, want)
+used = redis.call('INCRBY', KEYS[2], want)
 redis.call('PEXPIRE', rkey, tonumber(ARGV[4]) * 2)
 redis.call('PEXPIRE', tkey, tonumber(ARGV[4]) * 2)
-return {1, req, tok, reset_ms, window}
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[6]))
+return {1, req, tok, reset_ms, window, used}
 """
+
+# Give back unused tokens to counters that still exist (a past window has expired).
+_REFUND = """
+for i, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 1 then redis.call('DECRBY', key, ARGV[1]) end
+end
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class TenantLimits:
+    """A tenant's effective limits: its own where set, else the deployment's defaults."""
+
+    requests_per_minute: int
+    tokens_per_minute: int
+    monthly_token_quota: int | None  # None: no quota
+
+
+def tenant_limits(tenant: Tenant, settings: Settings) -> TenantLimits:
+    """The limits that apply to `tenant` (NULL columns fall back to `settings`)."""
+
+    def pick(own: int | None, default: int | None) -> int | None:
+        return own if own is not None else default
+
+    return TenantLimits(
+        requests_per_minute=pick(tenant.requests_per_minute, settings.rate_limit_rpm) or 0,
+        tokens_per_minute=pick(tenant.tokens_per_minute, settings.rate_limit_tpm) or 0,
+        monthly_token_quota=pick(tenant.monthly_token_quota, settings.monthly_token_quota),
+    )
+
+
+def month_of(now: datetime) -> str:
+    """The quota period a moment falls in: `YYYY-MM` (UTC)."""
+    return now.astimezone(UTC).strftime("%Y-%m")
+
+
+def next_month_start(now: datetime) -> datetime:
+    """When the quota period holding `now` ends (the 1st of next month, 00:00 UTC)."""
+    now = now.astimezone(UTC)
+    year, month = (now.year + 1, 1) if now.month == 12 else (now.year, now.month + 1)
+    return datetime(year, month, 1, tzinfo=UTC)
 
 
 def format_duration(ms: int) -> str:
@@ -62,6 +122,10 @@ class RateLimitResult:
     reset_ms: int
     window: int
     charged_tokens: int
+    quota: int | None = None
+    quota_used: int = 0
+    quota_key: str | None = None
+    over_quota: bool = False
 
     def headers(self) -> dict[str, str]:
         """The `x-ratelimit-*` headers (plus `retry-after` when refused)."""
@@ -81,7 +145,7 @@ class RateLimitResult:
 
 
 class RateLimiter:
-    """Checks and charges per-tenant request and token budgets in Redis."""
+    """Checks and charges per-tenant request, token and quota budgets in Redis."""
 
     def __init__(
         self, redis: Redis, prefix: str = "loraplex:rl", window_ms: int = WINDOW_MS
@@ -90,24 +154,52 @@ class RateLimiter:
         self._prefix = prefix
         self._window_ms = window_ms
         self._script = redis.register_script(_CHECK)
+        self._refund = redis.register_script(_REFUND)
 
     def _key(self, tenant_id: str) -> str:
         return f"{self._prefix}:{tenant_id}"
 
-    async def check(self, tenant_id: str, tokens: int, rpm: int, tpm: int) -> RateLimitResult:
-        """Charge one request and `tokens`; the result says whether it was allowed."""
-        allowed, req, tok, reset_ms, window = await self._script(
-            keys=[self._key(tenant_id)], args=[rpm, tpm, int(tokens), self._window_ms]
+    def _quota_key(self, tenant_id: str, now: datetime) -> str:
+        return f"{self._prefix}:{tenant_id}:quota:{month_of(now)}"
+
+    async def check(
+        self, tenant_id: str, tokens: int, rpm: int, tpm: int, quota: int | None = None
+    ) -> RateLimitResult:
+        """Charge one request and `tokens`; the result says whether it was allowed.
+
+        Tokens count against this month's quota even with no quota set, so the usage is
+        known (and a quota set mid-month applies to it)."""
+        qkey = self._quota_key(tenant_id, datetime.now(UTC))
+        quota_arg = -1 if quota is None else quota
+        status, req, tok, reset_ms, window, used = await self._script(
+            keys=[self._key(tenant_id), qkey],
+            args=[rpm, tpm, int(tokens), self._window_ms, quota_arg, QUOTA_TTL_MS],
         )
+        status = int(status)
         return RateLimitResult(
-            bool(allowed), rpm, tpm, int(req), int(tok), int(reset_ms), int(window), int(tokens)
+            status == 1,
+            rpm,
+            tpm,
+            int(req),
+            int(tok),
+            int(reset_ms),
+            int(window),
+            int(tokens),
+            quota=quota,
+            quota_used=int(used),
+            quota_key=qkey,
+            over_quota=status == -1,
         )
 
-    async def acquire(self, tenant_id: str, tokens: int, rpm: int, tpm: int) -> RateLimitResult:
+    async def acquire(
+        self, tenant_id: str, tokens: int, rpm: int, tpm: int, quota: int | None = None
+    ) -> RateLimitResult:
         """Like `check`, but a refusal raises a 429 `GatewayError` carrying the headers."""
-        result = await self.check(tenant_id, tokens, rpm, tpm)
+        result = await self.check(tenant_id, tokens, rpm, tpm, quota)
         if result.allowed:
             return result
+        if result.over_quota:
+            raise quota_error(result, tokens, datetime.now(UTC))
         if tokens > tpm:
             message = f"Request too large: it needs {tokens} tokens but the limit is {tpm} tokens per minute."
         else:
@@ -124,10 +216,77 @@ class RateLimiter:
         )
 
     async def refund(self, tenant_id: str, result: RateLimitResult, used_tokens: int) -> None:
-        """Give back tokens charged up front but not used (only within the same window)."""
+        """Settle a request: give back the tokens charged up front but not used (to this
+        minute's window while it lasts, and to the month's quota counter)."""
         unused = result.charged_tokens - max(used_tokens, 0)
         if unused <= 0:
             return
-        key = f"{self._key(tenant_id)}:tok:{result.window}"
-        if await self._redis.exists(key):
-            await self._redis.decrby(key, unused)
+        keys = [f"{self._key(tenant_id)}:tok:{result.window}"]
+        if result.quota_key is not None:
+            keys.append(result.quota_key)
+        await self._refund(keys=keys, args=[unused])
+
+    async def snapshot(self, tenant_id: str, limits: TenantLimits) -> dict[str, Any]:
+        """What the tenant may still use: this minute's requests and tokens, this month's
+        quota (read only; nothing is charged)."""
+        seconds, micros = await self._redis.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        window = now_ms // self._window_ms
+        reset = format_duration((window + 1) * self._window_ms - now_ms)
+        now = datetime.now(UTC)
+        base = self._key(tenant_id)
+        req, tok, used = await self._redis.mget(
+            f"{base}:req:{window}", f"{base}:tok:{window}", self._quota_key(tenant_id, now)
+        )
+        rpm, tpm, quota = (
+            limits.requests_per_minute,
+            limits.tokens_per_minute,
+            limits.monthly_token_quota,
+        )
+        used_tokens = int(used or 0)
+        return {
+            "object": "limits",
+            "requests_per_minute": {
+                "limit": rpm,
+                "remaining": max(rpm - int(req or 0), 0),
+                "reset": reset,
+            },
+            "tokens_per_minute": {
+                "limit": tpm,
+                "remaining": max(tpm - int(tok or 0), 0),
+                "reset": reset,
+            },
+            "monthly_tokens": {
+                "quota": quota,
+                "used": used_tokens,
+                "remaining": None if quota is None else max(quota - used_tokens, 0),
+                "resets_at": next_month_start(now).isoformat(),
+            },
+        }
+
+
+def quota_error(result: RateLimitResult, tokens: int, now: datetime) -> GatewayError:
+    """The 429 `insufficient_quota` for a request the monthly quota cannot cover; OpenAI's
+    SDK is told not to retry (`x-should-retry: false`): waiting a minute will not help."""
+    quota = result.quota or 0
+    remaining = max(quota - result.quota_used, 0)
+    resets = next_month_start(now)
+    when = f"{resets:%Y-%m-%d} 00:00 UTC"
+    if remaining == 0:
+        message = (
+            f"You exceeded your monthly token quota: {result.quota_used} of {quota} tokens "
+            f"used. It resets on {when}; ask your administrator to raise it."
+        )
+    else:
+        message = (
+            f"This request needs up to {tokens} tokens (prompt plus max_tokens for each "
+            f"choice) but only {remaining} of your monthly quota of {quota} tokens remain "
+            f"until {when}. Lower max_tokens or ask your administrator to raise the quota."
+        )
+    headers = result.headers()
+    headers["retry-after"] = str(max(1, math.ceil((resets - now).total_seconds())))
+    headers.pop("retry-after-ms", None)
+    headers["x-should-retry"] = "false"
+    return GatewayError(
+        429, message, type="insufficient_quota", code="insufficient_quota", headers=headers
+    )

@@ -1,8 +1,9 @@
-"""Tenants: create, list, look up."""
+"""Tenants: create, list, look up, and set their rate limits and monthly token quota."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
@@ -11,16 +12,48 @@ from sqlalchemy.orm import Session
 from loraplex.platform.db.models import Tenant
 
 from . import audit
-from .errors import Conflict, NotFound
+from .errors import Conflict, InvalidInput, NotFound
 from .names import check_name
 
 MAX_TENANT_NAME = 128
+# Each limit's allowed range; None (NULL) means "the deployment default".
+LIMIT_RANGES = {
+    "requests_per_minute": (1, 2**31 - 1),
+    "tokens_per_minute": (1, 2**62),
+    "monthly_token_quota": (0, 2**62),
+}
 
 
-def create_tenant(session: Session, name: str, *, actor: str = audit.ADMIN_ACTOR) -> Tenant:
-    """Create a tenant with a unique name (Conflict if taken)."""
+def check_limits(limits: Mapping[str, int | None]) -> dict[str, int | None]:
+    """Validate limit fields (InvalidInput naming the bad one); returns them as a dict."""
+    out: dict[str, int | None] = {}
+    for field, value in limits.items():
+        if field not in LIMIT_RANGES:
+            raise InvalidInput(f"unknown limit {field!r}", code="invalid_limit", param=field)
+        low, high = LIMIT_RANGES[field]
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high
+        ):
+            raise InvalidInput(
+                f"{field} must be an integer from {low} to {high}, or null for the default",
+                code="invalid_limit",
+                param=field,
+            )
+        out[field] = value
+    return out
+
+
+def create_tenant(
+    session: Session,
+    name: str,
+    *,
+    limits: Mapping[str, int | None] | None = None,
+    actor: str = audit.ADMIN_ACTOR,
+) -> Tenant:
+    """Create a tenant with a unique name (Conflict if taken) and optional own limits."""
     check_name(name, "name", MAX_TENANT_NAME)
-    stmt = insert(Tenant).values(id=uuid.uuid4(), name=name).on_conflict_do_nothing()
+    own = check_limits(limits or {})
+    stmt = insert(Tenant).values(id=uuid.uuid4(), name=name, **own).on_conflict_do_nothing()
     stmt = stmt.returning(Tenant.id)
     tenant_id = session.execute(stmt).scalar_one_or_none()
     if tenant_id is None:
@@ -36,7 +69,39 @@ def create_tenant(session: Session, name: str, *, actor: str = audit.ADMIN_ACTOR
         resource_type="tenant",
         resource_id=tenant.id,
         tenant_id=tenant.id,
-        detail={"name": name},
+        detail={"name": name, **own},
+    )
+    return tenant
+
+
+def update_limits(
+    session: Session,
+    tenant_id: uuid.UUID,
+    changes: Mapping[str, int | None],
+    *,
+    actor: str = audit.ADMIN_ACTOR,
+) -> Tenant:
+    """Set some of a tenant's limits (None: back to the default); the gateway applies them
+    from the next request on, as it reads them with the API key."""
+    if not changes:
+        raise InvalidInput(
+            f"nothing to change: send any of {', '.join(LIMIT_RANGES)}", code="empty_update"
+        )
+    values = check_limits(changes)
+    tenant = session.get(Tenant, tenant_id, with_for_update=True)
+    if tenant is None:
+        raise NotFound(f"no tenant with id {tenant_id}", code="tenant_not_found")
+    for field, value in values.items():
+        setattr(tenant, field, value)
+    session.flush()
+    audit.record(
+        session,
+        actor=actor,
+        action="tenant.update_limits",
+        resource_type="tenant",
+        resource_id=tenant.id,
+        tenant_id=tenant.id,
+        detail=values,
     )
     return tenant
 

@@ -7,7 +7,14 @@ import torch
 from lora_testutil import llama_specs, random_adapter, reference_delta
 
 from loraplex.adapters.device_pool import DevicePool
-from loraplex.adapters.kernels.lora_torch import lora_delta_torch, lora_delta_torch_bmm
+from loraplex.adapters.kernels.lora_torch import (
+    dense_is_cheaper,
+    dense_token_mask,
+    lora_delta_torch,
+    lora_delta_torch_bmm,
+    lora_delta_torch_dense,
+    stack_dense_weights,
+)
 from loraplex.adapters.metadata import build_lora_meta
 
 RANK_SETS = [
@@ -46,7 +53,17 @@ LAYOUTS = [
 ]
 
 
-@pytest.mark.parametrize("fn", [lora_delta_torch, lora_delta_torch_bmm], ids=["loop", "bmm"])
+def lora_delta_dense(x, y, a_buf, b_buf, meta, lid, offsets, sizes):
+    """The stacked path end to end (weights stacked, mask built), as the runtime drives it."""
+    if not meta.groups:
+        return
+    a_stack, b_stack = stack_dense_weights(a_buf, b_buf, meta, lid, offsets, sizes)
+    lora_delta_torch_dense(x, y, a_stack, b_stack, dense_token_mask(meta, x.dtype), offsets, sizes)
+
+
+@pytest.mark.parametrize(
+    "fn", [lora_delta_torch, lora_delta_torch_bmm, lora_delta_dense], ids=["loop", "bmm", "dense"]
+)
 @pytest.mark.parametrize("layout", range(len(LAYOUTS)))
 def test_torch_path_matches_oracle(layout, fn):
     specs, pool, adapters, residents = setup_pool()
@@ -94,3 +111,16 @@ def test_bf16_path_close():
     lora_delta_torch(x, y, pool.a[0], pool.b[0], meta, 0, spec.slice_offsets, spec.slice_sizes)
     want = reference_delta(x.float(), per_token, spec)
     torch.testing.assert_close(y.double(), want, atol=0.05, rtol=0.05)
+
+
+def test_dense_path_chosen_only_when_small_and_scattered():
+    specs, pool, adapters, residents = setup_pool()
+    one_run = build_lora_meta(
+        [(residents[0], 4)], max_loras=4, num_linears=len(specs), max_slices=3
+    )
+    mixed = build_lora_meta(
+        [(residents[i % 2], 1) for i in range(8)], max_loras=4, num_linears=len(specs), max_slices=3
+    )
+    assert not dense_is_cheaper(one_run, 4, 64, 192, 3)  # one contiguous run: views, no gather
+    assert dense_is_cheaper(mixed, 8, 64, 192, 3)
+    assert not dense_is_cheaper(mixed, 100_000, 64, 192, 3)  # too much masked-out work

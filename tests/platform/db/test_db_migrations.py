@@ -41,7 +41,7 @@ def _tables(url: str) -> set[str]:
 def test_upgrade_builds_every_table_and_downgrade_removes_them(empty_db_url: str) -> None:
     assert migrate.current_revision(empty_db_url) is None
     migrate.upgrade(empty_db_url)
-    assert migrate.current_revision(empty_db_url) == "0003"
+    assert migrate.current_revision(empty_db_url) == "0004"
     assert _tables(empty_db_url) >= TABLES
     migrate.downgrade(empty_db_url, "base")
     assert migrate.current_revision(empty_db_url) is None
@@ -83,7 +83,7 @@ def test_alembic_command_line_upgrades_with_env_url(empty_db_url: str) -> None:
     ]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert migrate.current_revision(empty_db_url) == "0003"
+    assert migrate.current_revision(empty_db_url) == "0004"
 
 
 def test_constraints_hold(empty_db_url: str) -> None:
@@ -150,3 +150,18 @@ def test_0003_adds_and_drops_config_sha256(empty_db_url: str) -> None:
     assert "config_sha256" not in columns()
     migrate.upgrade(empty_db_url)
     assert "config_sha256" in columns()
+
+
+def test_0004_adds_and_drops_tenant_limits(empty_db_url: str) -> None:
+    limits = {"requests_per_minute", "tokens_per_minute", "monthly_token_quota"}
+
+    def columns() -> set[str]:
+        return {c["name"] for c in inspect(get_engine(empty_db_url)).get_columns("tenants")}
+
+    migrate.upgrade(empty_db_url)
+    assert columns() >= limits
+    migrate.downgrade(empty_db_url, "0003")
+    assert migrate.current_revision(empty_db_url) == "0003"
+    assert columns() & limits == set()
+    migrate.upgrade(empty_db_url)
+    assert columns() >= limits

@@ -75,3 +75,66 @@ def test_window_resets(redis_url: str) -> None:
         return await rl.acquire("t", 1, rpm=1, tpm=10)
 
     assert _run(redis_url, body).allowed
+
+
+def test_monthly_quota_reserves_settles_and_refuses(redis_url: str) -> None:
+    async def body(rl: RateLimiter, _):
+        first = await rl.acquire("t", 600, rpm=100, tpm=10_000, quota=1000)
+        with pytest.raises(GatewayError) as short:  # 600 reserved: 600 more do not fit
+            await rl.acquire("t", 600, rpm=100, tpm=10_000, quota=1000)
+        await rl.refund("t", first, used_tokens=250)  # settled: 350 of 600 come back
+        second = await rl.acquire("t", 600, rpm=100, tpm=10_000, quota=1000)
+        await rl.refund("t", second, used_tokens=600)
+        third = await rl.check("t", 1, rpm=100, tpm=10_000, quota=1000)
+        with pytest.raises(GatewayError) as spent:
+            await rl.acquire("t", 200, rpm=100, tpm=10_000, quota=850)
+        return first, short.value, second, third, spent.value
+
+    first, short, second, third, spent = _run(redis_url, body)
+    assert first.allowed and first.quota_used == 600
+    assert short.status == 429 and short.code == "insufficient_quota"
+    assert short.type == "insufficient_quota"
+    assert "only 400 of your monthly quota of 1000 tokens remain" in short.message
+    assert short.headers["x-should-retry"] == "false" and int(short.headers["retry-after"]) >= 1
+    assert second.allowed and second.quota_used == 850  # 250 used + 600 reserved
+    assert third.allowed and third.quota_used == 851  # a refused request charged nothing
+    assert spent.code == "insufficient_quota" and "exceeded your monthly token quota" in (
+        spent.message
+    )
+
+
+def test_quota_refusal_charges_no_request(redis_url: str) -> None:
+    async def body(rl: RateLimiter, _):
+        with pytest.raises(GatewayError):
+            await rl.acquire("t", 10, rpm=1, tpm=100, quota=5)
+        return await rl.acquire("t", 10, rpm=1, tpm=100)  # the one request is still there
+
+    assert _run(redis_url, body).used_requests == 1
+
+
+def test_snapshot_reports_limits_and_remaining(redis_url: str) -> None:
+    from loraplex.platform.gateway.ratelimit import TenantLimits
+
+    async def body(rl: RateLimiter, _):
+        await rl.acquire("t", 30, rpm=5, tpm=100, quota=1000)
+        return await rl.snapshot("t", TenantLimits(5, 100, 1000))
+
+    snap = _run(redis_url, body)
+    assert snap["requests_per_minute"]["limit"] == 5
+    assert snap["requests_per_minute"]["remaining"] == 4
+    assert snap["tokens_per_minute"]["remaining"] == 70
+    assert snap["monthly_tokens"]["quota"] == 1000
+    assert snap["monthly_tokens"]["used"] == 30 and snap["monthly_tokens"]["remaining"] == 970
+    assert snap["monthly_tokens"]["resets_at"].endswith("+00:00")
+
+
+def test_next_month_start_rolls_the_year() -> None:
+    from datetime import UTC, datetime
+
+    from loraplex.platform.gateway.ratelimit import month_of, next_month_start
+
+    assert next_month_start(datetime(2026, 12, 31, 23, 59, tzinfo=UTC)) == datetime(
+        2027, 1, 1, tzinfo=UTC
+    )
+    assert next_month_start(datetime(2026, 2, 3, tzinfo=UTC)) == datetime(2026, 3, 1, tzinfo=UTC)
+    assert month_of(datetime(2026, 7, 9, tzinfo=UTC)) == "2026-07"
