@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from loraplex.adapters.metadata import LoraBatchMeta
+from loraplex.adapters.static_meta import StaticLoraView
 
 try:
     import triton
@@ -280,3 +281,28 @@ def lora_delta_triton(
     """Shrink then expand for one Linear: the Triton twin of `lora_delta_torch`."""
     h = lora_shrink_triton(x, a_buf, meta, lid, max_rank)
     lora_expand_triton(h, b_buf, y, meta, lid, slice_offsets, slice_sizes, slice_tensors)
+
+
+def lora_delta_triton_static(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    a_buf: torch.Tensor,
+    b_buf: torch.Tensor,
+    meta: StaticLoraView,
+    lid: int,
+    slice_sizes: Sequence[int],
+    slice_tensors: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    """The CUDA-graph-capturable delta: `lora_delta_triton` over static metadata buffers.
+
+    Every launch parameter is fixed for the capture: the grid comes from the (padded) batch
+    `x.shape[0]`, `meta.max_rank` (the runtime's `max_lora_rank`), the Linear's shape and
+    `meta.max_loras`; which adapters run, their token counts and ranks are read on the
+    device, so replaying with new buffer contents needs no host read and no new launch.
+    """
+    if not HAS_TRITON:
+        raise NotImplementedError("the graph-static LoRA path needs triton installed")
+    if x.shape[0] != meta.num_tokens:
+        raise ValueError(f"x has {x.shape[0]} rows, the static metadata {meta.num_tokens}")
+    h = lora_shrink_triton(x, a_buf, meta, lid, meta.max_rank)
+    lora_expand_triton(h, b_buf, y, meta, lid, (), slice_sizes, slice_tensors)

@@ -5,7 +5,17 @@ On a GPU the decode forward (static inputs, no host sync) is captured with the l
 `max_num_seqs`, or `EngineConfig.cuda_graph_sizes`), largest first in one memory pool. Each
 replay is installed in `ModelRunner.decode_graphs`, so a decode-only step of n requests is
 padded to the next captured size (the model runner's `prepare_decode_inputs` writes the padding)
-and replayed. The graphs hold the base model only: a step that carries LoRA metadata runs eager.
+and replayed.
+
+With a LoRA runtime installed the graphs are captured with adapters active: the forward context
+of the captured step holds a view of persistent `StaticLoraMeta` buffers, so every
+LoRA-targeted Linear records the graph-static Triton shrink/expand (grid from the padded batch,
+`max_loras` and `max_lora_rank` only). Before each replay the step's `LoraBatchMeta` is copied
+into those buffers (rows past the live batch: slot -1). Base-only steps replay the same graphs
+with every slot -1 (all LoRA programs exit at once): one capture, one pool, and half the
+cold-start capture time of keeping separate base graphs. Installing a runtime after the engine
+captured its base graphs recaptures them (`recapture_decode_graphs`).
+
 On CPU, with `enforce_eager`, under expert parallelism, or when capture fails (a layer that
 syncs with the host) nothing is captured: the timeline records graph capture as skipped, with
 why, and every step runs eager.
@@ -19,6 +29,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from loraplex.adapters.metadata import LoraBatchMeta
+from loraplex.adapters.static_meta import StaticLoraMeta
 from loraplex.loader.cuda_graphs import CudaGraphRunner, GraphInput, default_capture_sizes
 from loraplex.loader.timeline import Timeline
 from loraplex.platform.engine.forward_context import ForwardContext, forward_context
@@ -65,8 +77,36 @@ def decode_graph_inputs(runner: ModelRunner) -> list[GraphInput]:
     ]
 
 
-def make_decode_step(runner: ModelRunner) -> Callable[..., torch.Tensor]:
-    """The base-model decode forward over its inputs -> logits [B, V] (capturable)."""
+def static_lora_meta(runner: ModelRunner, max_batch: int) -> StaticLoraMeta | None:
+    """Static LoRA buffers for graphs of up to `max_batch` rows, or None without a runtime.
+
+    Allocates the runtime's device pool and slice tables now: a captured graph bakes in their
+    addresses, so none may be created during capture.
+    """
+    runtime = runner.lora_runtime
+    if runtime is None:
+        return None
+    pool = runtime.pool
+    for lid in range(len(runtime.specs)):
+        runtime.slice_tensors(lid)
+    return StaticLoraMeta(
+        max_batch,
+        max_loras=runtime.max_loras,
+        num_linears=len(runtime.specs),
+        max_slices=pool.max_slices,
+        max_rank=runtime.max_lora_rank,
+        device=runner.device,
+    )
+
+
+def make_decode_step(
+    runner: ModelRunner, static_lora: StaticLoraMeta | None = None
+) -> Callable[..., torch.Tensor]:
+    """The decode forward over its inputs -> logits [B, V] (capturable).
+
+    With `static_lora`, the LoRA-targeted Linears read its first B rows (graph-static
+    metadata) and run the graph-static delta.
+    """
 
     def step(
         ids: torch.Tensor,
@@ -87,18 +127,40 @@ def make_decode_step(runner: ModelRunner) -> Callable[..., torch.Tensor]:
             max_seq_len=runner.max_model_len,
             is_decode_only=True,
         )
-        with forward_context(ForwardContext(attn=md)):
+        lora = static_lora.view(b) if static_lora is not None else None
+        with forward_context(ForwardContext(attn=md, lora=lora)):
             return runner.model.compute_logits(runner.model(ids, positions))
 
     return step
 
 
-def _replay(graphs: CudaGraphRunner, runner: ModelRunner, b: int) -> Callable[[], torch.Tensor]:
-    """A `decode_graphs` entry: copy the runner's prepared rows in and replay size `b`."""
+def load_static_lora(static_lora: StaticLoraMeta | None, meta: object, b: int) -> bool:
+    """Put a step's LoRA metadata into the static buffers for a replay of size `b`.
+
+    Returns False when the graphs cannot serve it (base-only graphs and adapters, or metadata
+    of another kind): the step then runs eager.
+    """
+    if meta is None:
+        if static_lora is not None:
+            static_lora.clear()
+        return True
+    if static_lora is None or not isinstance(meta, LoraBatchMeta):
+        return False
+    static_lora.copy_from(meta, b)
+    return True
+
+
+def _replay(
+    graphs: CudaGraphRunner,
+    runner: ModelRunner,
+    b: int,
+    static_lora: StaticLoraMeta | None = None,
+) -> Callable[[], torch.Tensor]:
+    """A `decode_graphs` entry: copy the runner's prepared rows (and LoRA metadata) in, replay."""
 
     @torch.inference_mode()  # the static buffers were made in inference mode
     def replay() -> torch.Tensor:
-        if runner.lora_metadata is not None:  # the graphs hold the base model only
+        if not load_static_lora(static_lora, runner.lora_metadata, b):
             return runner.run_decode_step(b)
         return graphs.run(
             runner.decode_input_ids[:b],
@@ -116,9 +178,11 @@ def _replay(graphs: CudaGraphRunner, runner: ModelRunner, b: int) -> Callable[[]
 def capture_decode_graphs(
     runner: ModelRunner, sizes: Sequence[int], timeline: Timeline | None = None
 ) -> CudaGraphRunner:
-    """Capture the decode step for `sizes` and install the replays in `runner.decode_graphs`."""
+    """Capture the decode step for `sizes` (with LoRA when the runner has a runtime) and
+    install the replays in `runner.decode_graphs`."""
+    static_lora = static_lora_meta(runner, max(sizes))
     graphs = CudaGraphRunner(
-        make_decode_step(runner),
+        make_decode_step(runner, static_lora),
         decode_graph_inputs(runner),
         sizes,
         device=runner.device,
@@ -126,7 +190,8 @@ def capture_decode_graphs(
     )
     graphs.capture()
     for b in graphs.sizes:
-        runner.decode_graphs[b] = _replay(graphs, runner, b)
+        runner.decode_graphs[b] = _replay(graphs, runner, b, static_lora)
+    runner.decode_graphs_have_lora = static_lora is not None
     return graphs
 
 
@@ -145,6 +210,7 @@ def setup_decode_graphs(
         graphs = capture_decode_graphs(runner, sizes, timeline)
     except Exception as exc:  # e.g. a layer that syncs with the host: serve eager instead
         runner.decode_graphs.clear()
+        runner.decode_graphs_have_lora = False
         torch.cuda.synchronize(runner.device)
         reason = f"capture failed: {type(exc).__name__}: {exc}"
         timeline.skip("graph_capture", reason)
@@ -152,3 +218,16 @@ def setup_decode_graphs(
         return None
     log.info("captured decode CUDA graphs for batch sizes %s", graphs.sizes)
     return graphs
+
+
+def recapture_decode_graphs(
+    runner: ModelRunner, config: EngineConfig, timeline: Timeline
+) -> CudaGraphRunner | None:
+    """Drop the current decode graphs and capture again (after a LoRA runtime is installed,
+    so adapter steps replay too); a no-op returning None where the engine runs eager."""
+    if eager_reason(config, runner.device) is not None:
+        return None
+    runner.decode_graphs.clear()
+    runner.decode_graphs_have_lora = False
+    torch.cuda.synchronize(runner.device)
+    return setup_decode_graphs(runner, config, timeline)

@@ -16,7 +16,7 @@ from loraplex.loader.timeline import Timeline
 from loraplex.platform.engine.block_pool import BlockPool
 from loraplex.platform.engine.cold_start import finish_cold_start
 from loraplex.platform.engine.config import EngineConfig
-from loraplex.platform.engine.decode_graphs import setup_decode_graphs
+from loraplex.platform.engine.decode_graphs import recapture_decode_graphs, setup_decode_graphs
 from loraplex.platform.engine.detokenizer import IncrementalDetokenizer
 from loraplex.platform.engine.kv_cache import kv_cache_bytes_per_block
 from loraplex.platform.engine.metrics import EngineMetrics
@@ -116,6 +116,8 @@ class EngineCore:
         """
         self.lora_runtime = runtime
         self.runner.lora_runtime = runtime
+        if self.decode_graphs is not None:  # recapture so adapter decode steps replay too
+            self.decode_graphs = recapture_decode_graphs(self.runner, self.config, self.timeline)
         policy = getattr(runtime, "admission_policy", None)
         if policy is not None:
             self.scheduler.policy = policy

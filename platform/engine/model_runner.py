@@ -34,6 +34,21 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[dict[int, float] | None]] = field(default_factory=dict)
 
 
+def group_by_adapter(scheduled: list[ScheduledRequest]) -> list[ScheduledRequest]:
+    """The batch reordered so each adapter's tokens are one contiguous run (stable otherwise).
+
+    Row order within a step is free (results are keyed by request id); with one run per
+    adapter the LoRA delta reads and writes views instead of gathering and scattering rows.
+    """
+    keys = [s.request.adapter_key for s in scheduled]
+    if all(k == keys[0] for k in keys):
+        return scheduled
+    first: dict[str | None, int] = {}
+    for k in keys:
+        first.setdefault(k, len(first))
+    return sorted(scheduled, key=lambda s: first[s.request.adapter_key])
+
+
 class ModelRunner:
     """Owns the model, its paged KV cache, the static decode buffers and the sampler."""
 
@@ -72,15 +87,17 @@ class ModelRunner:
         # Filled by the loader after capture: padded batch size -> replay returning logits [B, V].
         self.decode_graphs: dict[int, Callable[[], torch.Tensor]] = {}
         self.lora_metadata: object | None = None
+        # Set by decode_graphs when the graphs were captured with LoRA (static metadata).
+        self.decode_graphs_have_lora = False
 
     # -- the decode fast path ------------------------------------------------------------
 
     def decode_batch_size(self, n: int) -> int:
         """The padded batch size for `n` decodes: the next captured size, else `n`.
 
-        The graphs hold the base model only, so a step with LoRA metadata is not padded.
+        Unless the graphs were captured with LoRA, a step with LoRA metadata is not padded.
         """
-        if self.lora_metadata is not None:
+        if self.lora_metadata is not None and not self.decode_graphs_have_lora:
             return n
         sizes = [b for b in self.decode_graphs if b >= n]
         return min(sizes) if sizes else n
@@ -141,6 +158,8 @@ class ModelRunner:
         scheduled = out.scheduled
         if not scheduled:
             return ModelRunnerOutput()
+        if self.lora_runtime is not None:
+            scheduled = group_by_adapter(scheduled)
         self._prepare_lora(scheduled)
         decode_only = all(s.num_tokens == 1 and s.samples for s in scheduled) and not any(
             s.request.wants_prompt_logprobs for s in scheduled
@@ -148,8 +167,9 @@ class ModelRunner:
         if decode_only and len(scheduled) <= self.max_num_seqs:
             b = self.decode_batch_size(len(scheduled))
             self.prepare_decode_inputs([s.request for s in scheduled], b)
-            # Captured graphs bake in the capture-time LoRA state: eager while adapters run.
-            graph = self.decode_graphs.get(b) if self.lora_metadata is None else None
+            # Base-only graphs cannot serve adapters: eager then, unless captured with LoRA.
+            graphable = self.lora_metadata is None or self.decode_graphs_have_lora
+            graph = self.decode_graphs.get(b) if graphable else None
             logits = graph() if graph is not None else self.run_decode_step(b)
             return self._sample(scheduled, logits[: len(scheduled)], {})
         return self._execute_mixed(scheduled)

@@ -109,5 +109,8 @@ def test_s3_row_slice_fetches_only_the_rows(loader, s3_client, s3_bucket, s3_pre
     assert narrowed.total_bytes == want_bytes and narrowed.shards[0].sha256 is None
     again = loader.load(narrowed)
     assert all(torch.equal(again[k], got[k]) for k in got)
+    # The GPU path's bookkeeping (staging slots, segment copies at row offsets), run on CPU.
+    staged = loader.load(narrowed, staging=True)
+    assert all(torch.equal(staged[k], got[k]) for k in got)
     with pytest.raises(ValueError, match="out of range"):
         loader.plan(key, rows={"model.layers.0.mlp.experts.down_proj": [6]})

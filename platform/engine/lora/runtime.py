@@ -31,9 +31,14 @@ from loraplex.adapters.kernels.lora_torch import (
     lora_delta_torch_dense,
     stack_dense_weights,
 )
-from loraplex.adapters.kernels.lora_triton import lora_delta_triton, triton_lora_available
+from loraplex.adapters.kernels.lora_triton import (
+    lora_delta_triton,
+    lora_delta_triton_static,
+    triton_lora_available,
+)
 from loraplex.adapters.metadata import LoraBatchMeta, build_lora_meta
 from loraplex.adapters.peft_format import module_dims
+from loraplex.adapters.static_meta import StaticLoraView
 from loraplex.adapters.weights import LoadedAdapter, load_adapter
 from loraplex.platform.engine.forward_context import peek_forward_context
 from loraplex.platform.engine.layers.linear import Linear
@@ -159,6 +164,9 @@ class LoraRuntime:
     def _delta(self, lid: int, x: torch.Tensor, y: torch.Tensor, module: Linear) -> None:
         ctx = peek_forward_context()
         meta = ctx.lora if ctx is not None else None
+        if isinstance(meta, StaticLoraView):  # a decode step captured as a CUDA graph
+            self.static_delta(lid, x, y, meta)
+            return
         if not isinstance(meta, LoraBatchMeta) or not meta.groups:
             return
         pool = self.pool
@@ -187,6 +195,28 @@ class LoraRuntime:
             lora_delta_torch(
                 x, y, pool.a[lid], pool.b[lid], meta, lid, spec.slice_offsets, spec.slice_sizes
             )
+
+    def slice_tensors(self, lid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Linear `lid`'s int32 slice offsets and sizes on the device (built once)."""
+        st = self._slice_tensors.get(lid)
+        if st is None:
+            spec = self.specs[lid]
+            st = self._slice_tensors[lid] = (
+                torch.tensor(spec.slice_offsets, dtype=torch.int32, device=self.device),
+                torch.tensor(spec.slice_sizes, dtype=torch.int32, device=self.device),
+            )
+        return st
+
+    def static_delta(
+        self, lid: int, x: torch.Tensor, y: torch.Tensor, meta: StaticLoraView
+    ) -> None:
+        """Linear `lid`'s delta over graph-static metadata: fixed launches, no host reads
+        (the decode-graph path; the pool and slice tensors must exist before capture)."""
+        pool = self.pool
+        lora_delta_triton_static(
+            x, y, pool.a[lid], pool.b[lid], meta, lid, self.specs[lid].slice_sizes,
+            self.slice_tensors(lid),
+        )  # fmt: skip
 
     def _dense_weights(self, meta: LoraBatchMeta, lid: int) -> tuple:
         """The step's stacked weights for Linear `lid`, built on first use and reused while
