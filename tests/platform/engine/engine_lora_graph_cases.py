@@ -25,8 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "adapters"))
 from engine_model_harness import save_tiny_model  # noqa: E402
 from lora_testutil import make_adapter  # noqa: E402
 
+from loraplex.loader.cuda_graphs import CudaGraphRunner  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.decode_graphs import (  # noqa: E402
+    _replay,
+    decode_graph_inputs,
     load_static_lora,
     make_decode_step,
     static_lora_meta,
@@ -120,6 +123,28 @@ def test_graph_static_step_equals_eager_lora_decode(decode_ready, b):
     assert (static.active_slots == -1).all()
     got_base = _static_step(runner, static, b)
     assert (got_base[:n] - base).abs().max().item() < 1e-4
+
+
+@torch.inference_mode()
+def test_replay_entry_loads_the_step_metadata(decode_ready):
+    """The `decode_graphs` entry (copy metadata in, run): with nothing captured (CPU) the
+    loader's runner runs the same step eagerly on the padded buffers."""
+    core, requests = decode_ready
+    runner, rt = core.runner, core.lora_runtime
+    n, b = len(requests), 8
+    meta = rt.prepare_step(requests, [1] * n)
+    runner.lora_metadata = meta
+    runner.prepare_decode_inputs(requests, n)
+    want = runner.run_decode_step(n).clone()
+    static = static_lora_meta(runner, b)
+    graphs = CudaGraphRunner(
+        make_decode_step(runner, static), decode_graph_inputs(runner), [b], device="cpu"
+    )
+    replay = _replay(graphs, runner, b, static)
+    runner.prepare_decode_inputs(requests, b)
+    got = replay()
+    assert (got[:n] - want).abs().max().item() < 1e-4
+    assert static.slot_num_tokens.tolist() == [2, 1, 1, 1]
 
 
 def test_base_only_graphs_refuse_adapter_steps(decode_ready):

@@ -41,7 +41,7 @@ def test_graph_static_lora_step_matches_eager_under_interpreter() -> None:
         timeout=300,
     )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    assert "3 passed" in out.stdout
+    assert "4 passed" in out.stdout
 
 
 def test_adapter_steps_pad_only_to_graphs_captured_with_lora(tmp_path: Path) -> None:
