@@ -13,7 +13,6 @@ import functools
 import logging
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,13 +23,7 @@ from torch import nn
 
 from loraplex.adapters.device_pool import DevicePool, LoraLinearSpec
 from loraplex.adapters.host_cache import HostCache
-from loraplex.adapters.kernels.lora_torch import (
-    dense_is_cheaper,
-    dense_token_mask,
-    lora_delta_torch,
-    lora_delta_torch_dense,
-    stack_dense_weights,
-)
+from loraplex.adapters.kernels.lora_torch import lora_delta_torch
 from loraplex.adapters.kernels.lora_triton import (
     lora_delta_triton,
     lora_delta_triton_static,
@@ -43,6 +36,7 @@ from loraplex.adapters.weights import LoadedAdapter, load_adapter
 from loraplex.platform.engine.forward_context import peek_forward_context
 from loraplex.platform.engine.layers.linear import Linear
 from loraplex.platform.engine.lora.admission import LoraAdmissionPolicy
+from loraplex.platform.engine.lora.dense_path import DenseLoraPath
 from loraplex.platform.engine.lora.sources import (
     AdapterRef,
     DirSource,
@@ -53,8 +47,6 @@ from loraplex.platform.engine.lora.sources import (
 from loraplex.platform.engine.request import Request
 
 log = logging.getLogger(__name__)
-
-DENSE_CACHE_SETS = 4  # active-adapter sets whose stacked weights are kept between steps
 
 
 @dataclass(frozen=True)
@@ -107,9 +99,7 @@ class LoraRuntime:
         self.step = 0
         self.admission_policy = LoraAdmissionPolicy(self, max_loras, max_wait_steps)
         self._slice_tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        # Stacked weights of recent active-adapter sets (keyed by their content hashes, so a
-        # cached copy is right wherever the pool keeps the rows): set -> lid -> (A, [B]).
-        self._dense_cache: OrderedDict[tuple[str, ...], dict[int, tuple]] = OrderedDict()
+        self._dense = DenseLoraPath(self.specs, lambda: self.pool)  # CPU, small batches
 
     @classmethod
     def for_engine(cls, core: Any, **overrides: Any) -> LoraRuntime:
@@ -182,16 +172,7 @@ class LoraRuntime:
                 x, y, pool.a[lid], pool.b[lid], meta, lid, spec.slice_offsets,
                 spec.slice_sizes, self.max_lora_rank, st,
             )  # fmt: skip
-        elif dense_is_cheaper(
-            meta, x.shape[0], spec.in_features, y.shape[1], len(spec.slice_sizes)
-        ):
-            a_stack, b_stack = self._dense_weights(meta, lid)
-            if meta.dense_mask is None:
-                meta.dense_mask = dense_token_mask(meta, x.dtype)
-            lora_delta_torch_dense(
-                x, y, a_stack, b_stack, meta.dense_mask, spec.slice_offsets, spec.slice_sizes
-            )
-        else:
+        elif not self._dense.try_delta(lid, x, y, meta):
             lora_delta_torch(
                 x, y, pool.a[lid], pool.b[lid], meta, lid, spec.slice_offsets, spec.slice_sizes
             )
@@ -217,25 +198,6 @@ class LoraRuntime:
             x, y, pool.a[lid], pool.b[lid], meta, lid, self.specs[lid].slice_sizes,
             self.slice_tensors(lid),
         )  # fmt: skip
-
-    def _dense_weights(self, meta: LoraBatchMeta, lid: int) -> tuple:
-        """The step's stacked weights for Linear `lid`, built on first use and reused while
-        the same adapters run together (a few recent sets are kept)."""
-        key = tuple(g.key for g in meta.groups)
-        per_lid = self._dense_cache.get(key)
-        if per_lid is None:
-            per_lid = self._dense_cache[key] = {}
-            while len(self._dense_cache) > DENSE_CACHE_SETS:
-                self._dense_cache.popitem(last=False)
-        else:
-            self._dense_cache.move_to_end(key)
-        w = per_lid.get(lid)
-        if w is None:
-            spec, pool = self.specs[lid], self.pool
-            w = per_lid[lid] = stack_dense_weights(
-                pool.a[lid], pool.b[lid], meta, lid, spec.slice_offsets, spec.slice_sizes
-            )
-        return w
 
     @property
     def pool(self) -> DevicePool:
