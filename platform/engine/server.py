@@ -1,23 +1,19 @@
 """The replica's internal HTTP API: stream generations, abort, health, state, metrics.
 
-One asyncio task drives the engine: between steps it applies queued adds and aborts (on the
-event loop, so the engine is never touched by two threads), then runs `EngineCore.step` in a
-worker thread and hands each delta to its request's stream. A client that disconnects aborts
-its request at once (a watcher reads the ASGI `http.disconnect`, streamed or not), which frees
-its KV blocks before the next step.
+An `EngineLoop` (engine_loop.py) drives the engine between steps and hands each delta to its
+request's stream. A client that disconnects aborts its request at once (a watcher reads the
+ASGI `http.disconnect`, streamed or not), which frees its KV blocks before the next step.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -26,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from loraplex.platform.engine.engine_core import EngineCore
+from loraplex.platform.engine.engine_loop import EngineLoop, PendingAdd
 from loraplex.platform.engine.ep_engine import add_ep_arguments, build_engine
 from loraplex.platform.engine.load_args import add_load_arguments, load_options
 from loraplex.platform.engine.metrics import CONTENT_TYPE_LATEST
@@ -107,116 +104,6 @@ def delta_json(d: RequestDelta) -> dict[str, Any]:
     return out
 
 
-@dataclass
-class _Add:
-    prompt: str | list[int]
-    params: SamplingParams
-    request_id: str
-    adapter: Any
-    cache_salt: str | None
-    done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-
-
-class EngineLoop:
-    """Drives one EngineCore from asyncio; owns the per-request delta queues."""
-
-    def __init__(self, core: EngineCore) -> None:
-        self.core = core
-        self.queues: dict[str, asyncio.Queue] = {}
-        self._adds: list[_Add] = []
-        self._aborts: list[str] = []
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
-        self.error: str | None = None
-
-    def start(self) -> None:
-        """Start the background task."""
-        self._task = asyncio.create_task(self._run())
-
-    async def stop(self) -> None:
-        """Stop the background task."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    @property
-    def alive(self) -> bool:
-        """True while the loop task runs."""
-        return self._task is not None and not self._task.done()
-
-    async def add(self, add: _Add) -> asyncio.Queue:
-        """Queue a request for the next step boundary; raises what `add_request` raises."""
-        if add.request_id in self.queues:
-            raise KeyError(add.request_id)
-        queue: asyncio.Queue = asyncio.Queue()
-        self.queues[add.request_id] = queue
-        self._adds.append(add)
-        self._wake.set()
-        try:
-            await add.done
-        except BaseException:
-            self.queues.pop(add.request_id, None)
-            raise
-        return queue
-
-    def abort(self, request_id: str) -> bool:
-        """Ask for an abort at the next step boundary; False for an unknown id."""
-        if request_id not in self.queues:
-            return False
-        self._aborts.append(request_id)
-        self._wake.set()
-        return True
-
-    def _apply_pending(self) -> None:
-        adds, self._adds = self._adds, []
-        for a in adds:
-            try:
-                self.core.add_request(a.prompt, a.params, a.request_id, a.adapter, a.cache_salt)
-            except Exception as exc:  # handed to the waiting handler, which answers 4xx
-                if not a.done.done():
-                    a.done.set_exception(exc)
-                continue
-            if not a.done.done():
-                a.done.set_result(None)
-            else:  # the client left before the add landed
-                self._aborts.append(a.request_id)
-        aborts, self._aborts = self._aborts, []
-        for rid in aborts:
-            self.core.abort_request(rid)
-
-    async def _run(self) -> None:
-        while True:
-            self._apply_pending()
-            if not self.core.has_unfinished():
-                self._wake.clear()
-                if not self._adds and not self._aborts:
-                    await self._wake.wait()
-                continue
-            try:
-                deltas = await asyncio.to_thread(self.core.step)
-            except Exception as exc:  # keep serving: fail the live requests, free their blocks
-                log.exception("engine step failed")
-                self.error = f"engine step failed: {exc}"
-                for rid, q in list(self.queues.items()):
-                    self.core.abort_request(rid)
-                    q.put_nowait(exc)
-                continue
-            for d in deltas:
-                q = self.queues.get(d.request_id)
-                if q is not None:
-                    q.put_nowait(d)
-                    if d.finished:
-                        self.queues.pop(d.request_id, None)
-            if not deltas and self.core.last_num_scheduled_tokens == 0:
-                await self._idle_wait()  # requests wait on something else (an adapter load)
-
-    async def _idle_wait(self, seconds: float = 0.005) -> None:
-        self._wake.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
-
-
 def create_app(core: EngineCore) -> FastAPI:
     """The FastAPI app serving `core`."""
     holder: dict[str, EngineLoop] = {}
@@ -255,7 +142,7 @@ def create_app(core: EngineCore) -> FastAPI:
         rid = body.request_id or f"gen-{uuid.uuid4().hex}"
         prompt = body.prompt if body.prompt is not None else body.prompt_token_ids
         try:
-            queue = await loop.add(_Add(prompt, params, rid, body.adapter, body.cache_salt))
+            queue = await loop.add(PendingAdd(prompt, params, rid, body.adapter, body.cache_salt))
         except KeyError:
             return error_response(409, f"request id {rid!r} is in use", "conflict", "request_id")
         except NotImplementedError as exc:
