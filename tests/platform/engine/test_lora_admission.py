@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -119,11 +120,11 @@ def test_failed_fetch_finishes_the_request(world, tmp_path):
     (path / "adapter_model.safetensors").write_bytes(b"changed")  # ... which now differs
     ok = core.add_request([5, 6, 8], params, "r1")
     finished = {}
-    for _ in range(20):
+    deadline = time.monotonic() + 30  # the re-fetch runs on a background thread: wait for it
+    while core.has_unfinished() and time.monotonic() < deadline:
         for d in core.step():
             if d.finished:
                 finished[d.request_id] = d.finish_reason
-        if not core.has_unfinished():
-            break
+        time.sleep(0.001)
     assert finished == {"r0": "abort", "r1": "length"}
     assert ok.num_output_tokens == 3
