@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
+from loraplex.platform.db.session import session_scope
 from loraplex.platform.jobs.dispatch import JobDispatcher
 from loraplex.platform.services import audit
 from loraplex.platform.services.api_keys import touch_last_used, verify_api_key
@@ -50,15 +51,8 @@ def get_sessions(request: Request) -> sessionmaker[Session]:
 
 def get_db(sessions: sessionmaker[Session] = Depends(get_sessions)) -> Iterator[Session]:
     """One transaction per request: committed when the handler returns, rolled back on error."""
-    session = sessions()
-    try:
+    with session_scope(sessions) as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
 
 
 def get_dispatcher(request: Request) -> JobDispatcher:

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from loraplex.moe.align import align_block_size
+from loraplex.moe.experts_torch import _check_weights
 
 
 @triton.jit
@@ -128,14 +129,10 @@ def fused_experts_triton(
     expert_map: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as `fused_experts_torch`: [T, H] = sum_k w * Expert(x), grouped GEMMs."""
+    _check_weights(hidden, w13, w2)
     num_tokens, top_k = topk_ids.shape
     num_local, two_inter, hsize = w13.shape
     inter = two_inter // 2
-    if hidden.shape[1] != hsize or w2.shape != (num_local, hsize, inter):
-        raise ValueError(
-            f"expert weights w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)} do not fit "
-            f"hidden {tuple(hidden.shape)}"
-        )
     num_experts = int(expert_map.numel()) if expert_map is not None else num_local
     num_pairs = num_tokens * top_k
     if num_pairs == 0:

@@ -190,7 +190,8 @@ class ModelRunner:
         slots: list[int] = []
         qsl, seq_lens, ctx_lens = [0], [], []
         sample_rows: list[int] = []
-        plp_rows: dict[int, tuple[int, int]] = {}  # scheduled index -> (first flat row, count)
+        # scheduled index -> (first flat row, count, first position)
+        plp_rows: dict[int, tuple[int, int, int]] = {}
         tables = torch.zeros(len(scheduled), self.max_blocks_per_seq, dtype=torch.int32)
         for i, s in enumerate(scheduled):
             r, start, end = s.request, s.start, s.start + s.num_tokens
@@ -208,7 +209,7 @@ class ModelRunner:
                 last = min(end, r.num_prompt_tokens - 1)  # positions predicting prompt tokens
                 first = max(start, len(r.prompt_logprobs) - 1, 0)
                 if last > first:
-                    plp_rows[i] = (qsl[-2] + first - start, last - first)
+                    plp_rows[i] = (qsl[-2] + first - start, last - first, first)
         dev = self.device
         md = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev),
@@ -237,7 +238,7 @@ class ModelRunner:
         self,
         scheduled: list[ScheduledRequest],
         hidden: torch.Tensor,
-        plp_rows: dict[int, tuple[int, int]],
+        plp_rows: dict[int, tuple[int, int, int]],
     ) -> dict[str, list[dict[int, float] | None]]:
         out: dict[str, list[dict[int, float] | None]] = {}
         for i, s in enumerate(scheduled):
@@ -246,8 +247,7 @@ class ModelRunner:
                 continue
             entries: list[dict[int, float] | None] = [None] if not r.prompt_logprobs else []
             if i in plp_rows:
-                row, count = plp_rows[i]
-                first_pos = s.start + row - sum(x.num_tokens for x in scheduled[:i])
+                row, count, first_pos = plp_rows[i]
                 logits = self.model.compute_logits(hidden[row : row + count])
                 lps = torch.log_softmax(logits.float(), dim=-1)
                 targets = torch.tensor(

@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import redis as sync_redis
 from redis.asyncio import Redis
@@ -105,39 +106,8 @@ def _ready_version(
     return (adapter, version) if version is not None else None
 
 
-def resolve_uncached(session: Session, tenant_id: uuid.UUID, model: str) -> ResolvedModel:
-    """Look `model` up in PostgreSQL for `tenant_id`; 404 `model_not_found` when invisible."""
-    match = _VERSIONED.match(model)
-    found = None
-    if match:
-        found = _ready_version(session, tenant_id, match["name"], int(match["n"]))
-    if found is None:
-        found = _ready_version(session, tenant_id, model, None)
-    if found is not None:
-        adapter, version = found
-        base = adapter.base_model
-        dep = _deployment_for(session, base.id)
-        if dep is None:
-            raise _no_deployment(model)
-        return ResolvedModel(
-            model=model,
-            base_model_id=base.id,
-            base_model_name=base.name,
-            base_object_prefix=base.object_prefix,
-            deployment_id=dep.id,
-            deployment_name=dep.name,
-            share_prefix_cache=bool(dep.share_prefix_cache),
-            adapter_id=adapter.id,
-            adapter_name=adapter.name,
-            adapter_version_id=version.id,
-            adapter_version=version.n,
-            adapter_sha256=version.sha256,
-            adapter_config_sha256=version.config_sha256,
-            adapter_object_prefix=version.object_prefix,
-        )
-    base = session.execute(select(BaseModel).where(BaseModel.name == model)).scalar_one_or_none()
-    if base is None:
-        raise model_not_found(model)
+def _resolved(session: Session, model: str, base: BaseModel, **adapter: Any) -> ResolvedModel:
+    """A ResolvedModel for `base` on its deployment (503-style error when it has none)."""
     dep = _deployment_for(session, base.id)
     if dep is None:
         raise _no_deployment(model)
@@ -149,7 +119,36 @@ def resolve_uncached(session: Session, tenant_id: uuid.UUID, model: str) -> Reso
         deployment_id=dep.id,
         deployment_name=dep.name,
         share_prefix_cache=bool(dep.share_prefix_cache),
+        **adapter,
     )
+
+
+def resolve_uncached(session: Session, tenant_id: uuid.UUID, model: str) -> ResolvedModel:
+    """Look `model` up in PostgreSQL for `tenant_id`; 404 `model_not_found` when invisible."""
+    match = _VERSIONED.match(model)
+    found = None
+    if match:
+        found = _ready_version(session, tenant_id, match["name"], int(match["n"]))
+    if found is None:
+        found = _ready_version(session, tenant_id, model, None)
+    if found is not None:
+        adapter, version = found
+        return _resolved(
+            session,
+            model,
+            adapter.base_model,
+            adapter_id=adapter.id,
+            adapter_name=adapter.name,
+            adapter_version_id=version.id,
+            adapter_version=version.n,
+            adapter_sha256=version.sha256,
+            adapter_config_sha256=version.config_sha256,
+            adapter_object_prefix=version.object_prefix,
+        )
+    base = session.execute(select(BaseModel).where(BaseModel.name == model)).scalar_one_or_none()
+    if base is None:
+        raise model_not_found(model)
+    return _resolved(session, model, base)
 
 
 def bump_generation(client: sync_redis.Redis, tenant_id: uuid.UUID | str) -> None:

@@ -61,11 +61,9 @@ class Attention(nn.Module):
         fast = self.use_triton and triton_available_for(q)
         if fast:
             write_kv_triton(self.kv_cache, k, v, md.slot_mapping)
-        else:
-            write_kv_torch(self.kv_cache, k, v, md.slot_mapping)
-        if fast:
             out = paged_attention_torch(q, self.kv_cache, md, self.scale, _triton_decode)
         else:
+            write_kv_torch(self.kv_cache, k, v, md.slot_mapping)
             out = paged_attention_torch(q, self.kv_cache, md, self.scale)
         return out.reshape(t, self.num_heads * self.head_dim)
 

@@ -162,15 +162,9 @@ class LoraRuntime:
         pool = self.pool
         spec = self.specs[lid]
         if triton_lora_available(x):
-            st = self._slice_tensors.get(lid)
-            if st is None:
-                st = self._slice_tensors[lid] = (
-                    torch.tensor(spec.slice_offsets, dtype=torch.int32, device=x.device),
-                    torch.tensor(spec.slice_sizes, dtype=torch.int32, device=x.device),
-                )
             lora_delta_triton(
                 x, y, pool.a[lid], pool.b[lid], meta, lid, spec.slice_offsets,
-                spec.slice_sizes, self.max_lora_rank, st,
+                spec.slice_sizes, self.max_lora_rank, self.slice_tensors(lid),
             )  # fmt: skip
         elif not self._dense.try_delta(lid, x, y, meta):
             lora_delta_torch(
