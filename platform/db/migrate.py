@@ -40,3 +40,25 @@ def current_revision(database_url: str) -> str | None:
 
     with get_engine(database_url).connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m loraplex.platform.db.migrate [REVISION]`: `alembic upgrade` the database in
+    `LORAPLEX_DATABASE_URL` (what the Kubernetes migration Job runs before each rollout)."""
+    import argparse
+
+    from loraplex.platform.settings import Settings
+
+    p = argparse.ArgumentParser(prog="python -m loraplex.platform.db.migrate")
+    p.add_argument("revision", nargs="?", default="head")
+    args = p.parse_args(argv)
+    url = Settings().database_url
+    if not url:
+        p.error("LORAPLEX_DATABASE_URL is not set")
+    upgrade(url, args.revision)
+    print(f"database at {current_revision(url)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
