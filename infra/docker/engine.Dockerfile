@@ -1,12 +1,10 @@
 # syntax=docker/dockerfile:1.7
 # The engine image: `loraplex engine` on an NVIDIA CUDA runtime with the torch build for the
-# same CUDA (CUDA_VERSION and TORCH_INDEX change together). Build from the repository root:
+# same CUDA (the base image's CUDA and TORCH_INDEX change together). Build from the repository root:
 #   docker build -f infra/docker/engine.Dockerfile -t loraplex-engine:TAG .
 # checkov:skip=CKV_DOCKER_2:Kubernetes probes (infra/k8s) check health; Docker's HEALTHCHECK is ignored there.
 
-ARG CUDA_IMAGE=nvidia/cuda:12.8.1-runtime-ubuntu24.04
-
-FROM ${CUDA_IMAGE} AS build
+FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04 AS build
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -33,7 +31,7 @@ COPY infra/k8s infra/k8s
 RUN pip install --no-cache-dir . \
     && python -c "import loraplex.platform.engine.server, loraplex.platform.gateway.replica_agent"
 
-FROM ${CUDA_IMAGE}
+FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04
 ENV DEBIAN_FRONTEND=noninteractive
 # hadolint ignore=DL3008
 RUN apt-get update \
@@ -48,4 +46,5 @@ ENV PATH=/opt/loraplex/bin:$PATH \
 USER 10001:10001
 WORKDIR /home/loraplex
 EXPOSE 8100
+# The deployment's engine options come from Kubernetes (infra/k8s/templates/engine.yaml.j2).
 CMD ["loraplex", "engine", "--help"]

@@ -5,9 +5,7 @@
 #   docker build -f infra/docker/platform.Dockerfile -t loraplex-platform:TAG .
 # checkov:skip=CKV_DOCKER_2:Kubernetes probes (infra/k8s) check health; Docker's HEALTHCHECK is ignored there.
 
-ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
-
-FROM ${PYTHON_IMAGE} AS build
+FROM python:3.11.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/loraplex/bin:$PATH
@@ -27,7 +25,7 @@ COPY infra/k8s infra/k8s
 RUN pip install --no-cache-dir . \
     && python -c "import loraplex.api.app, loraplex.platform.db.migrate, loraplex.infra.k8s.render"
 
-FROM ${PYTHON_IMAGE}
+FROM python:3.11.11-slim-bookworm
 RUN groupadd --system --gid 10001 loraplex \
     && useradd --system --uid 10001 --gid loraplex --create-home --home-dir /home/loraplex loraplex
 COPY --from=build /opt/loraplex /opt/loraplex

@@ -71,7 +71,9 @@ class EngineSpec:
                 f"deployment {self.deployment!r} is not a DNS label of at most 46 characters "
                 "(lowercase letters, digits, dashes)"
             )
-        if any(a in ("--host", "--port") or a.startswith(("--host=", "--port=")) for a in self.argv):
+        if any(
+            a in ("--host", "--port") or a.startswith(("--host=", "--port=")) for a in self.argv
+        ):
             raise ValueError("argv must not bind the replica: the template sets --host/--port")
         if self.gpu_pool not in gpu_pools:
             raise ValueError(
@@ -155,9 +157,7 @@ class Release:
 
     def render(self, template: str, **extra: Any) -> str:
         """One template's YAML text (one or more documents)."""
-        text = _environment().get_template(f"{template}.yaml.j2").render(
-            **self.context(), **extra
-        )
+        text = _environment().get_template(f"{template}.yaml.j2").render(**self.context(), **extra)
         return text.lstrip("\n")
 
     def platform(self, templates: tuple[str, ...] = PRE_ROLLOUT + ROLLOUT) -> str:
@@ -186,6 +186,7 @@ def _parser() -> argparse.ArgumentParser:
     plat = sub.add_parser("platform", help="the platform's manifests")
     plat.add_argument("--phase", choices=["pre-rollout", "rollout", "all"], default="all")
     sub.add_parser("models-admin", help="an operator pod for `loraplex models add`")
+    sub.add_parser("release-name", help="the release's name (the migration Job's suffix)")
     eng = sub.add_parser("engine", help="the engine resources of one deployment")
     eng.add_argument("--deployment", required=True)
     eng.add_argument("--gpus", type=int, default=1, help="GPUs per replica (expert-parallel size)")
@@ -206,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(release.platform(phases[args.phase]))
         elif args.what == "models-admin":
             sys.stdout.write(release.platform(OPERATOR))
+        elif args.what == "release-name":
+            print(release_name(args.tag))
         else:
             engine_argv = tuple(a for a in args.argv if a != "--")
             spec = EngineSpec(

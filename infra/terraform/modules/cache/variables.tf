@@ -41,19 +41,39 @@ variable "replicas" {
 variable "vpc_id" {
   description = "VPC of the cache."
   type        = string
+
+  validation {
+    condition     = can(regex("^vpc-[0-9a-f]+$", var.vpc_id))
+    error_message = "vpc_id must be a VPC ID (vpc-...)."
+  }
 }
 
 variable "subnet_group_name" {
   description = "ElastiCache subnet group (the network module's cache subnets)."
   type        = string
+
+  validation {
+    condition     = length(var.subnet_group_name) > 0 && length(var.subnet_group_name) <= 255
+    error_message = "subnet_group_name must be 1-255 characters."
+  }
 }
 
 variable "client_security_group_id" {
   description = "Security group of the EKS nodes, the only one allowed to connect."
   type        = string
+
+  validation {
+    condition     = can(regex("^sg-[0-9a-f]+$", var.client_security_group_id))
+    error_message = "client_security_group_id must be a security group ID (sg-...)."
+  }
 }
 
 variable "tags" {
   description = "Tags added to every resource."
   type        = map(string)
+
+  validation {
+    condition     = alltrue([for k, v in var.tags : length(k) > 0 && length(k) <= 128 && length(v) <= 256])
+    error_message = "tags need keys of 1-128 and values of at most 256 characters (AWS limits)."
+  }
 }

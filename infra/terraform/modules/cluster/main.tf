@@ -46,6 +46,7 @@ locals {
 }
 
 module "ebs_csi_irsa" {
+  #checkov:skip=CKV_TF_1:A registry module pinned to an exact version; registry sources cannot name a commit hash.
   source  = "terraform-aws-modules/iam/aws//modules/iam-role-for-service-accounts-eks"
   version = "5.60.0"
 
@@ -63,6 +64,7 @@ module "ebs_csi_irsa" {
 }
 
 module "eks" {
+  #checkov:skip=CKV_TF_1:A registry module pinned to an exact version; registry sources cannot name a commit hash.
   source  = "terraform-aws-modules/eks/aws"
   version = "20.37.1"
 

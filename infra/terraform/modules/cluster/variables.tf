@@ -21,6 +21,11 @@ variable "kubernetes_version" {
 variable "vpc_id" {
   description = "VPC the cluster lives in."
   type        = string
+
+  validation {
+    condition     = can(regex("^vpc-[0-9a-f]+$", var.vpc_id))
+    error_message = "vpc_id must be a VPC ID (vpc-...)."
+  }
 }
 
 variable "private_subnet_ids" {
@@ -135,4 +140,9 @@ variable "log_retention_days" {
 variable "tags" {
   description = "Tags added to every resource."
   type        = map(string)
+
+  validation {
+    condition     = alltrue([for k, v in var.tags : length(k) > 0 && length(k) <= 128 && length(v) <= 256])
+    error_message = "tags need keys of 1-128 and values of at most 256 characters (AWS limits)."
+  }
 }

@@ -3,6 +3,7 @@
 # Kubernetes Secrets) and KEDA (engine replicas scale on queue depth).
 
 module "cluster_autoscaler_irsa" {
+  #checkov:skip=CKV_TF_1:A registry module pinned to an exact version; registry sources cannot name a commit hash.
   source  = "terraform-aws-modules/iam/aws//modules/iam-role-for-service-accounts-eks"
   version = "5.60.0"
 
@@ -21,6 +22,7 @@ module "cluster_autoscaler_irsa" {
 }
 
 module "load_balancer_controller_irsa" {
+  #checkov:skip=CKV_TF_1:A registry module pinned to an exact version; registry sources cannot name a commit hash.
   source  = "terraform-aws-modules/iam/aws//modules/iam-role-for-service-accounts-eks"
   version = "5.60.0"
 

@@ -1,6 +1,11 @@
 variable "cluster_name" {
   description = "EKS cluster the add-ons run in."
   type        = string
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{2,99}$", var.cluster_name))
+    error_message = "cluster_name must be an EKS cluster name (lowercase letters, digits, dashes)."
+  }
 }
 
 variable "oidc_provider_arn" {
@@ -26,6 +31,11 @@ variable "region" {
 variable "vpc_id" {
   description = "VPC of the cluster (the load balancer controller needs it without IMDS access)."
   type        = string
+
+  validation {
+    condition     = can(regex("^vpc-[0-9a-f]+$", var.vpc_id))
+    error_message = "vpc_id must be a VPC ID (vpc-...)."
+  }
 }
 
 variable "chart_versions" {
@@ -44,4 +54,9 @@ variable "chart_versions" {
 variable "tags" {
   description = "Tags added to every AWS resource."
   type        = map(string)
+
+  validation {
+    condition     = alltrue([for k, v in var.tags : length(k) > 0 && length(k) <= 128 && length(v) <= 256])
+    error_message = "tags need keys of 1-128 and values of at most 256 characters (AWS limits)."
+  }
 }

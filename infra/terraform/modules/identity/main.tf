@@ -77,6 +77,7 @@ resource "aws_iam_policy" "s3" {
 }
 
 module "workload_irsa" {
+  #checkov:skip=CKV_TF_1:A registry module pinned to an exact version; registry sources cannot name a commit hash.
   source   = "terraform-aws-modules/iam/aws//modules/iam-role-for-service-accounts-eks"
   version  = "5.60.0"
   for_each = local.access
@@ -98,6 +99,7 @@ module "workload_irsa" {
 # secret replicas authenticate the gateway with.
 
 module "kms" {
+  #checkov:skip=CKV_TF_1:A registry module pinned to an exact version; registry sources cannot name a commit hash.
   source  = "terraform-aws-modules/kms/aws"
   version = "3.1.1"
 
@@ -164,6 +166,7 @@ resource "aws_iam_policy" "read_secrets" {
 }
 
 module "secrets_irsa" {
+  #checkov:skip=CKV_TF_1:A registry module pinned to an exact version; registry sources cannot name a commit hash.
   source  = "terraform-aws-modules/iam/aws//modules/iam-role-for-service-accounts-eks"
   version = "5.60.0"
 

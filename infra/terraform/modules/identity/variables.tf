@@ -31,11 +31,21 @@ variable "oidc_provider_arn" {
 variable "bucket_arn" {
   description = "ARN of the platform's bucket."
   type        = string
+
+  validation {
+    condition     = can(regex("^arn:aws[a-z-]*:s3:::[a-z0-9][a-z0-9.-]+$", var.bucket_arn))
+    error_message = "bucket_arn must be an S3 bucket ARN."
+  }
 }
 
 variable "bucket_kms_key_arn" {
   description = "KMS key of the bucket's objects."
   type        = string
+
+  validation {
+    condition     = can(regex("^arn:aws[a-z-]*:kms:", var.bucket_kms_key_arn))
+    error_message = "bucket_kms_key_arn must be a KMS key ARN."
+  }
 }
 
 variable "external_secret_arns" {
@@ -51,9 +61,19 @@ variable "external_secret_arns" {
 variable "external_secret_kms_key_arns" {
   description = "KMS keys those secrets are encrypted with."
   type        = list(string)
+
+  validation {
+    condition     = alltrue([for a in var.external_secret_kms_key_arns : can(regex("^arn:aws[a-z-]*:kms:", a))])
+    error_message = "external_secret_kms_key_arns must be KMS key ARNs."
+  }
 }
 
 variable "tags" {
   description = "Tags added to every resource."
   type        = map(string)
+
+  validation {
+    condition     = alltrue([for k, v in var.tags : length(k) > 0 && length(k) <= 128 && length(v) <= 256])
+    error_message = "tags need keys of 1-128 and values of at most 256 characters (AWS limits)."
+  }
 }

@@ -13,6 +13,7 @@ locals {
 }
 
 module "vpc" {
+  #checkov:skip=CKV_TF_1:A registry module pinned to an exact version; registry sources cannot name a commit hash.
   source  = "terraform-aws-modules/vpc/aws"
   version = "5.21.0"
 
@@ -54,6 +55,7 @@ module "vpc" {
 }
 
 module "endpoints" {
+  #checkov:skip=CKV_TF_1:A registry module pinned to an exact version; registry sources cannot name a commit hash.
   source  = "terraform-aws-modules/vpc/aws//modules/vpc-endpoints"
   version = "5.21.0"
 

@@ -74,4 +74,9 @@ variable "chart_versions" {
 variable "tags" {
   description = "Tags added to every AWS resource."
   type        = map(string)
+
+  validation {
+    condition     = alltrue([for k, v in var.tags : length(k) > 0 && length(k) <= 128 && length(v) <= 256])
+    error_message = "tags need keys of 1-128 and values of at most 256 characters (AWS limits)."
+  }
 }
