@@ -153,11 +153,12 @@ class Release:
 
     def context(self) -> dict[str, Any]:
         return {"tf": self.outputs, "values": self.values, "tag": self.tag,
-                "release": release_name(self.tag)}  # fmt: skip
+                "release": release_name(self.tag),
+                "migration": {"action": "upgrade", "revision": "head"}}  # fmt: skip
 
     def render(self, template: str, **extra: Any) -> str:
         """One template's YAML text (one or more documents)."""
-        text = _environment().get_template(f"{template}.yaml.j2").render(**self.context(), **extra)
+        text = _environment().get_template(f"{template}.yaml.j2").render(**(self.context() | extra))
         return text.lstrip("\n")
 
     def platform(self, templates: tuple[str, ...] = PRE_ROLLOUT + ROLLOUT) -> str:
@@ -187,6 +188,8 @@ def _parser() -> argparse.ArgumentParser:
     plat.add_argument("--phase", choices=["pre-rollout", "rollout", "all"], default="all")
     sub.add_parser("models-admin", help="an operator pod for `loraplex models add`")
     sub.add_parser("release-name", help="the release's name (the migration Job's suffix)")
+    down = sub.add_parser("downgrade", help="a Job taking the database down to a revision")
+    down.add_argument("--revision", required=True, help="the older release's head revision")
     eng = sub.add_parser("engine", help="the engine resources of one deployment")
     eng.add_argument("--deployment", required=True)
     eng.add_argument("--gpus", type=int, default=1, help="GPUs per replica (expert-parallel size)")
@@ -209,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(release.platform(OPERATOR))
         elif args.what == "release-name":
             print(release_name(args.tag))
+        elif args.what == "downgrade":
+            migration = {"action": "downgrade", "revision": args.revision}
+            sys.stdout.write(release.render("migrate", migration=migration))
         else:
             engine_argv = tuple(a for a in args.argv if a != "--")
             spec = EngineSpec(

@@ -18,6 +18,7 @@ from infra_support import (
     TERRAFORM,
     all_docs,
     blocks,
+    documents,
     example_engines,
     pod_spec,
     release,
@@ -124,6 +125,17 @@ def test_api_has_an_hpa_a_pdb_and_a_migration_ahead() -> None:
     from loraplex.infra.k8s.render import PRE_ROLLOUT, ROLLOUT
 
     assert PRE_ROLLOUT[-1] == "migrate" and "api" in ROLLOUT  # deploy.sh waits in between
+    # A rollback across a migration: the same Job, going down to the older head.
+    down = documents(
+        release("prod").render("migrate", migration={"action": "downgrade", "revision": "0003"})
+    )
+    [down_job] = down
+    assert down_job["metadata"]["name"] == "loraplex-downgrade-v1-2-0"
+    assert down_job["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == [
+        "downgrade",
+        "0003",
+    ]
+    _validate(down_job)
 
 
 def _engine(deployment: str, env: str = "dev") -> dict[str, dict]:
