@@ -2,8 +2,8 @@
 
 Every query filters by tenant; another tenant's adapter is NotFound. A new version number is
 taken under a row lock on the adapter, so concurrent uploads to one name get distinct numbers.
-Objects live under `tenants/{tenant_id}/adapters/{adapter_id}/v{n}/` (`object_keys`); a failed upload removes
-its objects and its row, so nothing half-written stays behind.
+Objects live under `tenants/{tenant_id}/adapters/{adapter_id}/v{n}/` (built by `object_keys`); a
+failed upload removes its objects and its row, so nothing half-written stays behind.
 """
 
 from __future__ import annotations
