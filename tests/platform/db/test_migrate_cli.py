@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import pytest
 
-from loraplex.platform.db.migrate import current_revision
+from loraplex.platform.db.migrate import current_revision, main
 
 
-def _run(url: str, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "LORAPLEX_DATABASE_URL": url}
-    return subprocess.run([sys.executable, "-m", "loraplex.platform.db.migrate", *args],
-                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
-
-
-def test_upgrade_and_downgrade_from_the_environment(empty_db_url: str) -> None:
-    up = _run(empty_db_url, "upgrade", "head")
-    assert up.returncode == 0, up.stderr
+def test_upgrade_and_downgrade_from_the_environment(
+    empty_db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LORAPLEX_DATABASE_URL", empty_db_url)
+    assert main(["upgrade", "head"]) == 0
     head = current_revision(empty_db_url)
-    assert head is not None and f"database at {head}" in up.stdout
-    refused = _run(empty_db_url, "downgrade")
-    assert refused.returncode == 2 and "needs the revision" in refused.stderr
-    down = _run(empty_db_url, "downgrade", "base")
-    assert down.returncode == 0 and "database at None" in down.stdout, down.stderr
+    assert head is not None and f"database at {head}" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:
+        main(["downgrade"])
+    assert refused.value.code == 2 and "needs the revision" in capsys.readouterr().err
+    assert main(["downgrade", "base"]) == 0
     assert current_revision(empty_db_url) is None
+    monkeypatch.delenv("LORAPLEX_DATABASE_URL")
+    with pytest.raises(SystemExit):
+        main([])
