@@ -5,6 +5,10 @@ PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.loraplex-installed
+# checkov (infra/ policy checks) lives in its own venv: its pins conflict with the project's.
+CHECKOV_VENV ?= .venv-checkov
+CHECKOV_SPEC ?= checkov==3.3.30
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 # The CPU build on disk; installed first so nothing later pulls a CUDA torch.
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip
@@ -24,14 +28,20 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml setup.py
 	@echo "installing $(TORCH_SPEC) (CPU build) into $(VENV)"
 	$(PIP) install $(PIP_FLAGS) "$(TORCH_SPEC)"
-	@echo "installing loraplex and its extras (embedded, test, dev)"
-	$(PIP) install $(PIP_FLAGS) -e '.[embedded,test,dev]'
+	@echo "installing loraplex and its extras (embedded, test, dev, infra)"
+	$(PIP) install $(PIP_FLAGS) -e '.[embedded,test,dev,infra]'
+	@touch $@
+
+$(CHECKOV_STAMP):
+	@echo "installing $(CHECKOV_SPEC) into $(CHECKOV_VENV) (infra policy checks)"
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install $(PIP_FLAGS) "$(CHECKOV_SPEC)"
 	@touch $@
 
 up: $(STAMP)
 	$(BIN)/loraplex up $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(CHECKOV_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -43,4 +53,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -18,9 +18,17 @@ for part in PARTS:
         f"loraplex.{part}.{sub}" for sub in find_namespace_packages(where=part, exclude=EXCLUDE)
     ]
 
+# infra/ is Terraform, Dockerfiles and manifests; only its Kubernetes templates and their
+# renderer are Python (the control plane's Kubernetes launcher renders engine resources).
+package_dir["loraplex.infra"] = "infra"
+packages += ["loraplex.infra", "loraplex.infra.k8s"]
+
 setup(
     packages=packages,
     package_dir=package_dir,
-    package_data={"": ["*.html", "*.css", "*.js", "*.ini", "*.mako", "*.json", "*.jinja"]},
+    package_data={
+        "": ["*.html", "*.css", "*.js", "*.ini", "*.mako", "*.json", "*.jinja"],
+        "loraplex.infra.k8s": ["templates/*.j2", "values/*.yaml"],
+    },
     include_package_data=True,
 )

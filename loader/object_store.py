@@ -125,8 +125,7 @@ def make_s3_client(settings: Settings, max_pool_connections: int = 64) -> object
     return boto3.session.Session().client(
         "s3",
         endpoint_url=settings.s3_endpoint_url,
-        aws_access_key_id=settings.s3_access_key,
-        aws_secret_access_key=settings.s3_secret_key,
+        **settings.s3_credentials(),
         region_name=settings.s3_region,
         config=config,
     )

@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     s3_access_key: str = "loraplex"
     s3_secret_key: str = "loraplex-secret"
     s3_region: str = "us-east-1"
+    # False on AWS (IRSA): boto3 signs with its default credential chain, i.e. the pod's web
+    # identity token, and the two keys above are ignored.
+    s3_static_credentials: bool = True
     broker_url: str | None = None
     celery_queue: str = "loraplex"
 
@@ -77,6 +80,15 @@ class Settings(BaseSettings):
     usage_flush_interval_s: float = 1.0
     usage_batch_size: int = 200
     resolve_cache_ttl_s: float = 2.0
+
+    def s3_credentials(self) -> dict[str, str]:
+        """boto3 client keyword arguments: the static key pair, or none (default chain)."""
+        if not self.s3_static_credentials:
+            return {}
+        return {
+            "aws_access_key_id": self.s3_access_key,
+            "aws_secret_access_key": self.s3_secret_key,
+        }
 
     def gateway_redis_url(self) -> str | None:
         """Redis for the gateway: `redis_url`, else the Celery broker when it is Redis."""

@@ -246,6 +246,7 @@ def bench_cold(llm, hf_config: dict, tmp: Path, prompt, use_s3: bool) -> tuple[f
         return cold, ttft(core, prompt, str(d), "warm"), "local directory (--no-s3)"
     from loraplex.loader.object_store import ObjectStore
     from loraplex.platform.embedded import EmbeddedSeaweedFS
+    from loraplex.platform.object_keys import adapter_version_prefix
     from loraplex.platform.settings import Settings
 
     base = Settings()
@@ -254,7 +255,7 @@ def bench_cold(llm, hf_config: dict, tmp: Path, prompt, use_s3: bool) -> tuple[f
         settings = Settings(s3_endpoint_url=s3.start(), s3_bucket="bench")
         store = ObjectStore(settings)
         store.client.create_bucket(Bucket="bench")
-        prefix = "tenants/bench/adapters/cold/v1/"
+        prefix = adapter_version_prefix("bench", "cold", 1)
         for name in ("adapter_config.json", "adapter_model.safetensors"):
             store.client.put_object(Bucket="bench", Key=prefix + name, Body=(d / name).read_bytes())
         weights = (d / "adapter_model.safetensors").read_bytes()

@@ -40,3 +40,32 @@ def current_revision(database_url: str) -> str | None:
 
     with get_engine(database_url).connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m loraplex.platform.db.migrate [upgrade|downgrade] [REVISION]`: migrate the
+    database in `LORAPLEX_DATABASE_URL` (the Kubernetes migration Job runs `upgrade head`
+    before each rollout; a rollback across a migration first runs `downgrade`)."""
+    import argparse
+
+    from loraplex.platform.settings import Settings
+
+    p = argparse.ArgumentParser(prog="python -m loraplex.platform.db.migrate")
+    p.add_argument("direction", nargs="?", choices=["upgrade", "downgrade"], default="upgrade")
+    p.add_argument("revision", nargs="?", default=None, help="default: head (upgrade only)")
+    args = p.parse_args(argv)
+    url = Settings().database_url
+    if not url:
+        p.error("LORAPLEX_DATABASE_URL is not set")
+    if args.direction == "upgrade":
+        upgrade(url, args.revision or "head")
+    elif args.revision is None:
+        p.error("downgrade needs the revision to go down to")
+    else:
+        downgrade(url, args.revision)
+    print(f"database at {current_revision(url)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

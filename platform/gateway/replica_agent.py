@@ -16,6 +16,7 @@ from loraplex.platform.gateway.replicas import (
     ReplicaInfo,
     http_health_check,
 )
+from loraplex.platform.settings import Settings
 
 
 def register_replica(
@@ -35,10 +36,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="loraplex replica-agent", description=__doc__)
     p.add_argument("--replica-url", required=True, help="e.g. http://127.0.0.1:8100")
     p.add_argument("--deployment", required=True)
-    p.add_argument("--redis-url", required=True)
+    p.add_argument(
+        "--redis-url",
+        default=None,
+        help="default: the gateway's Redis from LORAPLEX_* settings (kept out of the process list)",
+    )
     p.add_argument("--ttl", type=float, default=DEFAULT_TTL_S)
     args = p.parse_args(argv)
-    hb = register_replica(args.redis_url, args.deployment, args.replica_url, args.ttl)
+    redis_url = args.redis_url or Settings().gateway_redis_url()
+    if not redis_url:
+        p.error("no Redis URL: pass --redis-url or set LORAPLEX_REDIS_URL / LORAPLEX_BROKER_URL")
+    hb = register_replica(redis_url, args.deployment, args.replica_url, args.ttl)
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())

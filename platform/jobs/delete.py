@@ -6,6 +6,7 @@ import uuid
 
 from loraplex.platform.db.models import Job
 from loraplex.platform.db.session import make_sessionmaker, session_scope
+from loraplex.platform.object_keys import is_adapter_key
 from loraplex.platform.services import objects
 from loraplex.platform.settings import Settings
 
@@ -20,7 +21,7 @@ def run_delete(settings: Settings, job_id: uuid.UUID) -> int:
         if job is None or job.kind != records.DELETE_OBJECTS or job.status == "succeeded":
             return 0
         prefix = str((job.payload or {}).get("prefix", ""))
-        if not prefix.startswith("tenants/"):
+        if not is_adapter_key(prefix):
             records.finish(session, job, ok=False, error=f"refusing to delete under {prefix!r}")
             return 0
         job.status = "running"

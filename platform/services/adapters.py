@@ -2,8 +2,8 @@
 
 Every query filters by tenant; another tenant's adapter is NotFound. A new version number is
 taken under a row lock on the adapter, so concurrent uploads to one name get distinct numbers.
-Objects live under `tenants/{tenant_id}/adapters/{adapter_id}/v{n}/`; a failed upload removes
-its objects and its row, so nothing half-written stays behind.
+Objects live under `tenants/{tenant_id}/adapters/{adapter_id}/v{n}/` (built by `object_keys`); a
+failed upload removes its objects and its row, so nothing half-written stays behind.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from loraplex.platform.db.models import Adapter, AdapterVersion
 from loraplex.platform.db.session import session_scope
 from loraplex.platform.jobs import records
 from loraplex.platform.jobs.dispatch import JobDispatcher
+from loraplex.platform.object_keys import adapter_prefix, adapter_version_prefix
 from loraplex.platform.settings import Settings
 
 from . import audit, objects
@@ -43,11 +44,6 @@ class Uploader:
     dispatcher: JobDispatcher
     tenant_id: uuid.UUID
     actor: str
-
-
-def adapter_prefix(tenant_id: uuid.UUID, adapter_id: uuid.UUID) -> str:
-    """Object prefix of all of an adapter's versions."""
-    return f"tenants/{tenant_id}/adapters/{adapter_id}/"
 
 
 def check_config(settings: Settings, raw: bytes | None) -> None:
@@ -108,7 +104,7 @@ def _reserve(up: Uploader, name: str, base_model: str) -> AdapterVersion:
             tenant_id=up.tenant_id,
             adapter_id=adapter.id,
             n=n,
-            object_prefix=f"{adapter_prefix(up.tenant_id, adapter.id)}v{n}/",
+            object_prefix=adapter_version_prefix(up.tenant_id, adapter.id, n),
             status="uploading",
         )
         session.add(version)

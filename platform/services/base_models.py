@@ -19,6 +19,7 @@ from loraplex.platform.engine.supported_models import (
     config_architectures,
     served_architecture,
 )
+from loraplex.platform.object_keys import model_prefix
 from loraplex.platform.settings import Settings
 
 from . import audit, objects
@@ -39,11 +40,6 @@ class BaseModelInfo:
     object_prefix: str
     config: dict[str, Any]
     uploaded_files: int
-
-
-def model_prefix(name: str) -> str:
-    """Object prefix of a base model's files."""
-    return f"models/{name}/"
 
 
 def family_of(config: dict[str, Any]) -> str:

@@ -24,8 +24,7 @@ def s3_client(settings: Settings, *, read_timeout_s: float = 60.0) -> Any:
     return boto3.client(
         "s3",
         endpoint_url=settings.s3_endpoint_url,
-        aws_access_key_id=settings.s3_access_key,
-        aws_secret_access_key=settings.s3_secret_key,
+        **settings.s3_credentials(),
         region_name=settings.s3_region,
         config=BotoConfig(
             signature_version="s3v4",

@@ -1,0 +1,1 @@
+"""Kubernetes resources of the platform as Jinja templates, and their renderer (`render`)."""

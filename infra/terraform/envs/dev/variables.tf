@@ -1,0 +1,39 @@
+variable "region" {
+  description = "AWS region of the environment."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[a-z]{2}(-[a-z]+)+-[0-9]$", var.region))
+    error_message = "region must look like us-east-1."
+  }
+}
+
+variable "bucket_name" {
+  description = "Globally unique name of the environment's bucket."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", var.bucket_name))
+    error_message = "bucket_name must be a valid S3 bucket name."
+  }
+}
+
+variable "endpoint_public_access_cidrs" {
+  description = "Operator CIDRs allowed to reach the Kubernetes API endpoint; empty keeps it private."
+  type        = list(string)
+
+  validation {
+    condition     = alltrue([for c in var.endpoint_public_access_cidrs : can(cidrhost(c, 0)) && c != "0.0.0.0/0"])
+    error_message = "endpoint_public_access_cidrs must be valid CIDRs, and not 0.0.0.0/0."
+  }
+}
+
+variable "cors_allowed_origins" {
+  description = "https origins (the console's) allowed to PUT presigned upload parts from a browser."
+  type        = list(string)
+
+  validation {
+    condition     = alltrue([for o in var.cors_allowed_origins : can(regex("^https://", o))])
+    error_message = "cors_allowed_origins must be https:// origins."
+  }
+}

@@ -1,0 +1,69 @@
+"""The Grafana dashboards (and KEDA's trigger) query metric names a real engine exports.
+
+A tiny random Llama with multi-LoRA on serves one request; its `/metrics` text (the engine's
+own registry: engine, LoRA and cold-start metrics) is the list of names that exist."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+import pytest
+from infra_support import REPO, TERRAFORM, all_docs
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(REPO / "tests" / "platform" / "engine"))
+
+from engine_model_harness import save_tiny_model  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+DASHBOARDS = sorted((TERRAFORM / "modules" / "observability" / "dashboards").glob("*.json"))
+NAME = re.compile(r"\b(loraplex[:_][a-zA-Z0-9_:]+)")
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    from loraplex.platform.engine import LLM, SamplingParams
+
+    path = tmp_path_factory.mktemp("tiny")
+    save_tiny_model(path, "llama", seed=1)
+    llm = LLM(str(path), max_loras=2, max_lora_rank=8)
+    assert llm.core.lora_runtime is not None
+    llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    names: set[str] = set()
+    for family in text_string_to_metric_families(llm.core.metrics.render().decode()):
+        names |= {family.name + s for s in SUFFIXES.get(family.type, ("",))}
+    return names
+
+
+def _exprs() -> list[str]:
+    out = []
+    for path in DASHBOARDS:
+        dash = json.loads(path.read_text())
+        for panel in dash["panels"]:
+            out += [t["expr"] for t in panel.get("targets", [])]
+        out += [v["query"]["query"] for v in dash["templating"]["list"] if v["type"] == "query"]
+    return out
+
+
+def test_dashboards_cover_what_operators_watch() -> None:
+    assert DASHBOARDS
+    titles = {p["title"] for path in DASHBOARDS for p in json.loads(path.read_text())["panels"]}
+    for wanted in ("TTFT p95", "ITL p95", "Tokens/s", "KV cache use", "Resident adapters per replica",
+                   "Cold start, wall time to ready"):  # fmt: skip
+        assert wanted in titles
+    assert any("num_requests_waiting" in e for e in _exprs())
+
+
+def test_every_metric_queried_is_one_the_engine_exports(exported: set[str]) -> None:
+    assert {"loraplex:time_to_first_token_seconds_bucket", "loraplex:lora_adapter_resident",
+            "loraplex:cold_start_phase_seconds"} <= exported  # fmt: skip
+    queried = {n for e in _exprs() for n in NAME.findall(e)}
+    keda = [d["spec"]["triggers"][0]["metadata"]["query"] for d in all_docs()
+            if d["kind"] == "ScaledObject"]  # fmt: skip
+    queried |= {n for q in keda for n in NAME.findall(q)}
+    assert len(queried) >= 15
+    assert queried <= exported, sorted(queried - exported)
