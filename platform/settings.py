@@ -61,7 +61,7 @@ class Settings(BaseSettings):
     orphan_grace_s: int = 6 * 3600
 
     # Per-tenant upload bounds (defaults for tenants whose own limit is unset; /v1/limits).
-    max_concurrent_uploads: int = 4
+    max_concurrent_uploads: int = 16
     max_stored_adapter_bytes: int = 20 * 1024 * 1024 * 1024
 
     # Deployment defaults.
