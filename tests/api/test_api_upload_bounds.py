@@ -16,7 +16,6 @@ from sqlalchemy import select
 
 from loraplex.platform.db.models import Adapter, AdapterVersion
 from loraplex.platform.db.session import make_sessionmaker
-from loraplex.platform.jobs.reconcile import reconcile_objects
 from loraplex.platform.services import objects
 
 
@@ -100,6 +99,7 @@ def test_a_failed_object_delete_keeps_rows_deleting_until_the_reconciler(
     s3_client,
 ) -> None:
     from loraplex.platform.jobs.delete import run_delete
+    from loraplex.platform.jobs.reconcile import reconcile_objects
     from loraplex.platform.services import adapters as svc
 
     tenant_id, headers = make_tenant()
@@ -135,6 +135,8 @@ def test_a_failed_object_delete_keeps_rows_deleting_until_the_reconciler(
 def test_reconciler_removes_objects_without_rows_after_grace(
     client: TestClient, cp_settings, s3_client
 ) -> None:
+    from loraplex.platform.jobs.reconcile import reconcile_objects
+
     orphan = f"tenants/{uuid.uuid4()}/adapters/{uuid.uuid4()}/v1/adapter_model.safetensors"
     objects.put_bytes(s3_client, cp_settings.s3_bucket, orphan, b"left behind")
     assert orphan not in reconcile_objects(cp_settings).orphan_keys  # within the grace period
