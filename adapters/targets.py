@@ -231,3 +231,10 @@ def resolve_targets(cfg: PeftAdapterConfig, hf_config: dict) -> ResolvedTargets:
         scale = alpha / math.sqrt(r) if cfg.use_rslora else alpha / r
         modules[(layer, module)] = ModuleTarget(r, alpha, scale)
     return ResolvedTargets(modules)
+
+
+def resolve_config_targets(config: bytes | str | dict, hf_config: dict) -> ResolvedTargets:
+    """`resolve_targets` of an `adapter_config.json` (bytes, text or dict) for this base."""
+    from .peft_format import parse_adapter_config
+
+    return resolve_targets(parse_adapter_config(config), hf_config)

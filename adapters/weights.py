@@ -15,13 +15,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
-from loraplex.adapters.peft_format import (
-    AdapterFormatError,
-    module_dims,
-    parse_adapter_config,
-    parse_lora_tensor_name,
-)
-from loraplex.adapters.targets import ResolvedTargets, resolve_targets
+from loraplex.adapters.peft_format import AdapterFormatError, module_dims, parse_lora_tensor_name
+from loraplex.adapters.targets import ResolvedTargets, resolve_config_targets
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -135,7 +130,7 @@ def load_adapter(
     of both files. Raises AdapterFormatError on any mismatch.
     """
     if targets is None:
-        targets = resolve_targets(parse_adapter_config(config_bytes), hf_config)
+        targets = resolve_config_targets(config_bytes, hf_config)
     dims = module_dims(hf_config)
     num_layers = int(hf_config["num_hidden_layers"])
     try:

@@ -139,6 +139,14 @@ def _upload_ready(
     )
     assert key.status_code == 201, key.text
     tenant_h = {"Authorization": f"Bearer {key.json()['key']}"}
+    assert _wait_ready(client, url, tenant_h, adapter, version=1)
+    return tenant.json()["id"], tenant_h
+
+
+def _wait_ready(
+    client: httpx.Client, url: str, tenant_h: dict, adapter: Path, version: int
+) -> bool:
+    """Upload `adapter` as support-bot and wait for that version to be ready."""
     with (
         open(adapter / "adapter_config.json", "rb") as cfg,
         open(adapter / "adapter_model.safetensors", "rb") as weights,
@@ -149,17 +157,17 @@ def _upload_ready(
             files={"adapter_config": cfg, "adapter_model": weights},
             headers=tenant_h,
         )
-    assert resp.status_code == 202, resp.text
+    assert resp.status_code == 202 and resp.json()["version"] == version, resp.text
     deadline = time.monotonic() + 60
     body: dict = {}
     while time.monotonic() < deadline:
-        got = client.get(f"{url}/v1/adapters/support-bot", headers=tenant_h)
+        got = client.get(f"{url}/v1/adapters/support-bot/versions/{version}", headers=tenant_h)
         assert got.status_code == 200, got.text
         body = got.json()
-        status = body.get("status") or body.get("latest", {}).get("status")
+        status = body.get("status")
         if status in ("ready", "failed"):
             assert status == "ready", body
-            return tenant.json()["id"], tenant_h
+            return True
         time.sleep(0.5)
     pytest.fail(f"adapter never left validation: {body}")
 
@@ -272,24 +280,7 @@ def test_up_serves_supervises_stops_and_restarts(service_tmp_path: Path, tmp_pat
             worker_pid = _supervised(up_dir)["worker"]["pid"]
             os.kill(worker_pid, signal.SIGKILL)
             _restarted(up_dir, "worker", worker_pid)
-            with (
-                open(adapter / "adapter_config.json", "rb") as cfg,
-                open(adapter / "adapter_model.safetensors", "rb") as weights,
-            ):
-                again = client.post(
-                    f"{url}/v1/adapters",
-                    data={"name": "support-bot", "base_model": "demo"},
-                    files={"adapter_config": cfg, "adapter_model": weights},
-                    headers=tenant_h,
-                )
-            assert again.status_code == 202 and again.json()["version"] == 2
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                v2 = client.get(f"{url}/v1/adapters/support-bot/versions/2", headers=tenant_h)
-                if v2.json()["status"] != "validating":
-                    break
-                time.sleep(0.3)
-            assert v2.json()["status"] == "ready", v2.text
+            assert _wait_ready(client, url, tenant_h, adapter, version=2)
         children = first.descendants()
         assert len(children) >= 5  # postgres, weed, redis, worker, API (+ postgres helpers)
     finally:

@@ -269,11 +269,10 @@ def test_cold_adapter_fetched_from_s3_while_others_decode(
 
 def _targets_json(adapter_dir, core) -> dict:
     """What the validation job stores for this adapter: its targets resolved on RE2."""
-    from loraplex.adapters.peft_format import parse_adapter_config
-    from loraplex.adapters.targets import resolve_targets
+    from loraplex.adapters.targets import resolve_config_targets
 
-    cfg = parse_adapter_config((Path(adapter_dir) / "adapter_config.json").read_bytes())
-    return resolve_targets(cfg, core.model.hf_config).to_json()
+    config = (Path(adapter_dir) / "adapter_config.json").read_bytes()
+    return resolve_config_targets(config, core.model.hf_config).to_json()
 
 
 def test_replica_loading_an_adapter_never_runs_its_patterns(
@@ -302,10 +301,9 @@ def test_replica_loading_an_adapter_never_runs_its_patterns(
     )
     llm = LLM(base_dir, max_loras=2, block_size=4, max_num_batched_tokens=64, max_num_seqs=4)
     core = llm.core
-    from loraplex.adapters.peft_format import parse_adapter_config
-    from loraplex.adapters.targets import resolve_targets
+    from loraplex.adapters.targets import resolve_config_targets
 
-    targets = resolve_targets(parse_adapter_config(config_bytes), core.model.hf_config)
+    targets = resolve_config_targets(config_bytes, core.model.hf_config)
     assert targets.modules.keys() == {(0, m) for m in ALL}
     core.lora_runtime.object_store = ObjectStore(
         Settings(s3_endpoint_url=s3_endpoint, s3_bucket=s3_bucket)
