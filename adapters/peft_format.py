@@ -224,6 +224,11 @@ def parse_adapter_config(raw: bytes | str | dict) -> PeftAdapterConfig:
     )
 
 
+def module_path(layer: int, module: str) -> str:
+    """PEFT's name of projection `module` in decoder layer `layer` (model.layers.3.mlp.up_proj)."""
+    return f"model.layers.{layer}.{_BLOCK_OF[module]}.{module}"
+
+
 def parse_lora_tensor_name(name: str) -> LoraTensorName:
     """Parse `base_model.model.model.layers.{i}.{self_attn|mlp}.{x}_proj.lora_{A|B}[.name].weight`."""
     if not isinstance(name, str) or len(name) > 256:
@@ -244,7 +249,7 @@ def parse_lora_tensor_name(name: str) -> LoraTensorName:
     return LoraTensorName(
         layer_idx=layer,
         module=module,
-        module_path=f"model.layers.{layer}.{block}.{module}",
+        module_path=module_path(layer, module),
         kind=m["kind"],
     )
 

@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .peft_format import (
-    _BLOCK_OF,
     LORA_MODULES,
     MAX_LAYER_IDX,
     MAX_RANK,
     AdapterFormatError,
     PeftAdapterConfig,
     module_dims,
+    module_path,
 )
 from .tenant_regex import TenantPatternError, compile_pattern
 
@@ -132,12 +132,7 @@ def module_paths(hf_config: dict) -> list[tuple[int, str, str]]:
         raise AdapterFormatError(f"base model config lacks a usable {exc}") from exc
     if not 0 < layers <= MAX_LAYER_IDX:
         raise AdapterFormatError(f"base model has an unusable num_hidden_layers {layers}")
-    return [
-        (i, m, f"model.layers.{i}.{_BLOCK_OF[m]}.{m}")
-        for i in range(layers)
-        for m in LORA_MODULES
-        if m in dims
-    ]
+    return [(i, m, module_path(i, m)) for i in range(layers) for m in LORA_MODULES if m in dims]
 
 
 class _Matchers:

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loraplex.adapters.peft_format import (
-    ATTENTION_MODULES,
     AdapterFormatError,
     PeftAdapterConfig,
     module_dims,
+    module_path,
     parse_adapter_config,
     parse_lora_tensor_name,
 )
@@ -176,8 +176,8 @@ def check_tensors(
             raise AdapterValidationError(
                 f"{path} has lora_{found.pop()} but no lora_{missing}", "missing_pair"
             )
-    for (layer, module), _ in sorted(targets.modules.items()):
-        path = f"model.layers.{layer}.{_block(module)}.{module}"
+    for layer, module in sorted(targets.modules):
+        path = module_path(layer, module)
         if path not in kinds:
             raise AdapterValidationError(
                 f"adapter_config.json targets {path} but the weights have no lora_A/lora_B for it",
@@ -200,10 +200,6 @@ def check_tensors(
         dtypes=sorted({t.dtype for t in header.tensors.values()}),
         targets=targets,
     )
-
-
-def _block(module: str) -> str:
-    return "self_attn" if module in ATTENTION_MODULES else "mlp"
 
 
 def validate_adapter(

@@ -86,13 +86,12 @@ def reconcile_objects(settings: Settings, grace_s: float | None = None) -> Recon
     client = objects.s3_client(settings)
     _finish_deletions(settings, client, report)
     with session_scope(make_sessionmaker(settings.database_url)) as session:
-        rows = session.execute(select(AdapterVersion.object_prefix, AdapterVersion.status)).all()
+        known = set(session.scalars(select(AdapterVersion.object_prefix)))
         failed = session.execute(
             select(AdapterVersion.id, AdapterVersion.object_prefix).where(
                 AdapterVersion.status == "failed"
             )
         ).all()
-    known = {prefix for prefix, _ in rows}
     cutoff = datetime.now(UTC) - timedelta(seconds=grace)
     listed: dict[str, list[str]] = {}
     paginator = client.get_paginator("list_objects_v2")
