@@ -110,7 +110,9 @@ class Replica:
         log = workdir / f"replica-{self.port}.log"
         self.proc = Proc(args, env or dict(os.environ), log, sock)
         _wait_http(f"{self.url}/health", self.proc.popen, log)
-        self.heartbeat = register_replica(redis_url, deployment, self.url, ttl_s=3.0)
+        # The default TTL: a busy CI machine may answer /health late under 20 streams, and a
+        # 3 s TTL then drops a live replica (503s); a dead one is marked down by the router.
+        self.heartbeat = register_replica(redis_url, deployment, self.url)
 
     def state(self) -> dict[str, Any]:
         """The replica's /state."""
