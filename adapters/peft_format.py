@@ -1,9 +1,10 @@
 """The PEFT LoRA adapter format as-is: `adapter_config.json` and the tensor names inside
 `adapter_model.safetensors`, with per-module rank and scale resolution.
 
-Shared by the validation job (control plane) and the engine's adapter loader, so both accept
-and refuse exactly the same adapters. Matching rules follow PEFT's own (module keys relative to
-the causal-LM wrapper, e.g. ``model.layers.3.self_attn.q_proj``).
+Parsing only: which modules the config targets, at what rank and scale, is decided once at
+validation by `targets.resolve_targets` (tenant patterns on RE2); replicas never read the
+patterns. Module keys are PEFT's, relative to the causal-LM wrapper
+(``model.layers.3.self_attn.q_proj``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from .tenant_regex import TenantPatternError, check_pattern
 
 # The projections a LoRA may target, and which block each lives in.
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -51,10 +54,6 @@ class PeftAdapterConfig:
     layers_pattern: list[str] | None = None
     exclude_modules: list[str] | str | None = None
 
-    def targets(self, module_path: str) -> bool:
-        """True when PEFT would attach this adapter to the module at `module_path`."""
-        return targets_module(self, module_path)
-
 
 @dataclass(frozen=True)
 class LoraTensorName:
@@ -83,12 +82,11 @@ def _finite_alpha(value: Any, what: str) -> float:
 
 
 def _check_regex(pattern: str, what: str) -> None:
-    if len(pattern) > 1024:
-        raise AdapterFormatError(f"{what} is too long ({len(pattern)} characters, at most 1024)")
+    """Refuse a pattern RE2 cannot run or Python's re (PEFT) would read otherwise."""
     try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise AdapterFormatError(f"{what} is not a valid regular expression: {exc}") from exc
+        check_pattern(pattern, what)
+    except TenantPatternError as exc:
+        raise AdapterFormatError(str(exc)) from None
 
 
 def _str_list(value: Any, what: str) -> list[str]:
@@ -116,8 +114,11 @@ def _pattern_dict(value: Any, what: str, check) -> dict:
     if not isinstance(value, dict):
         raise AdapterFormatError(f"{what} must be an object mapping module patterns to values")
     out = {}
+    if len(value) > 1024:
+        raise AdapterFormatError(f"{what} has too many keys ({len(value)}, at most 1024)")
     for key, v in value.items():
-        _check_regex(key, f"{what} key {key!r}")
+        # Checked as PEFT composes it: a key such as '(?i)q_proj' is invalid there.
+        _check_regex(rf"(.*\.)?({key})$", f"{what} key {key!r}")
         out[key] = check(v, f"{what}[{key!r}]")
     return out
 
@@ -198,6 +199,8 @@ def parse_adapter_config(raw: bytes | str | dict) -> PeftAdapterConfig:
         layers_pattern = [layers_pattern] if layers_pattern else None
     if layers_pattern is not None:
         layers_pattern = _str_list(layers_pattern, "layers_pattern") or None
+        for pattern in layers_pattern or []:
+            _check_regex(rf"(?:^|.*?\.){pattern}\.(?P<idx>\d+)\.", f"layers_pattern {pattern!r}")
     exclude = obj.get("exclude_modules")
     if exclude is not None:
         exclude = _targets_field(exclude, "exclude_modules") if exclude != [] else None
@@ -221,6 +224,11 @@ def parse_adapter_config(raw: bytes | str | dict) -> PeftAdapterConfig:
     )
 
 
+def module_path(layer: int, module: str) -> str:
+    """PEFT's name of projection `module` in decoder layer `layer` (model.layers.3.mlp.up_proj)."""
+    return f"model.layers.{layer}.{_BLOCK_OF[module]}.{module}"
+
+
 def parse_lora_tensor_name(name: str) -> LoraTensorName:
     """Parse `base_model.model.model.layers.{i}.{self_attn|mlp}.{x}_proj.lora_{A|B}[.name].weight`."""
     if not isinstance(name, str) or len(name) > 256:
@@ -241,7 +249,7 @@ def parse_lora_tensor_name(name: str) -> LoraTensorName:
     return LoraTensorName(
         layer_idx=layer,
         module=module,
-        module_path=f"model.layers.{layer}.{block}.{module}",
+        module_path=module_path(layer, module),
         kind=m["kind"],
     )
 
@@ -281,62 +289,3 @@ def module_dims(hf_config: dict) -> dict[str, tuple[int, int]]:
             "down_proj": (inter, hidden),
         }
     return dims
-
-
-def _layer_index(cfg: PeftAdapterConfig, module_path: str) -> int | None:
-    if cfg.layers_pattern:
-        for pattern in cfg.layers_pattern:
-            m = re.match(rf"(?:^|.*?\.){pattern}\.(?P<idx>\d+)\.", module_path)
-            if m:
-                return int(m["idx"])
-        return None
-    m = re.match(r".*?\.[^.]*\.(?P<idx>\d+)\.", module_path)
-    return int(m["idx"]) if m else None
-
-
-def _matches_list_or_regex(spec: list[str] | str, module_path: str) -> bool:
-    if isinstance(spec, str):
-        return re.fullmatch(spec, module_path) is not None
-    return module_path in spec or any(module_path.endswith("." + t) for t in spec)
-
-
-def targets_module(cfg: PeftAdapterConfig, module_path: str) -> bool:
-    """PEFT's module-matching rule (target_modules, exclude_modules, layers_to_transform)."""
-    if cfg.exclude_modules and _matches_list_or_regex(cfg.exclude_modules, module_path):
-        return False
-    if cfg.target_modules == "all-linear":
-        if module_path.rsplit(".", 1)[-1] not in LORA_MODULES:
-            return False
-    elif isinstance(cfg.target_modules, str):  # a regex: PEFT applies no layer filter to it
-        return re.fullmatch(cfg.target_modules, module_path) is not None
-    elif not _matches_list_or_regex(cfg.target_modules, module_path):
-        return False
-    if cfg.layers_to_transform:
-        return _layer_index(cfg, module_path) in cfg.layers_to_transform
-    return True
-
-
-def _pattern_value(patterns: dict, module_path: str):
-    for key, value in patterns.items():
-        if re.match(rf"(.*\.)?({key})$", module_path):
-            return value
-    return None
-
-
-def rank_for(cfg: PeftAdapterConfig, module_path: str) -> int:
-    """The LoRA rank of one module: `rank_pattern`'s first matching key, else `r`."""
-    value = _pattern_value(cfg.rank_pattern, module_path)
-    return cfg.r if value is None else int(value)
-
-
-def alpha_for(cfg: PeftAdapterConfig, module_path: str) -> float:
-    """The LoRA alpha of one module: `alpha_pattern`'s first matching key, else `lora_alpha`."""
-    value = _pattern_value(cfg.alpha_pattern, module_path)
-    return cfg.lora_alpha if value is None else float(value)
-
-
-def scale_for(cfg: PeftAdapterConfig, module_path: str) -> float:
-    """The delta's scale: alpha/r, or alpha/sqrt(r) with rsLoRA (per-module alpha and r)."""
-    r = rank_for(cfg, module_path)
-    alpha = alpha_for(cfg, module_path)
-    return alpha / math.sqrt(r) if cfg.use_rslora else alpha / r

@@ -13,10 +13,11 @@ from loraplex.adapters.peft_format import (
     AdapterFormatError,
     PeftAdapterConfig,
     module_dims,
+    module_path,
     parse_adapter_config,
     parse_lora_tensor_name,
-    rank_for,
 )
+from loraplex.adapters.targets import ResolvedTargets, resolve_targets
 from loraplex.loader.safetensors_header import (
     SafetensorsError,
     SafetensorsHeader,
@@ -47,6 +48,7 @@ class ValidationResult:
     target_modules: list[str]
     tensor_count: int
     dtypes: list[str]
+    targets: ResolvedTargets
 
 
 def sniff_pickle(first_bytes: bytes) -> str | None:
@@ -124,6 +126,10 @@ def check_tensors(
     if not header.tensors:
         raise AdapterValidationError("adapter_model.safetensors holds no tensors", "empty_adapter")
     dims, num_layers = _base_dims(base_config)
+    try:
+        targets = resolve_targets(config, base_config)
+    except AdapterFormatError as exc:
+        raise AdapterValidationError(str(exc), "invalid_config") from None
     kinds: dict[str, set[str]] = {}
     ranks: dict[str, int] = {}
     for name, info in header.tensors.items():
@@ -138,7 +144,8 @@ def check_tensors(
                 f"({num_layers} layers; LoRA-targetable modules: {', '.join(sorted(dims))})",
                 "unknown_module",
             )
-        if not config.targets(path):
+        target = targets.get(parsed.layer_idx, parsed.module)
+        if target is None:
             raise AdapterValidationError(
                 f"tensor {name!r} targets {path}, which adapter_config.json's target_modules "
                 f"({config.target_modules!r}) does not include",
@@ -150,7 +157,7 @@ def check_tensors(
                 f"{', '.join(ALLOWED_DTYPES)}",
                 "unsupported_dtype",
             )
-        r = rank_for(config, path)
+        r = target.rank
         in_f, out_f = dims[parsed.module]
         expected = (r, in_f) if parsed.kind == "A" else (out_f, r)
         if tuple(info.shape) != expected:
@@ -169,6 +176,13 @@ def check_tensors(
             raise AdapterValidationError(
                 f"{path} has lora_{found.pop()} but no lora_{missing}", "missing_pair"
             )
+    for layer, module in sorted(targets.modules):
+        path = module_path(layer, module)
+        if path not in kinds:
+            raise AdapterValidationError(
+                f"adapter_config.json targets {path} but the weights have no lora_A/lora_B for it",
+                "missing_pair",
+            )
     top = max(ranks.values())
     if top > max_rank:
         worst = max(ranks, key=ranks.__getitem__)
@@ -184,6 +198,7 @@ def check_tensors(
         target_modules=sorted({p.rsplit(".", 1)[-1] for p in kinds}),
         tensor_count=len(header.tensors),
         dtypes=sorted({t.dtype for t in header.tensors.values()}),
+        targets=targets,
     )
 
 

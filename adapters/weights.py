@@ -15,15 +15,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
-from loraplex.adapters.peft_format import (
-    AdapterFormatError,
-    PeftAdapterConfig,
-    module_dims,
-    parse_adapter_config,
-    parse_lora_tensor_name,
-    rank_for,
-    scale_for,
-)
+from loraplex.adapters.peft_format import AdapterFormatError, module_dims, parse_lora_tensor_name
+from loraplex.adapters.targets import ResolvedTargets, resolve_config_targets
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -49,7 +42,7 @@ class LoadedAdapter:
     """A validated adapter version in host memory, keyed by its sha256."""
 
     key: str
-    config: PeftAdapterConfig
+    targets: ResolvedTargets
     modules: dict[tuple[int, str], ModuleLora]
 
     @property
@@ -124,16 +117,20 @@ def load_adapter(
     weights_bytes: bytes,
     hf_config: dict,
     *,
+    targets: ResolvedTargets | None = None,
     key: str | None = None,
     max_rank: int | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> LoadedAdapter:
-    """Parse, validate against the base model and materialise an adapter's LoRA matrices.
+    """Check an adapter's tensors against its targets and the base model; materialise them.
 
-    `key` defaults to the sha256 of both files; a caller holding the control plane's
-    version sha256 passes it instead. Raises AdapterFormatError on any mismatch.
+    `targets` are the version's resolved targets (what validation stored): a replica always
+    passes them, so it never reads the config's patterns. Without them (a local adapter
+    directory) they are resolved here, on RE2, from the config. `key` defaults to the sha256
+    of both files. Raises AdapterFormatError on any mismatch.
     """
-    cfg = parse_adapter_config(config_bytes)
+    if targets is None:
+        targets = resolve_config_targets(config_bytes, hf_config)
     dims = module_dims(hf_config)
     num_layers = int(hf_config["num_hidden_layers"])
     try:
@@ -151,12 +148,13 @@ def load_adapter(
             raise AdapterFormatError(f"{module_path}: the base model has {num_layers} layers")
         if module not in dims:
             raise AdapterFormatError(f"{module_path}: {module} is not a LoRA target of this model")
-        if not cfg.targets(module_path):
+        target = targets.get(layer, module)
+        if target is None:
             raise AdapterFormatError(f"{module_path} has weights but target_modules excludes it")
         for kind in ("A", "B"):
             if kind not in parts:
                 raise AdapterFormatError(f"{module_path}: lora_{kind} is missing")
-        r = rank_for(cfg, module_path)
+        r = target.rank
         if max_rank is not None and r > max_rank:
             raise AdapterFormatError(f"{module_path}: rank {r} exceeds max_lora_rank {max_rank}")
         d_in, d_out = dims[module]
@@ -165,21 +163,17 @@ def load_adapter(
         _check_tensor(name_a, a, (r, d_in))
         _check_tensor(name_b, b, (d_out, r))
         modules[(layer, module)] = ModuleLora(
-            a=a.to(dtype).contiguous(),
-            b=b.to(dtype).contiguous(),
-            scale=scale_for(cfg, module_path),
+            a=a.to(dtype).contiguous(), b=b.to(dtype).contiguous(), scale=target.scale
         )
-
-    for layer in range(num_layers):
-        for module in dims:
-            block = "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
-            path = f"model.layers.{layer}.{block}.{module}"
-            if cfg.targets(path) and (layer, module) not in modules:
-                raise AdapterFormatError(
-                    f"{path} is targeted but the adapter has no weights for it"
-                )
+    for layer, module in sorted(targets.modules):
+        if (layer, module) not in modules:
+            raise AdapterFormatError(
+                f"layer {layer} {module} is targeted but the adapter has no weights for it"
+            )
     return LoadedAdapter(
-        key=key or adapter_version_key(config_bytes, weights_bytes), config=cfg, modules=modules
+        key=key or adapter_version_key(config_bytes, weights_bytes),
+        targets=targets,
+        modules=modules,
     )
 
 

@@ -13,6 +13,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -126,6 +128,20 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     return error_response(422, message, code="invalid_request", param=param)
 
 
+async def _backend_down(_: Request, exc: Exception) -> JSONResponse:
+    """The database (or Redis) is unreachable, e.g. restarting under `loraplex up`: a 503 the
+    client can retry, not a 500."""
+    what = "database" if isinstance(exc, DBAPIError) else "Redis"
+    log.warning("%s unavailable: %s", what, type(exc).__name__)
+    return error_response(
+        503,
+        f"The platform's {what} is unavailable right now; retry shortly.",
+        code=f"{what.lower()}_unavailable",
+        type="service_unavailable",
+        headers={"retry-after": "5"},
+    )
+
+
 async def _unhandled(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
     return error_response(
@@ -139,6 +155,9 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ServiceError, _service_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(OperationalError, _backend_down)
+    app.add_exception_handler(InterfaceError, _backend_down)
+    app.add_exception_handler(RedisConnectionError, _backend_down)
     app.add_exception_handler(Exception, _unhandled)
 
 

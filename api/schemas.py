@@ -28,6 +28,8 @@ class TenantLimitsFields(_Strict):
     requests_per_minute: StrictInt | None = None
     tokens_per_minute: StrictInt | None = None
     monthly_token_quota: StrictInt | None = None
+    max_concurrent_uploads: StrictInt | None = None
+    max_stored_adapter_bytes: StrictInt | None = None
 
     def limits(self, only_sent: bool = False) -> dict[str, int | None]:
         """The limit fields (only those the body named when `only_sent`)."""
@@ -109,6 +111,8 @@ def tenant_view(t: Tenant) -> dict[str, Any]:
             "requests_per_minute": t.requests_per_minute,
             "tokens_per_minute": t.tokens_per_minute,
             "monthly_token_quota": t.monthly_token_quota,
+            "max_concurrent_uploads": t.max_concurrent_uploads,
+            "max_stored_adapter_bytes": t.max_stored_adapter_bytes,
         },
     }
 

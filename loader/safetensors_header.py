@@ -58,6 +58,13 @@ _TORCH_DTYPES: dict[str, str] = {
 
 METADATA_KEY = "__metadata__"
 
+MAX_TENSOR_RANK = 8
+"""Most dimensions a tensor may have: checked before anything multiplies the shape (a shape of
+hundreds of thousands of dimensions would cost minutes of big-integer products)."""
+
+MAX_DIM = 2**64 - 1
+"""Largest single dimension (the reference reader's usize)."""
+
 
 class SafetensorsError(ValueError):
     """A safetensors file breaks a rule of the format; the message names the rule."""
@@ -196,9 +203,16 @@ def _parse_entry(name: str, raw: object) -> tuple[str, tuple[int, ...], int, int
     if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
         raise SafetensorsError(f"invalid tensor {name!r}: unknown dtype {dtype!r}")
     shape = raw["shape"]
-    if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
+    if not isinstance(shape, list):
+        raise SafetensorsError(f"invalid tensor {name!r}: shape must be a list")
+    if len(shape) > MAX_TENSOR_RANK:
         raise SafetensorsError(
-            f"invalid tensor {name!r}: shape must be a list of non-negative integers, got {shape!r}"
+            f"invalid tensor {name!r}: {len(shape)} dimensions, at most {MAX_TENSOR_RANK}"
+        )
+    if not all(_is_uint(d) and d <= MAX_DIM for d in shape):
+        raise SafetensorsError(
+            f"invalid tensor {name!r}: shape must be non-negative integers of at most "
+            f"{MAX_DIM}, got {shape!r}"
         )
     offsets = raw["data_offsets"]
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_uint(o) for o in offsets)):

@@ -1,7 +1,8 @@
 """Start an expert-parallel group: one process per rank, torch.distributed over loopback.
 
-`run_ep_group(n, fn, *args)` spawns `n` ranks, initialises the process group (gloo on
-CPU, NCCL when every rank gets its own GPU) on a free loopback port, calls
+`run_ep_group(n, fn, *args)` spawns `n` ranks, initialises the process group (the backend
+matches the device: gloo for CPU tensors, NCCL for CUDA with one rank per GPU; see
+`ep_backend`) on a free loopback port, calls
 `fn(ep, *args)` on each rank and returns the per-rank results. `StepChannel` carries the
 leader's per-step inputs to follower ranks, so the engine (rank 0: scheduler, server)
 and the followers run the same forward passes.
@@ -33,15 +34,34 @@ def free_loopback_port() -> int:
         return int(s.getsockname()[1])
 
 
-def default_backend() -> str:
-    """NCCL when CUDA is available, else gloo."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
+def ep_backend(device: str, world_size: int) -> str:
+    """The torch.distributed backend for `world_size` ranks computing on `device`.
+
+    gloo for CPU tensors (even on a host with GPUs); NCCL for CUDA, one rank per GPU: fewer
+    visible GPUs than ranks is refused (NCCL cannot share one GPU between ranks).
+    """
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"expert parallelism: unknown device {device!r}") from exc
+    if kind == "cpu":
+        return "gloo"
+    if kind != "cuda":
+        raise ValueError(f"expert parallelism runs on cpu or cuda devices, not {device!r}")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus < world_size:
+        raise ValueError(
+            f"expert parallelism with {world_size} ranks on {device!r} needs {world_size} GPUs "
+            f"(one rank per GPU), but this host shows {gpus}: lower --ep-size to at most "
+            f"{gpus} or use --device cpu"
+        )
+    return "nccl"
 
 
 def init_ep_rank(rank: int, world_size: int, port: int, backend: str) -> ExpertParallelGroup:
-    """Join the group as `rank` (CUDA device set for NCCL); it becomes the process's EP group."""
+    """Join the group as `rank` (for NCCL on GPU `rank`); it becomes the process's EP group."""
     if backend == "nccl":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+        torch.cuda.set_device(rank)  # one rank per GPU (`ep_backend` checked there are enough)
     dist.init_process_group(
         backend,
         init_method=f"tcp://127.0.0.1:{port}",
@@ -81,6 +101,7 @@ def run_ep_group(
     fn: Callable[..., Any],
     *args: Any,
     backend: str | None = None,
+    device: str = "cpu",
     timeout_s: float = 120.0,
 ) -> list[Any]:
     """Run `fn(ep, *args)` on `world_size` spawned ranks; return results ordered by rank.
@@ -90,7 +111,7 @@ def run_ep_group(
     """
     if world_size < 1:
         raise ValueError(f"ep size must be >= 1, got {world_size}")
-    backend = backend or default_backend()
+    backend = backend or ep_backend(device, world_size)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_loopback_port()

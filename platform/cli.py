@@ -29,13 +29,10 @@ def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
     settings = _settings(port=args.port, host=args.host)
-    uvicorn.run(
-        "loraplex.api.app:create_app",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        log_level=args.log_level,
+    where = (
+        {"fd": args.fd} if args.fd is not None else {"host": settings.host, "port": settings.port}
     )
+    uvicorn.run("loraplex.api.app:create_app", factory=True, log_level=args.log_level, **where)
     return 0
 
 
@@ -129,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     api = sub.add_parser("api", help="serve the REST API")
     api.add_argument("--host")
     api.add_argument("--port", type=int)
+    api.add_argument("--fd", type=int, help="serve on this inherited listening socket")
     api.add_argument("--log-level", default="info")
     api.set_defaults(func=cmd_api)
 

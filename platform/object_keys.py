@@ -50,6 +50,17 @@ def adapter_version_prefix(tenant_id: uuid.UUID | str, adapter_id: uuid.UUID | s
     return f"{adapter_prefix(tenant_id, adapter_id)}v{n}/"
 
 
+def version_prefix_of(key: str) -> str | None:
+    """`tenants/T/adapters/A/vN/` of a key inside an adapter version's folder, else None."""
+    parts = key.split("/")
+    if len(parts) < 6 or not is_adapter_key(key):
+        return None
+    return "/".join(parts[:5]) + "/"
+
+
+TENANTS_ROOT = ADAPTERS.template.split("{", 1)[0]  # "tenants/": where every adapter key starts
+
+
 def model_prefix(name: str) -> str:
     """Folder of a base model's files."""
     return MODELS.prefix(name=name)

@@ -55,6 +55,17 @@ class Settings(BaseSettings):
     # re-enqueued (its worker died); an upload left unfinished past the presign expiry plus
     # this long is failed and its objects removed.
     job_stale_after_s: int = 300
+    # Validation always ends: a job running past this is stopped and its version failed; a
+    # version whose jobs died or errored this many times is failed instead of re-queued.
+    validation_time_limit_s: float = 300.0
+    validation_max_attempts: int = 3
+    # Orphan reconciler: objects under tenants/ that no row points to, older than this, are
+    # removed (the grace covers uploads whose row is being written right now).
+    orphan_grace_s: int = 6 * 3600
+
+    # Per-tenant upload bounds (defaults for tenants whose own limit is unset; /v1/limits).
+    max_concurrent_uploads: int = 16
+    max_stored_adapter_bytes: int = 20 * 1024 * 1024 * 1024
 
     # Deployment defaults.
     default_max_loras: int = 8

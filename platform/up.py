@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
-import secrets
 import signal
 import sys
 import time
@@ -27,14 +25,16 @@ from typing import IO
 
 from rich.console import Console
 
+from loraplex.platform.child_env import child_env
 from loraplex.platform.embedded.process import (
     EmbeddedServiceError,
     ServiceProcess,
-    log_tail,
-    port_is_free,
+    listen_socket,
     stop_together,
 )
+from loraplex.platform.secret_files import read_or_create_secret, token
 from loraplex.platform.settings import Settings
+from loraplex.platform.supervisor import Supervised, Supervisor
 
 DEMO_MODEL_NAME = "demo"
 
@@ -81,23 +81,7 @@ class Stack:
 
 def redact(url: str) -> str:
     """`url` with any password replaced by ***."""
-    return re.sub(r"(//[^:/@]+:)[^@]*@", r"\1***@", url)
-
-
-def child_env(settings: Settings) -> dict[str, str]:
-    """This process's environment plus every setting as a `LORAPLEX_*` variable."""
-    env = dict(os.environ)
-    for name, value in settings.model_dump().items():
-        key = f"LORAPLEX_{name.upper()}"
-        if value is None:
-            env.pop(key, None)
-        elif isinstance(value, bool):
-            env[key] = "true" if value else "false"
-        elif isinstance(value, str | int | float | Path):
-            env[key] = str(value)
-        else:
-            env[key] = json.dumps(value, default=str)
-    return env
+    return re.sub(r"(//[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
 @contextlib.contextmanager
@@ -121,11 +105,7 @@ def admin_key(settings: Settings, data_dir: Path) -> str:
     """LORAPLEX_ADMIN_KEY when set, else the key kept in the data dir (made on first run)."""
     if settings.admin_key:
         return settings.admin_key
-    path = data_dir / "admin_key"
-    if not path.exists():
-        path.write_text("lpx-admin-" + secrets.token_urlsafe(32) + "\n")
-        path.chmod(0o600)
-    return path.read_text().strip()
+    return read_or_create_secret(data_dir / "admin_key", lambda: token("lpx-admin-") + "\n")
 
 
 def ensure_bucket(settings: Settings) -> None:
@@ -164,10 +144,17 @@ def _http_ok(url: str) -> bool:
         return resp.status == 200
 
 
-def _start_child(name: str, argv: list[str], log: Path, env: dict[str, str]) -> ServiceProcess:
+def _start_child(
+    name: str, argv: list[str], log: Path, env: dict[str, str], pass_fds: tuple[int, ...] = ()
+) -> ServiceProcess:
     proc = ServiceProcess(name, log)
-    proc.start(argv, env=env, cwd=log.parent)
+    proc.start(argv, env=env, cwd=log.parent, pass_fds=pass_fds)
     return proc
+
+
+def _restart_and_wait(proc: ServiceProcess, probe: Callable[[], bool], timeout: float) -> None:
+    proc.start_again()
+    proc.wait_ready(probe, timeout=timeout)
 
 
 def _raise_on_term(signum: int, frame: FrameType | None) -> None:
@@ -185,8 +172,12 @@ def step(console: Console, label: str) -> Iterator[list[str]]:
     console.print(f"[green]✓[/] {label}  [dim]{' '.join(notes)} ({took:.1f}s)[/]")
 
 
-def start_services(settings: Settings, stack: Stack, data_dir: Path) -> dict[str, object]:
-    """Start each embedded service whose URL is not set; returns the URLs to fill in."""
+def start_services(
+    settings: Settings, stack: Stack, data_dir: Path, watch: list[Supervised] | None = None
+) -> dict[str, object]:
+    """Start each embedded service whose URL is not set; returns the URLs to fill in. Each
+    one started is added to `watch` (restarted by the supervisor if it dies)."""
+    watch = [] if watch is None else watch
     from loraplex.platform.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedSeaweedFS
 
     console = stack.console
@@ -197,23 +188,23 @@ def start_services(settings: Settings, stack: Stack, data_dir: Path) -> dict[str
         with step(console, "PostgreSQL") as note:
             urls["database_url"] = pg.start()
             note.append(redact(pg.url))
+        watch.append(Supervised("PostgreSQL", pg.process, pg.start))
     if settings.s3_endpoint_url is None:
-        s3 = EmbeddedSeaweedFS(
-            data_dir / "seaweedfs",
-            access_key=settings.s3_access_key,
-            secret_key=settings.s3_secret_key,
-            region=settings.s3_region,
-        )
+        # Random credentials kept in its data dir (not the well-known defaults).
+        s3 = EmbeddedSeaweedFS(data_dir / "seaweedfs", region=settings.s3_region)
         stack.push("SeaweedFS S3", s3.stop)
         with step(console, "SeaweedFS S3") as note:
             urls["s3_endpoint_url"] = s3.start()
+            urls |= {"s3_access_key": s3.access_key, "s3_secret_key": s3.secret_key}
             note.append(s3.endpoint_url)
+        watch.append(Supervised("SeaweedFS S3", s3.process, s3.start))
     if settings.broker_url is None:
         rd = EmbeddedRedis(data_dir / "redis")
         stack.push("Redis", rd.stop)
         with step(console, "Redis") as note:
             urls["broker_url"] = rd.start()
-            note.append(rd.url)
+            note.append(redact(rd.url))
+        watch.append(Supervised("Redis", rd.process, rd.start))
     return urls
 
 
@@ -223,15 +214,21 @@ def start_all(
     model: Path | None,
     model_name: str | None,
     engine: bool = True,
-) -> tuple[Settings, str, list[ServiceProcess]]:
-    """Bring every part up in order; returns the final settings, the API URL and children."""
+) -> tuple[Settings, str, list[Supervised]]:
+    """Bring every part up in order; returns the final settings, the API URL and what the
+    supervisor watches."""
     console = stack.console
     data_dir = settings.data_dir.expanduser().resolve()
-    if not port_is_free(settings.port, settings.host):
-        raise UpError(f"port {settings.port} on {settings.host} is in use; pass --port")
+    try:  # the API's socket is ours from here on (port 0: the OS picks one)
+        api_sock = listen_socket(settings.host, settings.port)
+    except OSError as exc:
+        raise UpError(f"port {settings.port} on {settings.host} is in use; pass --port") from exc
+    stack.push("API socket", api_sock.close)
     folder = model_folder(data_dir, model)  # checked (or written) before anything starts
     name = model_name or (DEMO_MODEL_NAME if model is None else default_model_name(folder))
-    updates = start_services(settings, stack, data_dir)
+    watch: list[Supervised] = []
+    updates = start_services(settings, stack, data_dir, watch)
+    updates["port"] = api_sock.getsockname()[1]
     updates |= {"data_dir": data_dir, "admin_key": admin_key(settings, data_dir)}
     settings = settings.model_copy(update=updates)
     if settings.database_url is None:  # only if a start above silently gave nothing
@@ -250,24 +247,30 @@ def start_all(
         info = register_base_model(settings, name, folder)
         note.append(f"{info.name} ({info.family}) from {folder}")
 
-    env = child_env(settings)
     logs = data_dir / "logs"
     logs.mkdir(exist_ok=True)
     cli = [sys.executable, "-m", "loraplex.platform.cli"]
     url = f"http://{settings.host}:{settings.port}"
+    fd = api_sock.fileno()
     with step(console, "Worker and API") as note:
-        worker = _start_child("worker", [*cli, "worker"], logs / "worker.log", env)
-        api = _start_child("API", [*cli, "api"], logs / "api.log", env)
+        worker = _start_child(
+            "worker", [*cli, "worker"], logs / "worker.log", child_env(settings, "worker")
+        )
+        api = _start_child("API", [*cli, "api", "--fd", str(fd)], logs / "api.log",
+                           child_env(settings, "api"), pass_fds=(fd,))  # fmt: skip
         # Both are clients of the services: stopped together (SIGINT = graceful for each).
         stack.push("worker and API", lambda: stop_together([api, worker], signal.SIGINT, 20))
-        api.wait_ready(lambda: _http_ok(url + "/healthz"), timeout=90)
+        api_ok = lambda: _http_ok(url + "/healthz")  # noqa: E731
+        api.wait_ready(api_ok, timeout=90)
         if not worker.running():
             raise worker.fail("exited")
         note.append(url)
-    children = [worker, api]
+    watch.append(Supervised("worker", worker, worker.start_again))
+    watch.append(Supervised("API", api, lambda: _restart_and_wait(api, api_ok, 90)))
     if engine:
-        children += start_serving(settings, stack, folder, name, logs / "engine.log", env)
-    return settings, url, children
+        env = child_env(settings, "engine")
+        watch += start_serving(settings, stack, folder, name, logs / "engine.log", env)
+    return settings, url, watch
 
 
 def start_serving(
@@ -281,15 +284,17 @@ def start_serving(
         note.append(f"{deployment.name} (max_loras {deployment.max_loras}, "
                     f"max_lora_rank {deployment.max_lora_rank})")  # fmt: skip
     with step(stack.console, "Engine replica") as note:
-        url, proc, deregister = start_replica(settings, deployment, folder, name, log, env)
+        replica = start_replica(settings, deployment, folder, name, log, env)
 
         def stop() -> None:
-            deregister()
-            proc.stop(signal.SIGINT, timeout=20)
+            replica.deregister()
+            replica.process.stop(signal.SIGINT, timeout=20)
+            replica.socket.close()
 
         stack.push("engine replica", stop)
-        note.append(f"{url}, serving {name!r}")
-    return [proc]
+        note.append(f"{replica.url}, serving {name!r}")
+    # Restarted on the same socket (same URL); its heartbeat re-registers it once healthy.
+    return [Supervised("engine replica", replica.process, replica.restart)]
 
 
 def run_up(
@@ -317,7 +322,7 @@ def run_up(
                 console.print(f"Admin key: {settings.admin_key}")
                 console.print(f"Logs: {data_dir / 'logs'}")
                 console.print("Press Ctrl-C to stop.")
-                code = _watch(console, children)
+                code = supervise(console, children, data_dir / "logs" / "supervisor.json", stack)
             except KeyboardInterrupt:
                 console.print("\nShutting down…")
             except (UpError, EmbeddedServiceError) as exc:
@@ -339,12 +344,14 @@ def run_up(
     return code
 
 
-def _watch(console: Console, children: list[ServiceProcess]) -> int:
-    """Block until Ctrl-C (returns 0) or a child dies on its own (returns 1)."""
-    while True:
-        for child in children:
-            if not child.running():
-                console.print(f"[red]error:[/] {child.name} exited; last lines of its log:")
-                console.print(log_tail(child.log_path), markup=False)
-                return 1
-        time.sleep(0.5)
+def supervise(console: Console, children: list[Supervised], state: Path, stack: Stack) -> int:
+    """Keep the children running until Ctrl-C / SIGTERM (raised as KeyboardInterrupt)."""
+    supervisor = Supervisor(
+        lambda text: console.print(f"[yellow]![/] {text}", markup=True, highlight=False),
+        state_file=state,
+    )
+    for child in children:
+        supervisor.add(child)
+    stack.push("supervisor", supervisor.close)  # stopped first: no restart during shutdown
+    supervisor.run()
+    return 0

@@ -3,13 +3,14 @@ on it, and the replica's registration so the gateway routes requests to it."""
 
 from __future__ import annotations
 
+import socket
 import sys
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplex.platform.embedded.process import ServiceProcess, free_port
+from loraplex.platform.embedded.process import ServiceProcess, listen_socket
 from loraplex.platform.engine.supported_models import (
     SERVED_WEIGHT_QUANTIZATIONS,
     unserved_quantization_message,
@@ -63,9 +64,10 @@ def _healthy(url: str) -> bool:
 
 
 def engine_argv(
-    settings: Settings, deployment: LocalDeployment, model_dir: Path, port: int
+    settings: Settings, deployment: LocalDeployment, model_dir: Path, fd: int
 ) -> list[str]:
-    """The `loraplex engine` command line serving `deployment` (its limits and quantization).
+    """The `loraplex engine` command line serving `deployment` (its limits and quantization)
+    on the inherited listening socket `fd`.
 
     Raises UpError, before anything starts, for a quantization the engine does not implement."""
     from loraplex.platform.up import UpError
@@ -77,11 +79,28 @@ def engine_argv(
             "(create a deployment with a served quantization)"
         )
     argv = [sys.executable, "-m", "loraplex.platform.cli", "engine", "--model", str(model_dir)]
-    argv += ["--host", settings.host, "--port", str(port)]
+    argv += ["--fd", str(fd)]
     argv += ["--max-loras", str(deployment.max_loras)]
     argv += ["--max-lora-rank", str(deployment.max_lora_rank)]
     argv += ["--quantization", quant]
     return argv
+
+
+@dataclass
+class LocalReplica:
+    """A running replica: its URL, process, listening socket (kept across restarts, so the
+    URL never changes) and how to deregister it."""
+
+    url: str
+    process: ServiceProcess
+    socket: socket.socket
+    deregister: Callable[[], None]
+    timeout: float = 300
+
+    def restart(self) -> None:
+        """Start it again on the same socket; the health-gated heartbeat re-registers it."""
+        self.process.start_again()
+        self.process.wait_ready(lambda: _healthy(self.url), self.timeout)
 
 
 def start_replica(
@@ -92,18 +111,16 @@ def start_replica(
     log: Path,
     env: dict[str, str],
     timeout: float = 300,
-) -> tuple[str, ServiceProcess, Callable[[], None]]:
-    """Start `loraplex engine` on `model_dir`, wait for /health, register it for the gateway.
-
-    Returns the replica URL, its process, and a function that deregisters it."""
+) -> LocalReplica:
+    """Start `loraplex engine` on `model_dir`, wait for /health, register it for the gateway."""
     from loraplex.platform.gateway.replica_agent import register_replica
 
-    port = free_port(settings.host)
-    url = f"http://{settings.host}:{port}"
-    argv = engine_argv(settings, deployment, model_dir, port)
+    sock = listen_socket(settings.host, 0)
+    url = f"http://{settings.host}:{sock.getsockname()[1]}"
+    argv = engine_argv(settings, deployment, model_dir, sock.fileno())
     proc = ServiceProcess("engine", log)
-    proc.start(argv, env=env, cwd=log.parent)
     try:
+        proc.start(argv, env=env, cwd=log.parent, pass_fds=(sock.fileno(),))
         proc.wait_ready(lambda: _healthy(url), timeout)
         redis_url = settings.gateway_redis_url()
         if redis_url is None:
@@ -111,5 +128,6 @@ def start_replica(
         heartbeat = register_replica(redis_url, deployment.name, url, model=base_model)
     except BaseException:
         proc.stop()
+        sock.close()
         raise
-    return url, proc, heartbeat.stop
+    return LocalReplica(url, proc, sock, heartbeat.stop, timeout)

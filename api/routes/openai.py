@@ -353,12 +353,23 @@ async def get_usage(
         return _error(exc)
 
 
+def _upload_limits(gw: Gateway, tenant_id: uuid.UUID) -> dict[str, Any]:
+    from loraplex.platform.db.models import Tenant
+    from loraplex.platform.services.upload_limits import limits_view
+
+    with gw.session_factory() as session:
+        tenant = session.get(Tenant, tenant_id)
+        return {} if tenant is None else limits_view(session, tenant, gw.settings)
+
+
 @router.get("/v1/limits")
 async def get_limits(request: Request) -> Response:
     """The caller's rate limits and monthly token quota, and what remains of each now."""
     try:
         gw = _gateway(request)
         caller = await asyncio.to_thread(_authenticate, gw, request)
-        return JSONResponse(await gw.limiter.snapshot(str(caller.tenant_id), caller.limits))
+        body = await gw.limiter.snapshot(str(caller.tenant_id), caller.limits)
+        body |= await asyncio.to_thread(_upload_limits, gw, caller.tenant_id)
+        return JSONResponse(body)
     except GatewayError as exc:
         return _error(exc)

@@ -237,6 +237,7 @@ def ttft(core, prompt, ref, tag: str) -> float:  # noqa: ANN001
 
 def bench_cold(llm, hf_config: dict, tmp: Path, prompt, use_s3: bool) -> tuple[float, float, str]:  # noqa: ANN001
     """(cold TTFT s, warm TTFT s, source) for an adapter never seen by the engine."""
+    from loraplex.adapters.targets import resolve_config_targets
     from loraplex.platform.engine.lora import AdapterRef
 
     d = write_adapter(tmp / "cold-adapter", hf_config, 16, seed=999)
@@ -260,7 +261,9 @@ def bench_cold(llm, hf_config: dict, tmp: Path, prompt, use_s3: bool) -> tuple[f
             store.client.put_object(Bucket="bench", Key=prefix + name, Body=(d / name).read_bytes())
         weights = (d / "adapter_model.safetensors").read_bytes()
         core.lora_runtime.object_store = store
-        ref = AdapterRef(prefix, hashlib.sha256(weights).hexdigest())
+        # What the validation job would store: the targets resolved once, on RE2.
+        targets = resolve_config_targets((d / "adapter_config.json").read_bytes(), hf_config)
+        ref = AdapterRef(prefix, hashlib.sha256(weights).hexdigest(), targets=targets.to_json())
         cold = ttft(core, prompt, ref, "cold")
         return cold, ttft(core, prompt, ref, "warm"), "embedded SeaweedFS S3"
     finally:

@@ -25,6 +25,7 @@ from sqlalchemy import (
     UniqueConstraint,
     Uuid,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -40,7 +41,7 @@ NAMING_CONVENTION = {
 FAMILIES = ("dense", "moe")
 WEIGHT_QUANTIZATIONS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
 KV_CACHE_DTYPES = ("auto", "fp8")
-VERSION_STATUSES = ("uploading", "validating", "ready", "failed")
+VERSION_STATUSES = ("uploading", "validating", "ready", "failed", "deleting")
 JOB_STATUSES = ("queued", "running", "succeeded", "failed")
 IDEMPOTENCY_STATES = ("in_flight", "done")
 
@@ -84,6 +85,9 @@ class Tenant(Base):
     requests_per_minute: Mapped[int | None] = mapped_column(Integer)
     tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
     monthly_token_quota: Mapped[int | None] = mapped_column(BigInteger)
+    # Upload bounds; NULL means the default from Settings.
+    max_concurrent_uploads: Mapped[int | None] = mapped_column(Integer)
+    max_stored_adapter_bytes: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class ApiKey(Base):
@@ -149,10 +153,21 @@ class Deployment(Base):
 
 
 class Adapter(Base):
-    """A tenant's named adapter over one base model; its content lives in versions."""
+    """A tenant's named adapter over one base model; its content lives in versions.
+
+    A deleted adapter keeps its row (`deleted_at` set, invisible to the tenant, its name free
+    again) until the deletion job has removed its objects: no object is left without a row."""
 
     __tablename__ = "adapters"
-    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
+    __table_args__ = (
+        Index(
+            "uq_adapters_tenant_id_name_live",
+            "tenant_id",
+            "name",
+            unique=True,
+            postgresql_where=text("deleted_at IS NULL"),
+        ),
+    )
 
     id: Mapped[uuid.UUID] = _uuid_pk()
     tenant_id: Mapped[uuid.UUID] = _tenant_fk()
@@ -161,6 +176,7 @@ class Adapter(Base):
         Uuid, ForeignKey("base_models.id", ondelete="RESTRICT"), index=True
     )
     created_at: Mapped[datetime] = _created()
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     base_model: Mapped[BaseModel] = relationship(lazy="joined")
 
@@ -191,6 +207,9 @@ class AdapterVersion(Base):
     alpha: Mapped[float | None] = mapped_column(Float)
     use_rslora: Mapped[bool | None] = mapped_column(Boolean)
     target_modules: Mapped[list[str] | None] = mapped_column(JSONB)
+    # Every targeted module with its rank, alpha and scale, resolved once at validation
+    # (`loraplex.adapters.targets.ResolvedTargets.to_json`); replicas get this, not patterns.
+    targets: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     s3_upload_id: Mapped[str | None] = mapped_column(String(1024))
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = mapped_column(

@@ -12,7 +12,6 @@ import contextlib
 import importlib.util
 import os
 import pwd
-import secrets
 import signal
 import stat
 import subprocess
@@ -25,6 +24,7 @@ from loraplex.platform.embedded.process import (
     as_user,
     pick_ports,
 )
+from loraplex.platform.secret_files import read_or_create_secret, token, write_secret_file
 
 SERVER_USER = "embedded_postgres"
 
@@ -105,11 +105,7 @@ class EmbeddedPostgres:
     @property
     def password(self) -> str:
         """The superuser's password, made once and kept (mode 0600) in the data dir."""
-        path = self.data_dir / "password"
-        if not path.exists():
-            path.write_text(secrets.token_urlsafe(18))
-            path.chmod(0o600)
-        return path.read_text().strip()
+        return read_or_create_secret(self.data_dir / "password", lambda: token(nbytes=18))
 
     @property
     def url(self) -> str:
@@ -139,12 +135,12 @@ class EmbeddedPostgres:
         if (self.pgdata / "PG_VERSION").exists():
             return
         pwfile = self.data_dir / "initdb.pw"
-        pwfile.write_text(self.password + "\n")
+        owner = None
+        if self._run_as is not None:
+            entry = pwd.getpwnam(self._run_as)
+            owner = (entry.pw_uid, entry.pw_gid)
+        write_secret_file(pwfile, self.password + "\n", owner=owner)
         try:
-            if self._run_as is not None:
-                entry = pwd.getpwnam(self._run_as)
-                os.chown(pwfile, entry.pw_uid, entry.pw_gid)
-            pwfile.chmod(0o600)
             cmd = [
                 str(postgres_bin_dir() / "initdb"),
                 "-D", str(self.pgdata),

@@ -27,8 +27,28 @@ class EmbeddedServiceError(RuntimeError):
     """An embedded service failed to start or stop; the message carries its log tail."""
 
 
+def listen_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A listening TCP socket on `host:port` (port 0: the OS picks one), inheritable, for a
+    child server to take by file descriptor (`--fd`): the port is ours from the start, so no
+    other process can grab it between choosing and binding, and a restarted child keeps it.
+    Raises OSError when the port is taken."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except BaseException:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on `host` right now (the OS picks it)."""
+    """A TCP port that is free on `host` right now (the OS picks it).
+
+    Racy (another process may bind it before the caller does): only for servers that cannot
+    take a socket (PostgreSQL, Redis, SeaweedFS); pass `listen_socket` to the ones we run."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
@@ -117,6 +137,7 @@ class ServiceProcess:
         self.name = name
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
+        self._last_start: tuple[list, dict] | None = None
 
     def start(
         self,
@@ -126,8 +147,13 @@ class ServiceProcess:
         user: str | None = None,
         env: dict[str, str] | None = None,
         death_signal: int = signal.SIGTERM,
+        pass_fds: Sequence[int] = (),
     ) -> None:
-        """Spawn the server; it gets its own session so Ctrl-C reaches only our handler."""
+        """Spawn the server; it gets its own session so Ctrl-C reaches only our handler.
+
+        `pass_fds` are inherited under the same numbers (listening sockets, see `--fd`)."""
+        self._last_start = (list(argv), dict(cwd=cwd, user=user, env=env,
+                            death_signal=death_signal, pass_fds=tuple(pass_fds)))  # fmt: skip
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== starting {self.name}: {' '.join(map(str, argv))}\n".encode())
@@ -141,8 +167,16 @@ class ServiceProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=_die_with_parent(death_signal),
+                pass_fds=tuple(pass_fds),
                 **as_user(user),  # type: ignore[arg-type]
             )
+
+    def start_again(self) -> None:
+        """Start the same command again (after it died), with the same options."""
+        if self._last_start is None:
+            raise EmbeddedServiceError(f"{self.name} was never started")
+        argv, options = self._last_start
+        self.start(argv, **options)  # type: ignore[arg-type]
 
     @property
     def pid(self) -> int | None:

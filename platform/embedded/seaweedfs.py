@@ -2,7 +2,8 @@
 
 Master, volume server, filer and S3 gateway run in one process on loopback ports that are
 kept in the data dir, so a restart finds its objects at the same address. Access is
-checked against one S3 identity built from the access/secret key we are given.
+checked against one S3 identity: the access/secret key we are given, or (by default) a random
+pair made once per data dir and kept there (0600), so no other local process can use it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from loraplex.platform.embedded.process import ServiceProcess, find_executable, pick_ports
+from loraplex.platform.secret_files import read_or_create_secret, token, write_secret_file
 
 _PORTS = [
     "master",
@@ -33,12 +35,14 @@ class EmbeddedSeaweedFS:
         self,
         data_dir: Path,
         *,
-        access_key: str,
-        secret_key: str,
+        access_key: str | None = None,
+        secret_key: str | None = None,
         region: str = "us-east-1",
         volume_size_limit_mb: int = 256,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
+        if access_key is None or secret_key is None:
+            access_key, secret_key = self._kept_credentials()
         self.access_key = access_key
         self.secret_key = secret_key
         self.region = region
@@ -51,6 +55,14 @@ class EmbeddedSeaweedFS:
         """http URL of the S3 gateway."""
         return f"http://127.0.0.1:{self.ports['s3']}"
 
+    def _kept_credentials(self) -> tuple[str, str]:
+        """This data dir's random S3 key pair (made on first use, then kept)."""
+        access = read_or_create_secret(
+            self.data_dir / "s3-access-key", lambda: "lpx" + token(nbytes=12)
+        )
+        secret = read_or_create_secret(self.data_dir / "s3-secret-key", lambda: token(nbytes=30))
+        return access, secret
+
     def _write_identity(self) -> Path:
         config = {
             "identities": [
@@ -62,8 +74,7 @@ class EmbeddedSeaweedFS:
             ]
         }
         path = self.data_dir / "s3-identities.json"
-        path.write_text(json.dumps(config, indent=2))
-        path.chmod(0o600)
+        write_secret_file(path, json.dumps(config, indent=2))
         return path
 
     def _volume_server_joined(self) -> bool:

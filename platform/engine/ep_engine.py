@@ -19,7 +19,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from loraplex.moe.ep_launch import StepChannel, default_backend, free_loopback_port, init_ep_rank
+from loraplex.moe.ep_launch import StepChannel, ep_backend, free_loopback_port, init_ep_rank
 from loraplex.moe.expert_parallel import set_process_ep_group
 from loraplex.moe.rebalancer import ExpertRebalancer, LayerRebalance
 from loraplex.platform.engine.config import EngineConfig
@@ -156,7 +156,7 @@ def start_ep_engine(
     """
     if ep_size < 2:
         raise ValueError(f"an expert-parallel engine needs ep_size >= 2, got {ep_size}")
-    backend = backend or default_backend()
+    backend = backend or ep_backend(config.device, ep_size)
     port = free_loopback_port()
     ctx = mp.get_context("spawn")
     procs = [

@@ -259,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="local HuggingFace folder or s3://BUCKET/PREFIX")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--fd", type=int, help="serve on this inherited listening socket")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--block-size", type=int, default=16)
@@ -328,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
             LoraRuntime.for_engine(core, object_store=store, allow_local_paths=False)
         )
     try:
-        uvicorn.run(create_app(core), host=args.host, port=args.port, log_level=args.log_level)
+        where = {"fd": args.fd} if args.fd is not None else {"host": args.host, "port": args.port}
+        uvicorn.run(create_app(core), log_level=args.log_level, **where)
     finally:
         if hasattr(core, "close"):
             core.close()

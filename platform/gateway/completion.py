@@ -179,6 +179,7 @@ def _adapter_ref(resolved: ResolvedModel, tenant_id: uuid.UUID) -> dict[str, Any
         "sha256": resolved.adapter_sha256,
         "config_sha256": resolved.adapter_config_sha256,
         "tenant": str(tenant_id),
+        "targets": resolved.adapter_targets,
     }
 
 

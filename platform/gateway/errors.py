@@ -61,5 +61,15 @@ def model_not_found(model: str) -> GatewayError:
 def no_replica(
     message: str = "No replica is available to serve this model right now.",
 ) -> GatewayError:
-    """A 503 when the deployment has no live replica that can take the request."""
-    return GatewayError(503, message, type="service_unavailable", code="no_replica_available")
+    """A 503 when the deployment has no live replica that can take the request; `Retry-After`
+    tells clients when to try again (a crashed replica is restarted by its supervisor)."""
+    return GatewayError(
+        503,
+        message,
+        type="service_unavailable",
+        code="no_replica_available",
+        headers={"retry-after": str(NO_REPLICA_RETRY_AFTER_S)},
+    )
+
+
+NO_REPLICA_RETRY_AFTER_S = 5

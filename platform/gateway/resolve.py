@@ -52,6 +52,9 @@ class ResolvedModel:
     adapter_sha256: str | None = None
     adapter_config_sha256: str | None = None
     adapter_object_prefix: str | None = None
+    # The version's resolved targets (module -> rank/alpha/scale), for the replica: it
+    # never reads the tenant's patterns.
+    adapter_targets: dict[str, Any] | None = None
 
     @property
     def adapter_key(self) -> str | None:
@@ -88,7 +91,9 @@ def _ready_version(
     session: Session, tenant_id: uuid.UUID, name: str, n: int | None
 ) -> tuple[Adapter, AdapterVersion] | None:
     adapter = session.execute(
-        select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.name == name)
+        select(Adapter).where(
+            Adapter.tenant_id == tenant_id, Adapter.name == name, Adapter.deleted_at.is_(None)
+        )
     ).scalar_one_or_none()
     if adapter is None:
         return None
@@ -144,6 +149,7 @@ def resolve_uncached(session: Session, tenant_id: uuid.UUID, model: str) -> Reso
             adapter_sha256=version.sha256,
             adapter_config_sha256=version.config_sha256,
             adapter_object_prefix=version.object_prefix,
+            adapter_targets=version.targets,
         )
     base = session.execute(select(BaseModel).where(BaseModel.name == model)).scalar_one_or_none()
     if base is None:

@@ -4,19 +4,26 @@ abandoned uploads, so no version is ever stuck in `validating` or `uploading`.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
 
-from loraplex.platform.db.models import AdapterVersion, Job
+from loraplex.platform.db.models import ADAPTER_WEIGHTS_FILE, AdapterVersion, Job
 from loraplex.platform.db.session import make_sessionmaker, session_scope
 from loraplex.platform.services import objects
+from loraplex.platform.services.resolution_events import adapters_changed
 from loraplex.platform.settings import Settings
 
 from . import records
 from .dispatch import JobDispatcher
+from .validate import backfill_targets
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -26,6 +33,7 @@ class RecoveryReport:
     requeued_versions: list[uuid.UUID] = field(default_factory=list)
     resent_jobs: list[uuid.UUID] = field(default_factory=list)
     expired_uploads: list[uuid.UUID] = field(default_factory=list)
+    backfilled_targets: list[uuid.UUID] = field(default_factory=list)
 
 
 def _is_stale(job: Job | None, cutoff) -> bool:
@@ -36,12 +44,25 @@ def _is_stale(job: Job | None, cutoff) -> bool:
     return (job.heartbeat_at or job.started_at or job.created_at) < cutoff
 
 
+def _give_up_reason(session: Session, version: AdapterVersion, attempts: int) -> str:
+    last_error = session.scalars(
+        select(Job.error)
+        .where(Job.kind == records.VALIDATE, Job.subject_id == version.id, Job.error.is_not(None))
+        .order_by(Job.created_at.desc())
+        .limit(1)
+    ).first()
+    reason = f"validation did not finish after {attempts} attempts"
+    return f"{reason} (last error: {last_error[:300]})" if last_error else reason
+
+
 def requeue_stale_validations(
     settings: Settings, dispatcher: JobDispatcher, older_than_s: float | None = None
 ) -> list[uuid.UUID]:
-    """New validation jobs for `validating` versions whose latest job is dead or finished."""
+    """New validation jobs for `validating` versions whose latest job is dead or finished;
+    a version already tried `validation_max_attempts` times is failed instead, with a message."""
     limit = settings.job_stale_after_s if older_than_s is None else older_than_s
     sent: list[uuid.UUID] = []
+    gave_up: list[tuple[uuid.UUID, str]] = []
     with session_scope(make_sessionmaker(settings.database_url)) as session:
         cutoff = session.execute(select(func.now())).scalar_one() - timedelta(seconds=limit)
         versions = session.scalars(
@@ -60,6 +81,16 @@ def requeue_stale_validations(
                 continue
             if latest is not None and latest.status in ("queued", "running"):
                 records.finish(session, latest, ok=False, error="stale: worker lost; requeued")
+            attempts = session.execute(
+                select(func.count())
+                .select_from(Job)
+                .where(Job.kind == records.VALIDATE, Job.subject_id == version.id)
+            ).scalar_one()
+            if attempts >= settings.validation_max_attempts:
+                version.status = "failed"
+                version.error = _give_up_reason(session, version, attempts)
+                gave_up.append((version.tenant_id, version.object_prefix))
+                continue
             job = records.create_job(
                 session,
                 records.VALIDATE,
@@ -68,6 +99,10 @@ def requeue_stale_validations(
                 payload={"requeued": True},
             )
             sent.append(job.id)
+    for tenant_id, prefix in gave_up:
+        adapters_changed(settings, tenant_id)
+        with contextlib.suppress(Exception):  # left to the orphan reconciler otherwise
+            objects.delete_prefix(objects.s3_client(settings), settings.s3_bucket, prefix)
     for job_id in sent:
         dispatcher.send(records.VALIDATE, job_id)
     return sent
@@ -99,7 +134,8 @@ def resend_stale_deletes(
 def expire_abandoned_uploads(
     settings: Settings, older_than_s: float | None = None
 ) -> list[uuid.UUID]:
-    """Fail `uploading` versions past the presign expiry (plus grace); remove their objects."""
+    """Fail `uploading` versions past the presign expiry (plus grace): abort their multipart
+    upload and remove their objects (what storage refuses now, the reconciler removes later)."""
     limit = (
         settings.presign_expiry_s + settings.job_stale_after_s
         if older_than_s is None
@@ -111,11 +147,17 @@ def expire_abandoned_uploads(
             update(AdapterVersion)
             .where(AdapterVersion.status == "uploading", AdapterVersion.updated_at < cutoff)
             .values(status="failed", error="the upload was not completed in time")
-            .returning(AdapterVersion.id, AdapterVersion.object_prefix)
+            .returning(AdapterVersion.id, AdapterVersion.object_prefix, AdapterVersion.s3_upload_id)
         ).all()
     client = objects.s3_client(settings) if rows else None
-    for _, prefix in rows:
-        objects.delete_prefix(client, settings.s3_bucket, prefix)
+    for _, prefix, upload_id in rows:
+        try:
+            if upload_id:
+                key = prefix + ADAPTER_WEIGHTS_FILE
+                objects.abort_multipart(client, settings.s3_bucket, key, upload_id)
+            objects.delete_prefix(client, settings.s3_bucket, prefix)
+        except Exception:  # noqa: BLE001 - the reconciler removes them later
+            log.warning("could not remove expired upload under %s now", prefix, exc_info=True)
     return [r[0] for r in rows]
 
 
@@ -127,4 +169,5 @@ def recover(
         requeued_versions=requeue_stale_validations(settings, dispatcher, older_than_s),
         resent_jobs=resend_stale_deletes(settings, dispatcher, older_than_s),
         expired_uploads=expire_abandoned_uploads(settings),
+        backfilled_targets=backfill_targets(settings),
     )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from loraplex.platform.settings import Settings
 
 from .celery_app import create_celery
 from .dispatch import CeleryDispatcher
+from .reconcile import reconcile_objects
 from .recovery import recover
 
 log = logging.getLogger(__name__)
@@ -16,6 +18,9 @@ log = logging.getLogger(__name__)
 
 def _recovery_loop(settings: Settings, dispatcher: CeleryDispatcher, stop: threading.Event) -> None:
     interval = max(5.0, settings.job_stale_after_s / 2)
+    # The reconciler lists the bucket: a few times per grace period is enough.
+    reconcile_every = max(interval, min(3600.0, settings.orphan_grace_s / 4))
+    next_reconcile = time.monotonic()
     while True:
         try:
             report = recover(settings, dispatcher)
@@ -23,6 +28,12 @@ def _recovery_loop(settings: Settings, dispatcher: CeleryDispatcher, stop: threa
                 log.warning("recovery: %s", report)
         except Exception:  # noqa: BLE001 - keep the loop alive through outages
             log.exception("recovery pass failed")
+        if time.monotonic() >= next_reconcile:
+            next_reconcile = time.monotonic() + reconcile_every
+            try:
+                reconcile_objects(settings)
+            except Exception:  # noqa: BLE001
+                log.exception("reconciler pass failed")
         if stop.wait(interval):
             return
 

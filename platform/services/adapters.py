@@ -3,11 +3,14 @@
 Every query filters by tenant; another tenant's adapter is NotFound. A new version number is
 taken under a row lock on the adapter, so concurrent uploads to one name get distinct numbers.
 Objects live under `tenants/{tenant_id}/adapters/{adapter_id}/v{n}/` (built by `object_keys`); a
-failed upload removes its objects and its row, so nothing half-written stays behind.
+failed upload removes its objects and its row, so nothing half-written stays behind. A row is
+only ever removed after its objects: when object storage fails, the row stays `deleting`
+(versions) or `deleted_at` (adapters), invisible to the tenant, and the reconciler retries.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import uuid
 from dataclasses import dataclass
@@ -30,7 +33,9 @@ from .base_models import get_base_model
 from .errors import Conflict, InvalidInput, NotFound, TooLarge, Unavailable
 from .names import check_name
 from .resolution_events import adapters_changed
+from .upload_limits import reserve_upload
 
+log = logging.getLogger(__name__)
 MIN_PART = 8 << 20
 MAX_PARTS = 10_000
 
@@ -69,10 +74,12 @@ def check_weights_size(settings: Settings, size: int) -> None:
         )
 
 
-def _reserve(up: Uploader, name: str, base_model: str) -> AdapterVersion:
-    """Create the adapter if new and version n+1 in `uploading` (committed on return)."""
+def _reserve(up: Uploader, name: str, base_model: str, size: int) -> AdapterVersion:
+    """Create the adapter if new and version n+1 in `uploading` (committed on return);
+    refused (429) over the tenant's concurrent-upload or stored-bytes limit."""
     with session_scope(up.sessions) as session:
         base = get_base_model(session, base_model)
+        reserve_upload(session, up.tenant_id, up.settings, size)
         session.execute(
             insert(Adapter)
             .values(
@@ -81,11 +88,18 @@ def _reserve(up: Uploader, name: str, base_model: str) -> AdapterVersion:
                 name=name,
                 base_model_id=base.id,
             )
-            .on_conflict_do_nothing(index_elements=[Adapter.tenant_id, Adapter.name])
+            .on_conflict_do_nothing(
+                index_elements=[Adapter.tenant_id, Adapter.name],
+                index_where=Adapter.deleted_at.is_(None),
+            )
         )
         adapter = session.scalars(
             select(Adapter)
-            .where(Adapter.tenant_id == up.tenant_id, Adapter.name == name)
+            .where(
+                Adapter.tenant_id == up.tenant_id,
+                Adapter.name == name,
+                Adapter.deleted_at.is_(None),
+            )
             .with_for_update(of=Adapter)
         ).one()
         if adapter.base_model_id != base.id:
@@ -106,6 +120,7 @@ def _reserve(up: Uploader, name: str, base_model: str) -> AdapterVersion:
             n=n,
             object_prefix=adapter_version_prefix(up.tenant_id, adapter.id, n),
             status="uploading",
+            bytes=size,  # declared; validation writes the real size
         )
         session.add(version)
         session.flush()
@@ -113,23 +128,48 @@ def _reserve(up: Uploader, name: str, base_model: str) -> AdapterVersion:
 
 
 def _discard(up: Uploader, version: AdapterVersion) -> None:
-    """Undo a reserved version: its objects, its row, and the adapter if it has no other."""
-    try:
-        objects.delete_prefix(
-            objects.s3_client(up.settings), up.settings.s3_bucket, version.object_prefix
-        )
-    finally:
+    """Undo a reserved version: its objects, then its row (and the adapter if it has no
+    other). If the objects cannot be removed now, the row stays `deleting` for the reconciler."""
+    if not remove_version_objects(up.settings, version.object_prefix, version.s3_upload_id,
+                                  version.weights_key):  # fmt: skip
         with session_scope(up.sessions) as session:
-            session.execute(delete(AdapterVersion).where(AdapterVersion.id == version.id))
-            adapter = session.get(Adapter, version.adapter_id, with_for_update=True)
-            if adapter is not None:
-                left = session.execute(
-                    select(func.count())
-                    .select_from(AdapterVersion)
-                    .where(AdapterVersion.adapter_id == adapter.id)
-                ).scalar_one()
-                if left == 0:
-                    session.delete(adapter)
+            session.execute(
+                update(AdapterVersion)
+                .where(AdapterVersion.id == version.id)
+                .values(status="deleting", error="the upload was discarded")
+            )
+        return
+    with session_scope(up.sessions) as session:
+        drop_version_row(session, version.id, version.adapter_id)
+
+
+def remove_version_objects(
+    settings: Settings, prefix: str, s3_upload_id: str | None = None, key: str | None = None
+) -> bool:
+    """Abort the version's multipart upload and delete its objects; False if storage failed."""
+    try:
+        client = objects.s3_client(settings)
+        if s3_upload_id and key:
+            objects.abort_multipart(client, settings.s3_bucket, key, s3_upload_id)
+        objects.delete_prefix(client, settings.s3_bucket, prefix)
+    except Exception:  # noqa: BLE001 - any storage failure: keep the row, retry later
+        log.warning("could not remove objects under %s; kept for retry", prefix, exc_info=True)
+        return False
+    return True
+
+
+def drop_version_row(session: Session, version_id: uuid.UUID, adapter_id: uuid.UUID) -> None:
+    """Delete a version's row, and its adapter's when no version is left."""
+    session.execute(delete(AdapterVersion).where(AdapterVersion.id == version_id))
+    adapter = session.get(Adapter, adapter_id, with_for_update=True)
+    if adapter is not None:
+        left = session.execute(
+            select(func.count())
+            .select_from(AdapterVersion)
+            .where(AdapterVersion.adapter_id == adapter.id)
+        ).scalar_one()
+        if left == 0:
+            session.delete(adapter)
 
 
 def _start_validation(up: Uploader, version: AdapterVersion, action: str) -> AdapterVersion:
@@ -181,7 +221,7 @@ def upload_adapter(
             code="pickle_refused",
             param="adapter_model",
         )
-    version = _reserve(up, name, base_model)
+    version = _reserve(up, name, base_model, weights_size)
     try:
         client = objects.s3_client(up.settings)
         objects.put_bytes(client, up.settings.s3_bucket, version.config_key, config_bytes or b"")
@@ -192,9 +232,7 @@ def upload_adapter(
     try:
         return _start_validation(up, version, "adapter_version.upload")
     except NotFound:
-        objects.delete_prefix(
-            objects.s3_client(up.settings), up.settings.s3_bucket, version.object_prefix
-        )
+        remove_version_objects(up.settings, version.object_prefix)  # else: the reconciler
         raise
 
 
@@ -204,6 +242,13 @@ def part_plan(size: int) -> tuple[int, int]:
     return part, max(1, math.ceil(size / part))
 
 
+def part_sizes(size: int, part_size: int) -> list[int]:
+    """The exact byte count of each part (the last one takes the rest): each part's presigned
+    URL signs its Content-Length, so no part can carry more than the declared total."""
+    _, count = part_plan(size)
+    return [min(part_size, size - i * part_size) for i in range(count)]
+
+
 def start_presigned_upload(
     up: Uploader, name: str, base_model: str, config_bytes: bytes, size: int
 ) -> tuple[AdapterVersion, dict[str, Any]]:
@@ -211,15 +256,21 @@ def start_presigned_upload(
     check_name(name, "name", up.settings.max_name_length)
     check_config(up.settings, config_bytes)
     check_weights_size(up.settings, size)
-    version = _reserve(up, name, base_model)
+    version = _reserve(up, name, base_model, size)
     try:
         client = objects.s3_client(up.settings)
         bucket = up.settings.s3_bucket
         objects.put_bytes(client, bucket, version.config_key, config_bytes)
         upload_id = objects.start_multipart(client, bucket, version.weights_key)
-        part_size, count = part_plan(size)
+        version.s3_upload_id = upload_id
+        part_size, _count = part_plan(size)
         parts = objects.presign_parts(
-            client, bucket, version.weights_key, upload_id, count, up.settings.presign_expiry_s
+            client,
+            bucket,
+            version.weights_key,
+            upload_id,
+            part_sizes(size, part_size),
+            up.settings.presign_expiry_s,
         )
         with session_scope(up.sessions) as session:
             session.execute(
@@ -269,7 +320,7 @@ def complete_presigned_upload(
             f"could not complete the multipart upload: {exc}", code="invalid_parts", param="parts"
         ) from None
     size = objects.object_size(client, bucket, version.weights_key) or 0
-    if size > up.settings.max_adapter_bytes:
+    if size > up.settings.max_adapter_bytes or size > (version.bytes or size):
         _discard(up, version)
         raise TooLarge(
             f"adapter_model is {size} bytes; at most {up.settings.max_adapter_bytes} are allowed",
@@ -280,7 +331,9 @@ def complete_presigned_upload(
 
 
 def _adapter(session: Session, tenant_id: uuid.UUID, name: str, *, lock: bool = False) -> Adapter:
-    stmt = select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.name == name)
+    stmt = select(Adapter).where(
+        Adapter.tenant_id == tenant_id, Adapter.name == name, Adapter.deleted_at.is_(None)
+    )
     if lock:
         stmt = stmt.with_for_update(of=Adapter)
     adapter = session.scalars(stmt).one_or_none()
@@ -320,7 +373,9 @@ def list_adapters(
 ) -> list[tuple[Adapter, AdapterVersion | None]]:
     """The tenant's adapters with their latest versions."""
     adapters = session.scalars(
-        select(Adapter).where(Adapter.tenant_id == tenant_id).order_by(Adapter.name)
+        select(Adapter)
+        .where(Adapter.tenant_id == tenant_id, Adapter.deleted_at.is_(None))
+        .order_by(Adapter.name)
     ).all()
     return [(a, latest_version(session, a)) for a in adapters]
 
@@ -347,18 +402,29 @@ def get_version(
 
 
 def delete_adapter(up: Uploader, name: str) -> tuple[Adapter, uuid.UUID]:
-    """Delete the adapter and its versions now; a job removes the objects."""
+    """Delete the adapter: gone for the tenant now (its name free again), its rows kept as
+    `deleting` until the job has removed the objects, then dropped."""
     with session_scope(up.sessions) as session:
         adapter = _adapter(session, up.tenant_id, name, lock=True)
         session.execute(
-            delete(Adapter).where(Adapter.id == adapter.id, Adapter.tenant_id == up.tenant_id)
+            update(Adapter)
+            .where(Adapter.id == adapter.id, Adapter.tenant_id == up.tenant_id)
+            .values(deleted_at=func.now())
+        )
+        session.execute(
+            update(AdapterVersion)
+            .where(AdapterVersion.adapter_id == adapter.id)
+            .values(status="deleting")
         )
         job = records.create_job(
             session,
             records.DELETE_OBJECTS,
             tenant_id=up.tenant_id,
             subject_id=adapter.id,
-            payload={"prefix": adapter_prefix(up.tenant_id, adapter.id)},
+            payload={
+                "prefix": adapter_prefix(up.tenant_id, adapter.id),
+                "adapter_id": str(adapter.id),
+            },
         )
         audit.record(
             session,

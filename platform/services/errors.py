@@ -49,3 +49,9 @@ class Unavailable(ServiceError):
     """A backing service (object storage, broker) failed; retry later (503)."""
 
     status = 503
+
+
+class LimitExceeded(ServiceError):
+    """A per-tenant limit (concurrent uploads, stored bytes) refuses the request (429)."""
+
+    status = 429

@@ -149,19 +149,27 @@ def start_multipart(client: Any, bucket: str, key: str) -> str:
 
 
 def presign_parts(
-    client: Any, bucket: str, key: str, upload_id: str, parts: int, expiry_s: int
+    client: Any, bucket: str, key: str, upload_id: str, sizes: list[int], expiry_s: int
 ) -> list[dict[str, Any]]:
-    """Presigned PUT URLs for parts 1..parts of a multipart upload."""
+    """Presigned PUT URLs for parts 1..len(sizes) of a multipart upload; each URL signs its
+    part's Content-Length (a PUT of any other size is refused by the store's signature check)."""
     return [
         {
             "part_number": n,
+            "size": size,
             "url": client.generate_presigned_url(
                 "upload_part",
-                Params={"Bucket": bucket, "Key": key, "UploadId": upload_id, "PartNumber": n},
+                Params={
+                    "Bucket": bucket,
+                    "Key": key,
+                    "UploadId": upload_id,
+                    "PartNumber": n,
+                    "ContentLength": size,
+                },
                 ExpiresIn=expiry_s,
             ),
         }
-        for n in range(1, parts + 1)
+        for n, size in enumerate(sizes, start=1)
     ]
 
 

@@ -21,6 +21,8 @@ LIMIT_RANGES = {
     "requests_per_minute": (1, 2**31 - 1),
     "tokens_per_minute": (1, 2**62),
     "monthly_token_quota": (0, 2**62),
+    "max_concurrent_uploads": (0, 10_000),
+    "max_stored_adapter_bytes": (0, 2**62),
 }
 
 

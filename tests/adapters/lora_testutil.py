@@ -99,7 +99,7 @@ def random_adapter(
     dtype=torch.float32,
 ):
     """A LoadedAdapter with random A/B: `ranks` maps module name -> rank (absent = untargeted)."""
-    from loraplex.adapters.peft_format import parse_adapter_config
+    from loraplex.adapters.targets import ModuleTarget, ResolvedTargets
     from loraplex.adapters.weights import LoadedAdapter, ModuleLora
 
     d = dims or MODULE_DIMS
@@ -113,10 +113,10 @@ def random_adapter(
                 b=(torch.randn(dout, r, generator=gen) * 0.1).to(dtype),
                 scale=float(torch.rand((), generator=gen)) * 2 + 0.25,
             )
-    cfg = parse_adapter_config(
-        {"r": max(ranks.values()), "lora_alpha": 8, "target_modules": list(ranks)}
+    targets = ResolvedTargets(
+        {k: ModuleTarget(m.rank, m.scale * m.rank, m.scale) for k, m in modules.items()}
     )
-    return LoadedAdapter(key=key, config=cfg, modules=modules)
+    return LoadedAdapter(key=key, targets=targets, modules=modules)
 
 
 def reference_delta(x, adapters_per_token, spec):

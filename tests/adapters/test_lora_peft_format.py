@@ -14,9 +14,8 @@ from loraplex.adapters.peft_format import (
     module_dims,
     parse_adapter_config,
     parse_lora_tensor_name,
-    rank_for,
-    scale_for,
 )
+from loraplex.adapters.targets import ResolvedTargets, resolve_targets
 
 BASE = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
 
@@ -121,8 +120,12 @@ def test_module_dims_dense_and_moe():
     assert dims["q_proj"] == (64, 128) and dims["o_proj"] == (128, 64)
 
 
+def _resolved(cfg_dict: dict):
+    return resolve_targets(parse_adapter_config(cfg_dict), TINY_LLAMA)
+
+
 def test_rslora_and_patterns():
-    cfg = parse_adapter_config(
+    t = _resolved(
         {
             "r": 16,
             "lora_alpha": 32,
@@ -132,18 +135,17 @@ def test_rslora_and_patterns():
             "alpha_pattern": {"v_proj": 8},
         }
     )
-    assert rank_for(cfg, "model.layers.0.self_attn.q_proj") == 4
-    assert rank_for(cfg, "model.layers.1.mlp.down_proj") == 64
-    assert rank_for(cfg, "model.layers.0.mlp.down_proj") == 16
-    assert scale_for(cfg, "model.layers.0.self_attn.v_proj") == pytest.approx(8 / 4)
-    assert scale_for(cfg, "model.layers.0.self_attn.q_proj") == pytest.approx(32 / 2)
-    assert all(cfg.targets(f"model.layers.0.mlp.{m}") for m in ("gate_proj", "up_proj"))
-    assert not cfg.targets("lm_head")
-    only1 = parse_adapter_config(
+    assert t.get(0, "q_proj").rank == 4
+    assert t.get(1, "down_proj").rank == 64
+    assert t.get(0, "down_proj").rank == 16
+    assert t.get(0, "v_proj").scale == pytest.approx(8 / 4)
+    assert t.get(0, "q_proj").scale == pytest.approx(32 / 2)
+    assert t.get(0, "gate_proj") is not None and t.get(0, "up_proj") is not None
+    only1 = _resolved(
         {"r": 4, "lora_alpha": 4, "target_modules": "all-linear", "layers_to_transform": 1}
     )
-    assert only1.targets("model.layers.1.mlp.up_proj")
-    assert not only1.targets("model.layers.0.mlp.up_proj")
+    assert only1.get(1, "up_proj") is not None and only1.get(0, "up_proj") is None
+    assert ResolvedTargets.from_json(only1.to_json()) == only1
 
 
 CASES = [
@@ -175,7 +177,9 @@ def test_targets_rank_scale_agree_with_peft(tmp_path, case):
 
     base = tiny_llama()
     path = make_adapter(base, tmp_path / "ad", seed=case, **CASES[case])
-    cfg = parse_adapter_config((path / "adapter_config.json").read_bytes())
+    targets = resolve_targets(
+        parse_adapter_config((path / "adapter_config.json").read_bytes()), TINY_LLAMA
+    )
     peft_model = PeftModel.from_pretrained(tiny_llama(), path)
     inner = peft_model.base_model.model
     for layer in range(TINY_LLAMA["num_hidden_layers"]):
@@ -184,7 +188,8 @@ def test_targets_rank_scale_agree_with_peft(tmp_path, case):
             mp = f"model.layers.{layer}.{block}.{m}"
             mod = inner.get_submodule(mp)
             has = hasattr(mod, "lora_A") and "default" in mod.lora_A
-            assert cfg.targets(mp) == has, mp
+            got = targets.get(layer, m)
+            assert (got is not None) == has, mp
             if has:
-                assert rank_for(cfg, mp) == mod.r["default"], mp
-                assert math.isclose(scale_for(cfg, mp), mod.scaling["default"], rel_tol=1e-9), mp
+                assert got.rank == mod.r["default"], mp
+                assert math.isclose(got.scale, mod.scaling["default"], rel_tol=1e-9), mp

@@ -15,14 +15,8 @@ from typing import Any
 
 import httpx
 
+from loraplex.platform.embedded.process import listen_socket
 from loraplex.platform.gateway.replica_agent import register_replica
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def settings_env(settings: Any, **overrides: Any) -> dict[str, str]:
@@ -56,12 +50,18 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 9
 class Proc:
     """One subprocess in its own process group, stopped (and reaped) by `stop()`."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str], log: Path, sock: socket.socket | None = None
+    ) -> None:
         self.log = log
         self._fh = log.open("wb")
+        fds = () if sock is None else (sock.fileno(),)
         self.popen = subprocess.Popen(
-            args, env=env, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True
-        )
+            args, env=env, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True,
+            pass_fds=fds,
+        )  # fmt: skip
+        if sock is not None:
+            sock.close()  # the child serves on its own copy
 
     def kill(self) -> None:
         """SIGKILL at once (a crash)."""
@@ -92,7 +92,8 @@ class Replica:
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
-        self.port = free_port()
+        sock = listen_socket()  # bound here, served by the child (--fd): no port race
+        self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         args = [
             sys.executable,
@@ -100,16 +101,18 @@ class Replica:
             "loraplex.platform.engine.server",
             "--model",
             str(model_dir),
-            "--port",
-            str(self.port),
+            "--fd",
+            str(sock.fileno()),
             "--log-level",
             "warning",
             *(extra_args or []),
         ]
         log = workdir / f"replica-{self.port}.log"
-        self.proc = Proc(args, env or dict(os.environ), log)
+        self.proc = Proc(args, env or dict(os.environ), log, sock)
         _wait_http(f"{self.url}/health", self.proc.popen, log)
-        self.heartbeat = register_replica(redis_url, deployment, self.url, ttl_s=3.0)
+        # The default TTL: a busy CI machine may answer /health late under 20 streams, and a
+        # 3 s TTL then drops a live replica (503s); a dead one is marked down by the router.
+        self.heartbeat = register_replica(redis_url, deployment, self.url)
 
     def state(self) -> dict[str, Any]:
         """The replica's /state."""
@@ -125,7 +128,8 @@ class Api:
     """The API app (`loraplex.api.app:create_app`) under uvicorn."""
 
     def __init__(self, env: dict[str, str], workdir: Path) -> None:
-        self.port = free_port()
+        sock = listen_socket()
+        self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         args = [
             sys.executable,
@@ -133,15 +137,13 @@ class Api:
             "uvicorn",
             "--factory",
             "loraplex.api.app:create_app",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
+            "--fd",
+            str(sock.fileno()),
             "--log-level",
             "warning",
         ]
         log = workdir / f"api-{self.port}.log"
-        self.proc = Proc(args, env, log)
+        self.proc = Proc(args, env, log, sock)
         _wait_http(f"{self.url}/healthz", self.proc.popen, log)
 
     def stop(self) -> None:

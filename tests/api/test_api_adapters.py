@@ -5,6 +5,7 @@ idempotency and concurrent uploads."""
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import uuid
 from pathlib import Path
@@ -101,17 +102,36 @@ def test_tenants_are_isolated(
         assert resp.status_code == 404 and resp.json()["error"]["code"] == "adapter_not_found"
     resp = client.delete("/v1/adapters/private", headers=other)
     assert resp.status_code == 404
-    resp = client.post(
-        "/v1/adapters/private/uploads/" + str(uuid.uuid4()) + "/complete",
-        headers=other,
-        json={"parts": [{"part_number": 1, "etag": "x"}]},
+    # The owner's real presigned upload: the other tenant can neither see nor complete it,
+    # even under an adapter name of its own that matches.
+    started = client.post(
+        "/v1/adapters/private/uploads",
+        headers=owner,
+        json={"base_model": base_model, "adapter_config": json.loads(config), "size": len(weights)},
     )
-    assert resp.status_code == 404
-    # the owner still has it, untouched; the other tenant may reuse the name for its own
-    assert client.get("/v1/adapters/private", headers=owner).json()["status"] == "ready"
+    assert started.status_code == 201, started.text
+    plan = started.json()
+    put = httpx.put(plan["parts"][0]["url"], content=weights, timeout=30)
+    assert put.status_code == 200
+    parts = {"parts": [{"part_number": 1, "etag": put.headers["ETag"]}]}
+    complete = f"/v1/adapters/private/uploads/{plan['upload_id']}/complete"
+    assert client.post(complete, headers=other, json=parts).status_code == 404
+    own = client.post(
+        "/v1/adapters/private/uploads",
+        headers=other,
+        json={"base_model": base_model, "adapter_config": json.loads(config), "size": len(weights)},
+    )
+    assert own.status_code == 201  # `other` now has an upload named "private" too
+    resp = client.post(complete, headers=other, json=parts)
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "upload_not_found"
+    assert (
+        client.get("/v1/adapters/private/versions/2", headers=owner).json()["status"] == "uploading"
+    )
+    # the owner's ready version is untouched; the other tenant's name is its own
+    assert client.get("/v1/adapters/private/versions/1", headers=owner).json()["status"] == "ready"
     assert tenant_keys(s3_client, cp_settings.s3_bucket, owner_id)
     assert upload(client, other, "private", base_model, config, weights).status_code == 202
-    assert client.get("/v1/adapters/private", headers=owner).json()["version"] == 1
+    assert client.get("/v1/adapters/private", headers=owner).json()["version"] == 2
 
 
 def test_delete_removes_rows_now_and_objects_by_job(

@@ -323,8 +323,11 @@ def test_cross_tenant_and_revoked_keys(stack: Stack) -> None:
         stack.client("lp_not-a-key").models.list()
 
 
-def test_usage_endpoint(stack: Stack) -> None:
+@pytest.mark.gateway_adapters
+def test_usage_endpoint(stack: Stack, adapters: dict[str, Path]) -> None:
     stack.client().chat.completions.create(model=stack.base, messages=MESSAGES, max_tokens=3)
+    # Tenant A calls its own adapter too: B's report must not show that (real) usage.
+    stack.client().chat.completions.create(model="ad4", messages=MESSAGES, max_tokens=3)
     deadline = time.monotonic() + 10
     rows: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
@@ -332,15 +335,19 @@ def test_usage_endpoint(stack: Stack) -> None:
             f"{stack.api.url}/v1/usage", headers={"Authorization": f"Bearer {stack.key_a}"}
         )
         assert r.status_code == 200
-        rows = [row for row in r.json()["data"] if row["model"] == stack.base]
-        if rows and rows[0]["requests"] >= 1:
+        rows = r.json()["data"]
+        models = {row["model"] for row in rows if row["requests"] >= 1}
+        if {stack.base, "ad4"} <= models:
             break
         time.sleep(0.3)
-    assert rows and rows[0]["prompt_tokens"] > 0 and rows[0]["adapter"] is None
+    base = [row for row in rows if row["model"] == stack.base]
+    assert base and base[0]["prompt_tokens"] > 0 and base[0]["adapter"] is None
+    assert any(row["model"] == "ad4" and row["adapter"] == "ad4" for row in rows)
     other = httpx.get(
         f"{stack.api.url}/v1/usage", headers={"Authorization": f"Bearer {stack.key_b}"}
     )
-    assert all(row["model"] != "private-a" for row in other.json()["data"])
+    assert other.status_code == 200
+    assert all(row["model"] != "ad4" and row["adapter"] != "ad4" for row in other.json()["data"])
 
 
 def test_20_concurrent_streams_with_drops_and_slow_readers(stack: Stack) -> None:

@@ -1,9 +1,13 @@
 """`loraplex up` as a user runs it: a subprocess on a fresh data dir; the API answers, an
-adapter made with PEFT for the demo model reaches `ready`, Ctrl-C leaves no process
-behind, and a second `up` on the same data dir finds the data again."""
+adapter made with PEFT for the demo model reaches `ready` and changes the model's answer, a
+replica or worker killed -9 is restarted by the supervisor while the API stays up (503 with
+Retry-After meanwhile), secrets are 0600 and reach only the children that need them, Ctrl-C
+leaves no process behind, and a second `up` on the same data dir finds the data again."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -16,7 +20,6 @@ import httpx
 import pytest
 
 from loraplex.platform.demo_model import make_demo_model
-from loraplex.platform.embedded.process import free_port
 
 START_TIMEOUT_S = 180
 
@@ -106,11 +109,21 @@ def _alive(pid: int) -> bool:
 
 
 def _make_peft_adapter(model_dir: Path, out: Path) -> None:
+    """A PEFT adapter with nonzero A and B (PEFT starts B at 0: such an adapter changes
+    nothing, and a call could not show it was applied)."""
     peft = pytest.importorskip("peft")
     transformers = pytest.importorskip("transformers")
+    import torch
+
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
-    config = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
-    peft.get_peft_model(model, config).save_pretrained(out)
+    config = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj"])
+    lora = peft.get_peft_model(model, config)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen))
+    lora.save_pretrained(out)
 
 
 def _upload_ready(
@@ -126,6 +139,14 @@ def _upload_ready(
     )
     assert key.status_code == 201, key.text
     tenant_h = {"Authorization": f"Bearer {key.json()['key']}"}
+    assert _wait_ready(client, url, tenant_h, adapter, version=1)
+    return tenant.json()["id"], tenant_h
+
+
+def _wait_ready(
+    client: httpx.Client, url: str, tenant_h: dict, adapter: Path, version: int
+) -> bool:
+    """Upload `adapter` as support-bot and wait for that version to be ready."""
     with (
         open(adapter / "adapter_config.json", "rb") as cfg,
         open(adapter / "adapter_model.safetensors", "rb") as weights,
@@ -136,56 +157,142 @@ def _upload_ready(
             files={"adapter_config": cfg, "adapter_model": weights},
             headers=tenant_h,
         )
-    assert resp.status_code == 202, resp.text
+    assert resp.status_code == 202 and resp.json()["version"] == version, resp.text
     deadline = time.monotonic() + 60
     body: dict = {}
     while time.monotonic() < deadline:
-        got = client.get(f"{url}/v1/adapters/support-bot", headers=tenant_h)
+        got = client.get(f"{url}/v1/adapters/support-bot/versions/{version}", headers=tenant_h)
         assert got.status_code == 200, got.text
         body = got.json()
-        status = body.get("status") or body.get("latest", {}).get("status")
+        status = body.get("status")
         if status in ("ready", "failed"):
             assert status == "ready", body
-            return tenant.json()["id"], tenant_h
+            return True
         time.sleep(0.5)
     pytest.fail(f"adapter never left validation: {body}")
 
 
+def _chat(client: httpx.Client, url: str, headers: dict, model: str) -> httpx.Response:
+    return client.post(
+        f"{url}/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "hi"}],
+              "max_tokens": 8, "temperature": 0},
+        headers=headers,
+    )  # fmt: skip
+
+
+def _supervised(data_dir: Path) -> dict:
+    return json.loads((data_dir / "logs" / "supervisor.json").read_text())
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode().split("=", 1) for e in raw if b"=" in e)
+
+
+def _restarted(data_dir: Path, name: str, old_pid: int, timeout: float = 120) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            child = _supervised(data_dir)[name]
+            if child["pid"] != old_pid and child["state"] == "running" and _alive(child["pid"]):
+                return child["pid"]
+        time.sleep(0.2)
+    pytest.fail(f"{name} was not restarted: {_supervised(data_dir)}")
+
+
+def _check_secrets(data_dir: Path) -> None:
+    for secret in ("admin_key", "postgres/password", "redis/password", "redis/redis.conf",
+                   "seaweedfs/s3-secret-key", "seaweedfs/s3-identities.json"):  # fmt: skip
+        assert (data_dir / secret).stat().st_mode & 0o777 == 0o600, secret
+    pids = {name: c["pid"] for name, c in _supervised(data_dir).items()}
+    engine, worker, api = (_environ(pids[n]) for n in ("engine replica", "worker", "API"))
+    assert "LORAPLEX_ADMIN_KEY" in api and "LORAPLEX_DATABASE_URL" in api
+    assert "LORAPLEX_ADMIN_KEY" not in worker and "LORAPLEX_DATABASE_URL" in worker
+    for secret in ("LORAPLEX_ADMIN_KEY", "LORAPLEX_DATABASE_URL", "LORAPLEX_BROKER_URL"):
+        assert secret not in engine, secret
+    assert engine["LORAPLEX_S3_SECRET_KEY"] == api["LORAPLEX_S3_SECRET_KEY"] != "loraplex-secret"
+    # The embedded S3 refuses the well-known default credentials; Redis wants its password.
+    import boto3
+    import botocore.exceptions
+    import redis
+
+    s3 = boto3.client("s3", endpoint_url=api["LORAPLEX_S3_ENDPOINT_URL"], region_name="us-east-1",
+                      aws_access_key_id="loraplex", aws_secret_access_key="loraplex-secret")  # fmt: skip
+    with pytest.raises(botocore.exceptions.ClientError):
+        s3.list_buckets()
+    broker = redis.Redis.from_url(api["LORAPLEX_BROKER_URL"])
+    assert broker.ping()
+    anonymous = redis.Redis(host="127.0.0.1", port=broker.connection_pool.connection_kwargs["port"])
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        anonymous.ping()
+    broker.close()
+    anonymous.close()
+
+
 @pytest.mark.slow
-def test_up_serves_validates_stops_and_restarts(service_tmp_path: Path, tmp_path: Path) -> None:
+def test_up_serves_supervises_stops_and_restarts(service_tmp_path: Path, tmp_path: Path) -> None:
     up_dir = service_tmp_path / "data"
-    port = free_port()
-    first = UpProcess(up_dir, port)
+    first = UpProcess(up_dir, 0)  # port 0: the OS picks it, `up` binds it and prints it
     # While `up` boots: a PEFT adapter for the demo model (same seed, same shapes).
     adapter = tmp_path / "adapter"
     _make_peft_adapter(make_demo_model(tmp_path / "demo"), adapter)
     url, admin = first.wait_started()
-    assert url == f"http://127.0.0.1:{port}"
+    assert url.startswith("http://127.0.0.1:") and not url.endswith(":0")
     try:
         with httpx.Client(timeout=30) as client:
             assert client.get(f"{url}/healthz").json() == {"status": "ok"}
             no_auth = client.get(f"{url}/admin/v1/tenants")
             assert no_auth.status_code == 401
             tenant_id, tenant_h = _upload_ready(client, url, admin, adapter)
+            answers = {}
             for model in ("demo", "support-bot"):
-                chat = client.post(
-                    f"{url}/v1/chat/completions",
-                    json={"model": model, "messages": [{"role": "user", "content": "hi"}],
-                          "max_tokens": 4},
-                    headers=tenant_h,
-                )  # fmt: skip
+                chat = _chat(client, url, tenant_h, model)
                 assert chat.status_code == 200, (model, chat.text)
                 assert chat.json()["usage"]["completion_tokens"] >= 1
+                answers[model] = chat.json()["choices"][0]["message"]["content"]
+            assert answers["support-bot"] != answers["demo"]  # the adapter was applied
+            _check_secrets(up_dir)
+
+            # kill -9 the replica: the API stays up, inference answers 503 + Retry-After
+            # until the supervisor has it back, then the same answer again.
+            engine_pid = _supervised(up_dir)["engine replica"]["pid"]
+            os.kill(engine_pid, signal.SIGKILL)
+            saw_503 = False
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                got = _chat(client, url, tenant_h, "support-bot")
+                if got.status_code == 503:
+                    assert int(got.headers["retry-after"]) >= 1, got.headers
+                    assert got.json()["error"]["code"] == "no_replica_available"
+                    saw_503 = True
+                    assert client.get(f"{url}/v1/adapters", headers=tenant_h).status_code == 200
+                elif got.status_code == 200 and saw_503:
+                    break
+                else:
+                    assert got.status_code == 200, got.text  # before the gateway noticed
+                time.sleep(0.2)
+            assert saw_503 and got.status_code == 200, got.text
+            assert got.json()["choices"][0]["message"]["content"] == answers["support-bot"]
+            assert _restarted(up_dir, "engine replica", engine_pid) != engine_pid
+
+            # kill -9 the worker: it comes back and validates a new version.
+            worker_pid = _supervised(up_dir)["worker"]["pid"]
+            os.kill(worker_pid, signal.SIGKILL)
+            _restarted(up_dir, "worker", worker_pid)
+            assert _wait_ready(client, url, tenant_h, adapter, version=2)
         children = first.descendants()
         assert len(children) >= 5  # postgres, weed, redis, worker, API (+ postgres helpers)
     finally:
         code = first.interrupt()
     assert code == 0, "\n".join(first.lines)
-    time.sleep(0.5)
+    deadline = time.monotonic() + 10
+    while [pid for pid in children if _alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not [pid for pid in children if _alive(pid)], "children outlived `up`"
     assert any(line.startswith("stopped PostgreSQL") for line in first.lines)
 
-    second = UpProcess(up_dir, port)
+    second = UpProcess(up_dir, 0)
     url2, admin2 = second.wait_started()
     try:
         assert admin2 == admin  # the key kept in the data dir
@@ -231,7 +338,7 @@ def test_up_uses_services_given_by_url(settings, pg_fresh_url: str, service_tmp_
         "LORAPLEX_BROKER_URL": settings.broker_url,
         "LORAPLEX_ADMIN_KEY": "lpx-admin-from-env",
     }
-    up = UpProcess(service_tmp_path / "data", free_port(), env_extra, args=("--no-engine",))
+    up = UpProcess(service_tmp_path / "data", 0, env_extra, args=("--no-engine",))
     url, admin = up.wait_started()
     try:
         assert admin == "lpx-admin-from-env"

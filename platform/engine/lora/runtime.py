@@ -246,15 +246,18 @@ class LoraRuntime:
             f"an adapter reference is a directory path, LocalAdapterRef or AdapterRef, not {ref!r}"
         )
 
-    def _load(self, cfg: bytes, weights: bytes, key: str) -> LoadedAdapter:
+    def _load(self, cfg: bytes, weights: bytes, key: str, targets: Any = None) -> LoadedAdapter:
         return load_adapter(
-            cfg, weights, self.hf_config, key=key, max_rank=self.max_lora_rank, dtype=self.dtype
-        )
+            cfg, weights, self.hf_config, targets=targets, key=key,
+            max_rank=self.max_lora_rank, dtype=self.dtype,
+        )  # fmt: skip
 
     def _fetch(self, key: str) -> None:
         t0 = time.perf_counter()
-        cfg, weights = self.sources[key].fetch()
-        self.host.put(self._load(cfg, weights, key))
+        source = self.sources[key]
+        cfg, weights = source.fetch()
+        # Object-store versions carry their resolved targets: no tenant pattern runs here.
+        self.host.put(self._load(cfg, weights, key, getattr(source, "targets", None)))
         self.fetch_seconds[key] = time.perf_counter() - t0
 
     def prefetch(self, key: str) -> Future | None:

@@ -9,13 +9,14 @@ under an old key.
 from __future__ import annotations
 
 import hashlib
-import re
+import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from loraplex.adapters.identity import adapter_ref_key
 from loraplex.adapters.peft_format import AdapterFormatError
+from loraplex.adapters.targets import ResolvedTargets
 from loraplex.adapters.weights import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -38,13 +39,16 @@ class AdapterRef:
 
     `sha256` is the version's sha256 of `adapter_model.safetensors` (what the validation job
     records); `config_sha256`, when given, folds the config into the identity too, so two
-    versions with equal weights but different scaling never share caches.
+    versions with equal weights but different scaling never share caches. `targets` is the
+    version's resolved targets (`ResolvedTargets.to_json`, stored at validation): the replica
+    takes ranks and scales from it and never runs the config's patterns.
     """
 
     object_prefix: str
     sha256: str
     config_sha256: str | None = None
     tenant: str | None = None
+    targets: dict | None = None
 
     def check(self) -> None:
         """Refuse malformed references (they come from the network)."""
@@ -52,8 +56,14 @@ class AdapterRef:
             value = getattr(self, name)
             if value is None and name == "config_sha256":
                 continue
-            if not isinstance(value, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+            if not isinstance(value, str) or len(value) != 64 or not set(value) <= _HEX:
                 raise ValueError(f"adapter {name} must be 64 hex digits")
+        if self.targets is None:
+            raise ValueError(
+                "the adapter reference carries no resolved targets (the version was validated "
+                "before targets were recorded; the worker's recovery pass fills them in)"
+            )
+        self.resolved_targets()  # AdapterFormatError (a ValueError) when malformed
         if not isinstance(self.object_prefix, str) or not 0 < len(self.object_prefix) <= 1024:
             raise ValueError("adapter object_prefix must be a non-empty string")
         if ".." in self.object_prefix.split("/"):
@@ -65,6 +75,13 @@ class AdapterRef:
     def key(self) -> str:
         """The engine-wide identity of this version (prefix cache, host and device tiers)."""
         return adapter_ref_key(self.sha256, self.config_sha256)
+
+    def resolved_targets(self) -> ResolvedTargets:
+        """The targets as the validation job resolved them (checked field by field)."""
+        return ResolvedTargets.from_json(self.targets)
+
+
+_HEX = frozenset(string.hexdigits)
 
 
 @dataclass(frozen=True)
@@ -117,6 +134,11 @@ class ObjectSource:
     def tenant(self) -> str | None:
         """The owning tenant, for fairness."""
         return self.ref.tenant
+
+    @property
+    def targets(self) -> ResolvedTargets:
+        """The version's resolved targets (no pattern is ever run on the replica)."""
+        return self.ref.resolved_targets()
 
     def _read(self, name: str) -> bytes:
         key = self.ref.object_prefix + name

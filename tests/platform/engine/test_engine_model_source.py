@@ -5,7 +5,6 @@ any weight is allocated), and a replica server started on an s3:// model."""
 from __future__ import annotations
 
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from engine_model_harness import save_tiny_model  # noqa: E402
 
 from loraplex.loader.safetensors_header import SafetensorsError  # noqa: E402
 from loraplex.loader.stream_reader import ChecksumMismatchError  # noqa: E402
+from loraplex.platform.embedded.process import listen_socket  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.config import EngineConfig  # noqa: E402
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
@@ -163,12 +163,6 @@ def test_missing_files_and_settings_are_clear_errors(
         EngineCore(EngineConfig(url, **ENGINE))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_cli_options_reach_the_config(s3_settings: Settings) -> None:
     argv = ["--model", "s3://b/m", "--quantization", "bf16", "--enforce-eager",
             "--cuda-graph-sizes", "1,2,8"]  # fmt: skip
@@ -183,13 +177,17 @@ def s3_server(
 ) -> Iterator[tuple[str, Path]]:
     """`loraplex engine --model s3://...` as a real process; the object store comes from env."""
     url = upload(s3_client, s3_bucket, s3_prefix, tiny)
-    port = _free_port()
+    sock = listen_socket()  # the engine serves on it (--fd): no port race
+    port = sock.getsockname()[1]
     env = {**os.environ, "LORAPLEX_S3_ENDPOINT_URL": s3_endpoint, "LORAPLEX_S3_BUCKET": "other"}
     argv = [sys.executable, "-m", "loraplex.platform.cli", "engine", "--model", url,
-            "--port", str(port), "--block-size", "8", "--max-loras", "0"]  # fmt: skip
+            "--fd", str(sock.fileno()), "--block-size", "8", "--max-loras", "0"]  # fmt: skip
     log = tmp_path / "engine.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            argv, env=env, stdout=out, stderr=subprocess.STDOUT, pass_fds=(sock.fileno(),)
+        )
+    sock.close()  # the child holds its own copy
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 90

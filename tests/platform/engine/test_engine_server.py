@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -21,33 +20,36 @@ from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
 from loraplex.platform.engine.server import build_parser, config_from_args, create_app  # noqa: E402
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, EngineCore]]:
     import uvicorn
 
+    from loraplex.platform.embedded.process import listen_socket
+
     path = tmp_path_factory.mktemp("srv")
     save_tiny_model(path, "llama", max_position_embeddings=4096)
     core = EngineCore(EngineConfig(str(path), block_size=8, max_num_batched_tokens=64))
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(core), port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
+    sock = listen_socket()  # bound before the server starts: no port race
+    srv = uvicorn.Server(uvicorn.Config(create_app(core), log_level="warning"))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    deadline = time.monotonic() + 60
+    while True:  # the tests must not run against a server that never came up
         try:
             if httpx.get(url + "/health").status_code == 200:
                 break
         except httpx.HTTPError:
-            time.sleep(0.05)
+            pass
+        if not thread.is_alive() or time.monotonic() > deadline:
+            srv.should_exit = True
+            sock.close()
+            pytest.fail(f"the engine server at {url} never became healthy")
+        time.sleep(0.05)
     yield url, core
     srv.should_exit = True
     thread.join(timeout=10)
+    sock.close()
 
 
 def events(resp: httpx.Response) -> Iterator[dict | str]:

@@ -246,7 +246,8 @@ def test_cold_adapter_fetched_from_s3_while_others_decode(
     rows = record_logits(llm)
     prompts = make_prompts(3)
     params = SamplingParams(max_tokens=6, **GREEDY)
-    ref = AdapterRef(s3_prefix, hashlib.sha256(weights).hexdigest(), tenant="t1")
+    sha = hashlib.sha256(weights).hexdigest()
+    ref = AdapterRef(s3_prefix, sha, tenant="t1", targets=_targets_json(src, core))
     cold = core.add_request(prompts[0], params, "llm-x-0-0-0", adapter=ref)
     core.add_request(prompts[1], params, "llm-x-0-1-0", adapter=str(dirs["r4_qv"]))
     core.add_request(prompts[2], params, "llm-x-0-2-0")
@@ -264,6 +265,70 @@ def test_cold_adapter_fetched_from_s3_while_others_decode(
     want = peft_logits(hf, src, seq[:-1])[len(prompts[0]) - 1 :]
     assert (got - want).abs().max().item() < 1e-4
     assert core.lora_runtime.metrics()["adapters"][ref.key]["fetch_seconds"] is not None
+
+
+def _targets_json(adapter_dir, core) -> dict:
+    """What the validation job stores for this adapter: its targets resolved on RE2."""
+    from loraplex.adapters.targets import resolve_config_targets
+
+    config = (Path(adapter_dir) / "adapter_config.json").read_bytes()
+    return resolve_config_targets(config, core.model.hf_config).to_json()
+
+
+def test_replica_loading_an_adapter_never_runs_its_patterns(
+    world, s3_client, s3_bucket, s3_endpoint, s3_prefix, monkeypatch
+):
+    """A target pattern that would freeze Python's re for minutes is served from its resolved
+    targets: same logits as the adapter under a plain list config, and `re` never sees it."""
+    import json
+    import re
+    import time
+
+    from loraplex.loader.object_store import ObjectStore
+    from loraplex.platform.settings import Settings
+
+    base_dir, hf, dirs = world
+    src = dirs["r20_layer0"]
+    weights = (src / "adapter_model.safetensors").read_bytes()
+    config = json.loads((src / "adapter_config.json").read_text())
+    # Same weights (layer 0 only); the hostile pattern targets exactly layer 0's projections.
+    config["target_modules"] = r"model\.layers\.0\..*_proj|(.+)+X"
+    config["layers_to_transform"] = None
+    config_bytes = json.dumps(config).encode()
+    s3_client.put_object(Bucket=s3_bucket, Key=s3_prefix + "adapter_config.json", Body=config_bytes)
+    s3_client.put_object(
+        Bucket=s3_bucket, Key=s3_prefix + "adapter_model.safetensors", Body=weights
+    )
+    llm = LLM(base_dir, max_loras=2, block_size=4, max_num_batched_tokens=64, max_num_seqs=4)
+    core = llm.core
+    from loraplex.adapters.targets import resolve_config_targets
+
+    targets = resolve_config_targets(config_bytes, core.model.hf_config)
+    assert targets.modules.keys() == {(0, m) for m in ALL}
+    core.lora_runtime.object_store = ObjectStore(
+        Settings(s3_endpoint_url=s3_endpoint, s3_bucket=s3_bucket)
+    )
+    seen: list[str] = []
+    real_compile = re._compile
+
+    def spy(pattern, flags):
+        seen.append(str(pattern))
+        return real_compile(pattern, flags)
+
+    monkeypatch.setattr(re, "_compile", spy)
+    ref = AdapterRef(
+        s3_prefix, hashlib.sha256(weights).hexdigest(), tenant="t1", targets=targets.to_json()
+    )
+    params = SamplingParams(max_tokens=4, **GREEDY)
+    prompt = make_prompts(1)[0]
+    began = time.monotonic()
+    hostile = llm.generate([prompt], params, adapters=[ref])[0].outputs[0].token_ids
+    assert time.monotonic() - began < 60
+    monkeypatch.undo()
+    assert not [p for p in seen if "proj" in p or "(.+)+" in p], seen
+    plain = llm.generate([prompt], params, adapters=[str(src)])[0].outputs[0].token_ids
+    base = llm.generate([prompt], params)[0].outputs[0].token_ids
+    assert hostile == plain and plain != base
 
 
 def test_bad_adapter_directory_fails_fast(world, tmp_path):
@@ -289,14 +354,17 @@ def test_replica_refs_only_and_checked(world):
     rt = LoraRuntime(llm.core.model, allow_local_paths=False)
     with pytest.raises(ValueError, match="object storage only"):
         rt.resolve_adapter(str(dirs["r4_qv"]))
+    targets = _targets_json(dirs["r4_qv"], llm.core)
     with pytest.raises(ValueError, match="no object store"):
-        rt.resolve_adapter({"object_prefix": "t/a/v1/", "sha256": "a" * 64})
+        rt.resolve_adapter({"object_prefix": "t/a/v1/", "sha256": "a" * 64, "targets": targets})
     rt.object_store = object()  # only its presence is checked before a fetch
     key, handle = rt.resolve_adapter(
-        {"object_prefix": "t/a/v1/", "sha256": "A" * 64, "tenant": "t"}
+        {"object_prefix": "t/a/v1/", "sha256": "A" * 64, "tenant": "t", "targets": targets}
     )
     assert key == "a" * 64 and handle.tenant == "t"
     for bad in (
+        {"object_prefix": "t/a/v1/", "sha256": "a" * 64},  # no resolved targets
+        {"object_prefix": "t/a/v1/", "sha256": "a" * 64, "targets": {"format": 1, "groups": []}},
         {"object_prefix": "t/a/v1/", "sha256": "xyz"},
         {"object_prefix": "t/../v1/", "sha256": "a" * 64},
         {"object_prefix": "t/a/v1/", "sha256": "a" * 64, "extra": 1},

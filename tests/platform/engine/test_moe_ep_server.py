@@ -4,7 +4,6 @@ serves `/generate`, and gives the same greedy tokens as a single-process engine.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,15 +13,11 @@ import httpx
 import pytest
 from moe_ep_workers import save_tiny_qwen2_moe
 
+from loraplex.platform.embedded.process import listen_socket
+
 pytest.importorskip("transformers")
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12]]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _single_process_tokens(model_dir: Path) -> list[list[int]]:
@@ -41,13 +36,18 @@ def _single_process_tokens(model_dir: Path) -> list[list[int]]:
 
 def test_engine_cli_with_ep_size_two_serves_like_one_rank(tmp_path: Path) -> None:
     model_dir = save_tiny_qwen2_moe(tmp_path / "qwen2moe")
-    port = _free_port()
+    sock = listen_socket()  # the engine serves on it (--fd): no port race
+    port = sock.getsockname()[1]
     argv = [sys.executable, "-m", "loraplex.platform.cli", "engine", "--model", str(model_dir),
-            "--port", str(port), "--block-size", "8", "--num-gpu-blocks", "64",
+            "--fd", str(sock.fileno()), "--block-size", "8", "--num-gpu-blocks", "64",
             "--max-model-len", "64", "--max-loras", "0", "--ep-size", "2"]  # fmt: skip
     log = tmp_path / "engine.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            argv, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT,
+            pass_fds=(sock.fileno(),),
+        )  # fmt: skip
+    sock.close()  # the child holds its own copy
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 120

@@ -17,11 +17,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from loraplex.platform.embedded.process import listen_socket
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+
+def refusing_url() -> tuple[str, socket.socket]:
+    """A URL where connections are refused for as long as the returned socket stays open (bound,
+    never listening: no other process can take the port meanwhile)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", sock
 
 
 class ScriptedReplica:
@@ -39,7 +43,8 @@ class ScriptedReplica:
         self.state_doc = state or {}
         self.requests: list[dict[str, Any]] = []
         self.aborted: list[str] = []
-        self.port = free_port()
+        self._sock = listen_socket()  # ours from the start: no port race
+        self.port = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         app = Starlette(
             routes=[
@@ -48,12 +53,10 @@ class ScriptedReplica:
                 Route("/state", self._state, methods=["GET"]),
             ]
         )
-        self._server = uvicorn.Server(
-            uvicorn.Config(
-                app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
-            )
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
 
     async def _generate(self, request: Request) -> Response:
         body = await request.json()
@@ -101,3 +104,4 @@ class ScriptedReplica:
     def __exit__(self, *exc: object) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=5)
+        self._sock.close()

@@ -22,6 +22,10 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> ModelAssets:
     return ModelAssets.load(make_model_dir(tmp_path_factory.mktemp("m"), context_length=64))
 
 
+TARGETS = {"format": 1, "groups": [{"rank": 4, "alpha": 8.0, "scale": 2.0,
+                                   "layers": {"q_proj": [0, 1]}}]}  # fmt: skip
+
+
 def _resolved(adapter: bool = False, share: bool = False) -> ResolvedModel:
     extra = {}
     if adapter:
@@ -33,6 +37,7 @@ def _resolved(adapter: bool = False, share: bool = False) -> ResolvedModel:
             adapter_sha256="ab" * 32,
             adapter_config_sha256="cd" * 32,
             adapter_object_prefix="tenants/t/adapters/a/v3/",
+            adapter_targets=TARGETS,
         )
     return ResolvedModel(
         "m", uuid.uuid4(), "base", "models/base/", uuid.uuid4(), "dep", share, **extra
@@ -97,6 +102,7 @@ def test_adapter_reference_and_salt() -> None:
         "sha256": "ab" * 32,
         "config_sha256": "cd" * 32,
         "tenant": str(TENANT),
+        "targets": TARGETS,
     }
     assert _adapter_ref(_resolved(), TENANT) is None
     assert r.cache_salt(TENANT) == f"tenant:{TENANT}"

@@ -10,7 +10,7 @@ import uuid
 import httpx
 import pytest
 from redis.asyncio import Redis
-from scripted_replica import ScriptedReplica, free_port
+from scripted_replica import ScriptedReplica, refusing_url
 
 from loraplex.platform.gateway.errors import GatewayError
 from loraplex.platform.gateway.replica_client import GenerateRequest, ReplicaClient
@@ -102,8 +102,9 @@ def test_router_prefers_resident_adapter_and_prefix(redis_url: str) -> None:
 
 
 def test_failover_before_first_token(redis_url: str) -> None:
-    dead_url = f"http://127.0.0.1:{free_port()}"  # nothing listens: connection refused
+    dead_url, dead_sock = refusing_url()  # nothing listens: connection refused
     with (
+        dead_sock,
         ScriptedReplica([7, 8, 9], fail="before", state={"resident_adapters": ["ad"]}) as broken,
         ScriptedReplica([4, 5, 6]) as good,
     ):
@@ -149,6 +150,7 @@ def test_no_replica_is_503(redis_url: str) -> None:
 
     err = asyncio.run(_with_router(redis_url, [], body))
     assert err.status == 503 and err.code == "no_replica_available"
-    dead = [("d1", f"http://127.0.0.1:{free_port()}")]
-    err = asyncio.run(_with_router(redis_url, dead, body))
-    assert err.status == 503
+    dead_url, dead_sock = refusing_url()
+    with dead_sock:
+        err = asyncio.run(_with_router(redis_url, [("d1", dead_url)], body))
+    assert err.status == 503 and int(err.headers["retry-after"]) >= 1

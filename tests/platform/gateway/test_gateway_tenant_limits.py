@@ -109,6 +109,8 @@ def test_tenants_get_their_own_rpm_headers_and_429s(stack: dict[str, Any]) -> No
         "requests_per_minute": None,
         "tokens_per_minute": None,
         "monthly_token_quota": None,
+        "max_concurrent_uploads": None,
+        "max_stored_adapter_bytes": None,
     }
     _fresh_window()
     for headers, rpm in ((a_key, 2), (b_key, 3)):
@@ -141,6 +143,8 @@ def test_patch_changes_a_limit_at_once(stack: dict[str, Any]) -> None:
         "requests_per_minute": 4,
         "tokens_per_minute": None,
         "monthly_token_quota": None,
+        "max_concurrent_uploads": None,
+        "max_stored_adapter_bytes": None,
     }
     ok = _chat(stack, key)  # the same minute: 1 of 4 used before, now 2
     assert ok.status_code == 200, ok.text

@@ -1,0 +1,235 @@
+"""An adapter's targets resolved once, at validation: which modules, with what rank and scale.
+
+`resolve_targets` applies PEFT's matching rules (`target_modules`, `exclude_modules`,
+`layers_to_transform` / `layers_pattern`, `rank_pattern`, `alpha_pattern`, rsLoRA) to the base
+model's finite list of LoRA-targetable module names, running every tenant pattern on RE2
+(`tenant_regex`). The result, `ResolvedTargets`, is stored with the version and handed to
+replicas inside the adapter reference; replicas read it (`from_json`, no regex at all) and
+never see a tenant pattern.
+
+PEFT's rules, as in peft's `check_target_module_exists` and `get_pattern_key`:
+- `target_modules` as a string: full match of the module name; no layer filter.
+- as a list: the name itself, or any name ending in `.<entry>`; a suffix match (not an exact
+  name) is then filtered by `layers_to_transform`, the layer index being the number after
+  the first `layers_pattern` match (or the first numbered segment without one).
+- `exclude_modules` is checked first, the same way (string: full match; list: suffix).
+- rank/alpha: the first pattern key (in the config's order) with `(.*\\.)?(KEY)$` matching.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .peft_format import (
+    LORA_MODULES,
+    MAX_LAYER_IDX,
+    MAX_RANK,
+    AdapterFormatError,
+    PeftAdapterConfig,
+    module_dims,
+    module_path,
+)
+from .tenant_regex import TenantPatternError, compile_pattern
+
+FORMAT_VERSION = 1
+MAX_RESOLVED_MODULES = 200_000
+
+
+@dataclass(frozen=True)
+class ModuleTarget:
+    """One targeted projection's LoRA rank, alpha and the delta's scale."""
+
+    rank: int
+    alpha: float
+    scale: float
+
+
+@dataclass(frozen=True)
+class ResolvedTargets:
+    """Every module an adapter version targets, keyed by (layer index, projection name)."""
+
+    modules: dict[tuple[int, str], ModuleTarget] = field(default_factory=dict)
+
+    def get(self, layer: int, module: str) -> ModuleTarget | None:
+        """The target at (`layer`, `module`), or None when the adapter leaves it alone."""
+        return self.modules.get((layer, module))
+
+    @property
+    def max_rank(self) -> int:
+        """The largest rank over the targeted modules (0 when none)."""
+        return max((t.rank for t in self.modules.values()), default=0)
+
+    @property
+    def projections(self) -> list[str]:
+        """The targeted projection names (q_proj, ...), sorted."""
+        return sorted({m for _, m in self.modules})
+
+    def to_json(self) -> dict[str, Any]:
+        """Compact JSON: modules grouped by (rank, alpha, scale), layers listed per projection."""
+        groups: dict[tuple[int, float, float], dict[str, list[int]]] = {}
+        for (layer, module), t in sorted(self.modules.items()):
+            groups.setdefault((t.rank, t.alpha, t.scale), {}).setdefault(module, []).append(layer)
+        return {
+            "format": FORMAT_VERSION,
+            "groups": [
+                {"rank": r, "alpha": a, "scale": s, "layers": layers}
+                for (r, a, s), layers in sorted(groups.items())
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ResolvedTargets:
+        """Read `to_json` output (it comes from the network: every field is checked)."""
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT_VERSION:
+            raise AdapterFormatError(
+                f"resolved targets must be an object with format {FORMAT_VERSION}"
+            )
+        groups = obj.get("groups")
+        if not isinstance(groups, list) or not groups:
+            raise AdapterFormatError("resolved targets must list at least one group")
+        modules: dict[tuple[int, str], ModuleTarget] = {}
+        for group in groups:
+            target = _group_target(group)
+            layers = group.get("layers")
+            if not isinstance(layers, dict) or not layers:
+                raise AdapterFormatError("a resolved-targets group needs its layers by projection")
+            for module, idxs in layers.items():
+                if module not in LORA_MODULES or not isinstance(idxs, list):
+                    raise AdapterFormatError(f"resolved targets name an unknown module {module!r}")
+                for i in idxs:
+                    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= MAX_LAYER_IDX:
+                        raise AdapterFormatError(f"resolved targets have a bad layer index {i!r}")
+                    if (i, module) in modules:
+                        raise AdapterFormatError(f"resolved targets list layer {i} {module} twice")
+                    modules[(i, module)] = target
+                    if len(modules) > MAX_RESOLVED_MODULES:
+                        raise AdapterFormatError("resolved targets list too many modules")
+        return cls(modules)
+
+
+def _group_target(group: Any) -> ModuleTarget:
+    if not isinstance(group, dict):
+        raise AdapterFormatError("a resolved-targets group must be an object")
+    rank, alpha, scale = group.get("rank"), group.get("alpha"), group.get("scale")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 < rank <= MAX_RANK:
+        raise AdapterFormatError(f"resolved targets have a bad rank {rank!r}")
+    for name, value in (("alpha", alpha), ("scale", scale)):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise AdapterFormatError(f"resolved targets have a bad {name} {value!r}")
+        if not math.isfinite(value) or value <= 0:
+            raise AdapterFormatError(f"resolved targets have a bad {name} {value!r}")
+    return ModuleTarget(rank, float(alpha), float(scale))
+
+
+def module_paths(hf_config: dict) -> list[tuple[int, str, str]]:
+    """(layer, projection, PEFT module name) of every LoRA-targetable module of the base model."""
+    dims = module_dims(hf_config)
+    try:
+        layers = int(hf_config["num_hidden_layers"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AdapterFormatError(f"base model config lacks a usable {exc}") from exc
+    if not 0 < layers <= MAX_LAYER_IDX:
+        raise AdapterFormatError(f"base model has an unusable num_hidden_layers {layers}")
+    return [(i, m, module_path(i, m)) for i in range(layers) for m in LORA_MODULES if m in dims]
+
+
+class _Matchers:
+    """The config's tenant patterns, each compiled once by RE2 (refused here if unsafe)."""
+
+    def __init__(self, cfg: PeftAdapterConfig) -> None:
+        self.cfg = cfg
+        self.target = (
+            compile_pattern(cfg.target_modules, "target_modules")
+            if isinstance(cfg.target_modules, str) and cfg.target_modules != "all-linear"
+            else None
+        )
+        self.exclude = (
+            compile_pattern(cfg.exclude_modules, "exclude_modules")
+            if isinstance(cfg.exclude_modules, str)
+            else None
+        )
+        self.layers = [
+            compile_pattern(rf"(?:^|.*?\.){p}\.(?P<idx>\d+)\.", f"layers_pattern {p!r}")
+            for p in cfg.layers_pattern or []
+        ]
+        self.first_index = compile_pattern(r".*?\.[^.]*\.(?P<idx>\d+)\.", "layer index")
+        self.rank = _pattern_keys(cfg.rank_pattern, "rank_pattern")
+        self.alpha = _pattern_keys(cfg.alpha_pattern, "alpha_pattern")
+
+    def excluded(self, key: str) -> bool:
+        spec = self.cfg.exclude_modules
+        if not spec:
+            return False
+        if self.exclude is not None:
+            return self.exclude.fullmatch(key) is not None
+        return _in_list(list(spec), key)
+
+    def layer_index(self, key: str) -> int | None:
+        found = None
+        for regex in self.layers or [self.first_index]:
+            found = regex.match(key)
+            if found is not None:
+                break
+        idx = found.groupdict().get("idx") if found is not None else None
+        return int(idx) if idx is not None else None
+
+    def targeted(self, key: str) -> bool:
+        if self.excluded(key):
+            return False
+        if self.target is not None:
+            return self.target.fullmatch(key) is not None
+        names = LORA_MODULES if self.cfg.target_modules == "all-linear" else self.cfg.target_modules
+        if key in names:
+            return True
+        if not any(key.endswith("." + n) for n in names):
+            return False
+        wanted = self.cfg.layers_to_transform
+        return not wanted or self.layer_index(key) in wanted
+
+
+def _in_list(names: list[str], key: str) -> bool:
+    return key in names or any(key.endswith("." + n) for n in names)
+
+
+def _pattern_keys(patterns: dict, what: str) -> list[tuple[Any, Any]]:
+    return [
+        (compile_pattern(rf"(.*\.)?({key})$", f"{what} key {key!r}"), value)
+        for key, value in patterns.items()
+    ]
+
+
+def _first(keys: list[tuple[Any, Any]], key: str, default: Any) -> Any:
+    for regex, value in keys:
+        if regex.match(key) is not None:
+            return value
+    return default
+
+
+def resolve_targets(cfg: PeftAdapterConfig, hf_config: dict) -> ResolvedTargets:
+    """Apply the config's PEFT rules to the base model's module names (every pattern on RE2).
+
+    Raises AdapterFormatError (a TenantPatternError for a refused pattern) with a message fit
+    for the uploader.
+    """
+    try:
+        matchers = _Matchers(cfg)
+    except TenantPatternError as exc:
+        raise AdapterFormatError(str(exc)) from None
+    modules: dict[tuple[int, str], ModuleTarget] = {}
+    for layer, module, key in module_paths(hf_config):
+        if not matchers.targeted(key):
+            continue
+        r = int(_first(matchers.rank, key, cfg.r))
+        alpha = float(_first(matchers.alpha, key, cfg.lora_alpha))
+        scale = alpha / math.sqrt(r) if cfg.use_rslora else alpha / r
+        modules[(layer, module)] = ModuleTarget(r, alpha, scale)
+    return ResolvedTargets(modules)
+
+
+def resolve_config_targets(config: bytes | str | dict, hf_config: dict) -> ResolvedTargets:
+    """`resolve_targets` of an `adapter_config.json` (bytes, text or dict) for this base."""
+    from .peft_format import parse_adapter_config
+
+    return resolve_targets(parse_adapter_config(config), hf_config)
