@@ -19,7 +19,6 @@ import signal
 import sys
 import time
 import traceback
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -30,6 +29,7 @@ from rich.console import Console
 from loraplex.platform.embedded.process import (
     EmbeddedServiceError,
     ServiceProcess,
+    http_ok,
     log_tail,
     port_is_free,
     stop_together,
@@ -159,11 +159,6 @@ def default_model_name(folder: Path) -> str:
     return name[:64]
 
 
-def _http_ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=2) as resp:
-        return resp.status == 200
-
-
 def _start_child(name: str, argv: list[str], log: Path, env: dict[str, str]) -> ServiceProcess:
     proc = ServiceProcess(name, log)
     proc.start(argv, env=env, cwd=log.parent)
@@ -260,7 +255,7 @@ def start_all(
         api = _start_child("API", [*cli, "api"], logs / "api.log", env)
         # Both are clients of the services: stopped together (SIGINT = graceful for each).
         stack.push("worker and API", lambda: stop_together([api, worker], signal.SIGINT, 20))
-        api.wait_ready(lambda: _http_ok(url + "/healthz"), timeout=90)
+        api.wait_ready(lambda: http_ok(url + "/healthz"), timeout=90)
         if not worker.running():
             raise worker.fail("exited")
         note.append(url)
@@ -277,11 +272,11 @@ def start_serving(
     from loraplex.platform.up_replica import ensure_deployment, start_replica
 
     with step(stack.console, "Deployment") as note:
-        deployment = ensure_deployment(settings, name)
-        note.append(f"{deployment.name} (max_loras {deployment.max_loras}, "
-                    f"max_lora_rank {deployment.max_lora_rank})")  # fmt: skip
+        deployment = ensure_deployment(settings, name, folder)
+        note.append(f"{deployment.name} (max_loras {deployment.config.max_loras}, "
+                    f"max_lora_rank {deployment.config.max_lora_rank})")  # fmt: skip
     with step(stack.console, "Engine replica") as note:
-        url, proc, deregister = start_replica(settings, deployment, folder, name, log, env)
+        url, proc, deregister = start_replica(settings, deployment, name, log, env)
 
         def stop() -> None:
             deregister()

@@ -4,38 +4,41 @@ on it, and the replica's registration so the gateway routes requests to it."""
 from __future__ import annotations
 
 import sys
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplex.platform.embedded.process import ServiceProcess, free_port
-from loraplex.platform.engine.supported_models import (
-    SERVED_WEIGHT_QUANTIZATIONS,
-    unserved_quantization_message,
+from loraplex.platform.embedded.process import ServiceProcess, free_port, http_ok
+from loraplex.platform.engine_spec import (
+    EngineConfig,
+    ServerOptions,
+    UnservableDeploymentError,
+    engine_args,
+    engine_config_for_deployment,
 )
 from loraplex.platform.settings import Settings
 
 
 @dataclass(frozen=True)
 class LocalDeployment:
-    """The deployment `up` serves: its name, and the LoRA limits and weight quantization the
-    replica must honour."""
+    """The deployment `up` serves: its name and the EngineConfig its replica runs."""
 
     name: str
-    max_loras: int
-    max_lora_rank: int
-    weight_quantization: str = "fp32"
+    config: EngineConfig
 
 
-def ensure_deployment(settings: Settings, base_model: str) -> LocalDeployment:
-    """The base model's first deployment (the one the gateway routes to), made if missing."""
+def ensure_deployment(settings: Settings, base_model: str, model_dir: Path) -> LocalDeployment:
+    """The base model's first deployment (the one the gateway routes to), made if missing,
+    served from the local copy of the model in `model_dir`.
+
+    Raises UpError, before anything starts, for a deployment the engine cannot serve."""
     from sqlalchemy import select
 
     from loraplex.platform.db.models import Deployment
     from loraplex.platform.db.session import make_sessionmaker, session_scope
     from loraplex.platform.services.base_models import get_base_model
     from loraplex.platform.services.deployments import DeploymentSpec, create_deployment
+    from loraplex.platform.up import UpError
 
     assert settings.database_url is not None
     with session_scope(make_sessionmaker(settings.database_url)) as session:
@@ -52,59 +55,56 @@ def ensure_deployment(settings: Settings, base_model: str) -> LocalDeployment:
                 name=base_model, base_model=base_model, weight_quantization="fp32"
             )
             found = create_deployment(session, settings, spec, actor="system")
-        return LocalDeployment(
-            found.name, found.max_loras, found.max_lora_rank, found.weight_quantization
-        )
+        try:
+            config = engine_config_for_deployment(found, model=str(model_dir))
+        except UnservableDeploymentError as exc:
+            raise UpError(f"{exc} (create a deployment with a served quantization)") from exc
+        return LocalDeployment(found.name, config)
 
 
-def _healthy(url: str) -> bool:
-    with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-        return resp.status == 200
+def engine_argv(config: EngineConfig, server: ServerOptions) -> list[str]:
+    """The local `loraplex engine` command line running `config` behind `server`."""
+    return [sys.executable, "-m", "loraplex.platform.cli", "engine", *engine_args(config, server)]
 
 
-def engine_argv(
-    settings: Settings, deployment: LocalDeployment, model_dir: Path, port: int
-) -> list[str]:
-    """The `loraplex engine` command line serving `deployment` (its limits and quantization).
+def start_engine_process(
+    config: EngineConfig,
+    log: Path,
+    env: dict[str, str],
+    *,
+    host: str = "127.0.0.1",
+    log_level: str = "info",
+    timeout: float = 300,
+) -> tuple[str, ServiceProcess]:
+    """Start `loraplex engine` for `config` on a free port of `host` and wait for /health.
 
-    Raises UpError, before anything starts, for a quantization the engine does not implement."""
-    from loraplex.platform.up import UpError
-
-    quant = deployment.weight_quantization
-    if quant not in SERVED_WEIGHT_QUANTIZATIONS:
-        raise UpError(
-            f"deployment {deployment.name!r}: {unserved_quantization_message(quant)} "
-            "(create a deployment with a served quantization)"
-        )
-    argv = [sys.executable, "-m", "loraplex.platform.cli", "engine", "--model", str(model_dir)]
-    argv += ["--host", settings.host, "--port", str(port)]
-    argv += ["--max-loras", str(deployment.max_loras)]
-    argv += ["--max-lora-rank", str(deployment.max_lora_rank)]
-    argv += ["--quantization", quant]
-    return argv
+    `env` carries the storage settings (`LORAPLEX_S3_*`). Returns the replica URL and its
+    process (stopped on failure)."""
+    port = free_port(host)
+    url = f"http://{host}:{port}"
+    proc = ServiceProcess("engine", log)
+    proc.start(engine_argv(config, ServerOptions(host, port, log_level)), env=env, cwd=log.parent)
+    proc.wait_ready(lambda: http_ok(url + "/health"), timeout)
+    return url, proc
 
 
 def start_replica(
     settings: Settings,
     deployment: LocalDeployment,
-    model_dir: Path,
     base_model: str,
     log: Path,
     env: dict[str, str],
     timeout: float = 300,
 ) -> tuple[str, ServiceProcess, Callable[[], None]]:
-    """Start `loraplex engine` on `model_dir`, wait for /health, register it for the gateway.
+    """Start `loraplex engine` for `deployment`, wait for /health, register it for the gateway.
 
     Returns the replica URL, its process, and a function that deregisters it."""
     from loraplex.platform.gateway.replica_agent import register_replica
 
-    port = free_port(settings.host)
-    url = f"http://{settings.host}:{port}"
-    argv = engine_argv(settings, deployment, model_dir, port)
-    proc = ServiceProcess("engine", log)
-    proc.start(argv, env=env, cwd=log.parent)
+    url, proc = start_engine_process(
+        deployment.config, log, env, host=settings.host, timeout=timeout
+    )
     try:
-        proc.wait_ready(lambda: _healthy(url), timeout)
         redis_url = settings.gateway_redis_url()
         if redis_url is None:
             raise proc.fail("cannot be registered: no Redis URL for the gateway")

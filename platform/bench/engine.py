@@ -199,7 +199,7 @@ def bench_itl(path: str, long_len: int, streams: int, chunked: bool, budget: int
 
 
 def _config(path: str, chunked: bool, budget: int, max_len: int, seqs: int):  # noqa: ANN202
-    from loraplex.platform.engine.config import EngineConfig
+    from loraplex.platform.engine_spec.config import EngineConfig
 
     return EngineConfig(
         model=path,

@@ -50,9 +50,9 @@ def measure(
     With `lora_dirs`, a LoRA runtime is installed (the graphs are recaptured with adapters)
     and the requests cycle through the adapters and the base model.
     """
-    from loraplex.platform.engine.config import EngineConfig
     from loraplex.platform.engine.engine_core import EngineCore
     from loraplex.platform.engine.sampling_params import SamplingParams
+    from loraplex.platform.engine_spec.config import EngineConfig
 
     b = args.batch
     max_len = args.context + 64

@@ -252,7 +252,7 @@ def bench_cold(llm, hf_config: dict, tmp: Path, prompt, use_s3: bool) -> tuple[f
     s3 = EmbeddedSeaweedFS(tmp / "s3", access_key=base.s3_access_key, secret_key=base.s3_secret_key)
     try:
         settings = Settings(s3_endpoint_url=s3.start(), s3_bucket="bench")
-        store = ObjectStore(settings)
+        store = ObjectStore(settings.storage())
         store.client.create_bucket(Bucket="bench")
         prefix = "tenants/bench/adapters/cold/v1/"
         for name in ("adapter_config.json", "adapter_model.safetensors"):

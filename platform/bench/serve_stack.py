@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,34 +23,15 @@ from rich.console import Console
 from safetensors.torch import save
 
 from loraplex.platform.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedSeaweedFS
-from loraplex.platform.embedded.process import ServiceProcess
+from loraplex.platform.embedded.process import ServiceProcess, free_port, http_ok
+from loraplex.platform.engine_spec import engine_config_for_deployment
 from loraplex.platform.gateway.replica_agent import register_replica
 from loraplex.platform.settings import Settings
+from loraplex.platform.up import child_env
+from loraplex.platform.up_replica import start_engine_process
 
 console = Console(stderr=True)
 TARGETS = ("q_proj", "v_proj")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _http_ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - loopback only
-        return resp.status == 200
-
-
-def child_env(settings: Settings) -> dict[str, str]:
-    """This process's environment plus every setting as a `LORAPLEX_*` variable."""
-    import os
-
-    env = dict(os.environ)
-    for name, value in settings.model_dump().items():
-        if value is not None:
-            env[f"LORAPLEX_{name.upper()}"] = str(value)
-    return env
 
 
 def random_peft_adapter(model_dir: Path, out: Path, seed: int, rank: int = 8) -> Path:
@@ -161,7 +140,7 @@ def local_stack(num_adapters: int) -> Iterator[tuple[str, str]]:
         model_dir = make_demo_model(root / "demo")
         register_base_model(settings, "demo", model_dir)
         with session_scope(make_sessionmaker(db_url)) as session:
-            create_deployment(
+            deployment = create_deployment(
                 session,
                 settings,
                 DeploymentSpec(
@@ -172,64 +151,31 @@ def local_stack(num_adapters: int) -> Iterator[tuple[str, str]]:
                     max_lora_rank=16,
                 ),
             )
+            engine_config = engine_config_for_deployment(deployment, model=str(model_dir))
             tenant = create_tenant(session, "bench")
             _, key = create_api_key(session, tenant.id, "bench")
         env = child_env(settings)
-        procs = []
-        for name, argv, port_probe in (
-            ("worker", [sys.executable, "-m", "loraplex.platform.jobs.worker"], None),
-            (
-                "replica",
-                [
-                    sys.executable,
-                    "-m",
-                    "loraplex.platform.engine.server",
-                    "--model",
-                    str(model_dir),
-                    "--max-loras",
-                    str(max(num_adapters, 1)),
-                    "--max-lora-rank",
-                    "16",
-                    "--log-level",
-                    "warning",
-                ],
-                "/health",
-            ),
-            (
-                "api",
-                [
-                    sys.executable,
-                    "-m",
-                    "uvicorn",
-                    "--factory",
-                    "loraplex.api.app:create_app",
-                    "--log-level",
-                    "warning",
-                ],
-                "/healthz",
-            ),
-        ):
-            proc = ServiceProcess(name, root / f"{name}.log")
-            port = _free_port()
-            args = list(argv)
-            if name == "replica":
-                args += ["--port", str(port)]
-            elif name == "api":
-                args += ["--host", "127.0.0.1", "--port", str(port)]
-            proc.start(args, env=env)
-            stack.callback(proc.stop)
-            procs.append(proc)
-            if port_probe:
-                with console.status(f"starting {name}…"):
-                    proc.wait_ready(
-                        lambda p=port, q=port_probe: _http_ok(f"http://127.0.0.1:{p}{q}"),
-                        timeout=120,
-                    )
-            if name == "replica":
-                hb = register_replica(redis_url, "demo-dep", f"http://127.0.0.1:{port}")
-                stack.callback(hb.stop)
-            if name == "api":
-                api_url = f"http://127.0.0.1:{port}"
+        worker = ServiceProcess("worker", root / "worker.log")
+        worker.start([sys.executable, "-m", "loraplex.platform.jobs.worker"], env=env)
+        stack.callback(worker.stop)
+        with console.status("starting replica…"):
+            replica_url, replica = start_engine_process(
+                engine_config, root / "replica.log", env, log_level="warning", timeout=120
+            )
+        stack.callback(replica.stop)
+        hb = register_replica(redis_url, "demo-dep", replica_url)
+        stack.callback(hb.stop)
+        api = ServiceProcess("api", root / "api.log")
+        port = free_port()
+        api_url = f"http://127.0.0.1:{port}"
+        api.start(
+            [sys.executable, "-m", "uvicorn", "--factory", "loraplex.api.app:create_app",
+             "--log-level", "warning", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+        )  # fmt: skip
+        stack.callback(api.stop)
+        with console.status("starting api…"):
+            api.wait_ready(lambda: http_ok(f"{api_url}/healthz"), timeout=120)
         with console.status(f"uploading {num_adapters} adapters…"):
             for i in range(num_adapters):
                 folder = random_peft_adapter(model_dir, root / f"adapter{i}", seed=i)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -44,6 +45,12 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
         return True
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    """True when a GET of `url` answers 200 (a readiness probe; errors propagate)."""
+    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - our own servers
+        return resp.status == 200
 
 
 def pick_ports(state_file: Path, names: Sequence[str]) -> dict[str, int]:

@@ -37,8 +37,8 @@ from loraplex.platform.engine.forward_context import ForwardContext, forward_con
 from loraplex.platform.engine.layers.attention_metadata import AttentionMetadata
 
 if TYPE_CHECKING:
-    from loraplex.platform.engine.config import EngineConfig
     from loraplex.platform.engine.model_runner import ModelRunner
+    from loraplex.platform.engine_spec.config import EngineConfig
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ import torch
 from loraplex.loader.timeline import Timeline
 from loraplex.platform.engine.block_pool import BlockPool
 from loraplex.platform.engine.cold_start import finish_cold_start
-from loraplex.platform.engine.config import EngineConfig
 from loraplex.platform.engine.decode_graphs import recapture_decode_graphs, setup_decode_graphs
 from loraplex.platform.engine.detokenizer import IncrementalDetokenizer
 from loraplex.platform.engine.kv_cache import kv_cache_bytes_per_block
@@ -27,6 +26,7 @@ from loraplex.platform.engine.prefix_cache import KVCacheManager
 from loraplex.platform.engine.request import Request, RequestStatus
 from loraplex.platform.engine.sampling_params import SamplingParams
 from loraplex.platform.engine.scheduler import Scheduler
+from loraplex.platform.engine_spec.config import EngineConfig
 
 CPU_KV_BUDGET = 256 * 1024 * 1024
 

@@ -12,7 +12,6 @@ A rebalance (EPLB) is broadcast the same way and happens between two steps.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from typing import Any
 
@@ -22,9 +21,9 @@ import torch.multiprocessing as mp
 from loraplex.moe.ep_launch import StepChannel, default_backend, free_loopback_port, init_ep_rank
 from loraplex.moe.expert_parallel import set_process_ep_group
 from loraplex.moe.rebalancer import ExpertRebalancer, LayerRebalance
-from loraplex.platform.engine.config import EngineConfig
 from loraplex.platform.engine.engine_core import EngineCore
 from loraplex.platform.engine.scheduler import ScheduledRequest, SchedulerOutput
+from loraplex.platform.engine_spec.config import EngineConfig
 
 
 def _portable(out: SchedulerOutput) -> SchedulerOutput:
@@ -191,33 +190,13 @@ def start_ep_engine(
     return EPEngine(core, StepChannel(ep), procs, rebalancer, rank_loads)
 
 
-def add_ep_arguments(parser: argparse.ArgumentParser) -> None:
-    """The expert-parallel options of `loraplex engine`."""
-    parser.add_argument(
-        "--ep-size", type=int, default=1, help="expert-parallel ranks (spawned processes)"
-    )
-    parser.add_argument(
-        "--ep-redundant-experts",
-        type=int,
-        default=0,
-        help="extra copies of hot experts placed at each rebalance (EPLB)",
-    )
-    parser.add_argument(
-        "--eplb-interval",
-        type=int,
-        default=0,
-        help="engine steps between expert rebalances (0: never)",
-    )
-
-
-def build_engine(config: EngineConfig, args: argparse.Namespace) -> Any:
-    """An `EngineCore`, or an `EPEngine` group when `--ep-size` > 1."""
-    ep_size = int(getattr(args, "ep_size", 1) or 1)
-    if ep_size == 1:
+def build_engine(config: EngineConfig) -> EngineCore | EPEngine:
+    """An `EngineCore`, or an `EPEngine` group when `config.ep_size` > 1."""
+    if config.ep_size == 1:
         return EngineCore(config)
     return start_ep_engine(
         config,
-        ep_size,
-        num_redundant=int(getattr(args, "ep_redundant_experts", 0) or 0),
-        rebalance_interval=int(getattr(args, "eplb_interval", 0) or 0),
+        config.ep_size,
+        num_redundant=config.ep_redundant_experts,
+        rebalance_interval=config.eplb_interval,
     )

@@ -6,10 +6,10 @@ import dataclasses
 import itertools
 from typing import Any
 
-from loraplex.platform.engine.config import EngineConfig
 from loraplex.platform.engine.engine_core import EngineCore
 from loraplex.platform.engine.outputs import CompletionOutput, RequestOutput
 from loraplex.platform.engine.sampling_params import SamplingParams
+from loraplex.platform.engine_spec.config import EngineConfig
 
 Prompt = str | list[int]
 

@@ -239,7 +239,9 @@ def test_cold_adapter_fetched_from_s3_while_others_decode(
     weights = (src / "adapter_model.safetensors").read_bytes()
     for name in ("adapter_config.json", "adapter_model.safetensors"):
         s3_client.put_object(Bucket=s3_bucket, Key=s3_prefix + name, Body=(src / name).read_bytes())
-    store = GatedStore(ObjectStore(Settings(s3_endpoint_url=s3_endpoint, s3_bucket=s3_bucket)))
+    store = GatedStore(
+        ObjectStore(Settings(s3_endpoint_url=s3_endpoint, s3_bucket=s3_bucket).storage())
+    )
     llm = LLM(base_dir, max_loras=2, block_size=4, max_num_batched_tokens=64, max_num_seqs=4)
     core = llm.core
     core.lora_runtime.object_store = store

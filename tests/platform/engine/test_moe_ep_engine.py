@@ -30,9 +30,9 @@ def _generate(engine, prompts, steps_before_rebalance=None) -> list[list[int]]:
 
 
 def test_ep_engine_generates_like_single_process(model_dir):
-    from loraplex.platform.engine.config import EngineConfig
     from loraplex.platform.engine.engine_core import EngineCore
     from loraplex.platform.engine.ep_engine import start_ep_engine
+    from loraplex.platform.engine_spec.config import EngineConfig
 
     config = EngineConfig(
         model=model_dir,

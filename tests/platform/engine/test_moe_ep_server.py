@@ -26,9 +26,9 @@ def _free_port() -> int:
 
 
 def _single_process_tokens(model_dir: Path) -> list[list[int]]:
-    from loraplex.platform.engine.config import EngineConfig
     from loraplex.platform.engine.engine_core import EngineCore
     from loraplex.platform.engine.sampling_params import SamplingParams
+    from loraplex.platform.engine_spec.config import EngineConfig
 
     config = EngineConfig(model=model_dir, block_size=8, num_gpu_blocks=64, max_model_len=64)
     core = EngineCore(config)
