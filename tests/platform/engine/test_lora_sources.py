@@ -29,7 +29,9 @@ def _weights() -> bytes:
 def stored(s3_storage, s3_client, s3_bucket, s3_prefix) -> tuple[ObjectStore, bytes, bytes]:
     cfg, weights = json.dumps({"r": 8, "lora_alpha": 16}).encode(), _weights()
     s3_client.put_object(Bucket=s3_bucket, Key=s3_prefix + "adapter_config.json", Body=cfg)
-    s3_client.put_object(Bucket=s3_bucket, Key=s3_prefix + "adapter_model.safetensors", Body=weights)
+    s3_client.put_object(
+        Bucket=s3_bucket, Key=s3_prefix + "adapter_model.safetensors", Body=weights
+    )
     return ObjectStore(s3_storage), cfg, weights
 
 
