@@ -120,15 +120,15 @@ def bench_torch_paths(rt, meta, b: int, repeats: int = 3) -> tuple[float, float]
     """Seconds for one step's deltas on every hooked Linear: per-adapter loop vs gather/bmm."""
     from loraplex.adapters.kernels.lora_torch import lora_delta_torch, lora_delta_torch_bmm
 
-    xs = [torch.randn(b, s.in_features, dtype=rt.dtype) for s in rt.specs]
+    xs = [torch.randn(b, s.in_features, dtype=rt.tiers.dtype) for s in rt.tiers.specs]
     out = []
     for fn in (lora_delta_torch, lora_delta_torch_bmm):
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
-            for lid, spec in enumerate(rt.specs):
-                y = torch.zeros(b, spec.out_features, dtype=rt.dtype)
-                a, bb = rt.pool.a[lid], rt.pool.b[lid]
+            for lid, spec in enumerate(rt.tiers.specs):
+                y = torch.zeros(b, spec.out_features, dtype=rt.tiers.dtype)
+                a, bb = rt.tiers.pool.a[lid], rt.tiers.pool.b[lid]
                 fn(xs[lid], y, a, bb, meta, lid, spec.slice_offsets, spec.slice_sizes)
             best = min(best, time.perf_counter() - t0)
         out.append(best)
@@ -165,7 +165,7 @@ def bench_mixed_step(llm, dirs, prompts, steps: int) -> tuple[float, float, floa
         core.step()
     base_bytes = weight_bytes(core.model)
     adapter_bytes = sum(
-        rt.pool.get(r.adapter_key).nbytes for r in {r.adapter_key: r for r in reqs}.values()
+        rt.tiers.pool.get(r.adapter_key).nbytes for r in {r.adapter_key: r for r in reqs}.values()
     )
     return (
         statistics.median(lora_t),
@@ -258,7 +258,7 @@ def bench_cold(llm, hf_config: dict, tmp: Path, prompt, use_s3: bool) -> tuple[f
         for name in ("adapter_config.json", "adapter_model.safetensors"):
             store.client.put_object(Bucket="bench", Key=prefix + name, Body=(d / name).read_bytes())
         weights = (d / "adapter_model.safetensors").read_bytes()
-        core.lora_runtime.object_store = store
+        core.lora_runtime.fetcher.object_store = store
         ref = AdapterRef(prefix, hashlib.sha256(weights).hexdigest())
         cold = ttft(core, prompt, ref, "cold")
         return cold, ttft(core, prompt, ref, "warm"), "embedded SeaweedFS S3"
@@ -270,14 +270,14 @@ def bench_warm_swap(llm, repeats: int = 5) -> float:  # noqa: ANN001
     """Median ms to copy a host-tier adapter into device memory (evicted between tries)."""
     rt = llm.core.lora_runtime
     on_host = rt.host.keys()
-    key = next(k for k in on_host if rt.pool.get(k) is None or rt.pool.get(k).refs == 0)
+    key = next(k for k in on_host if rt.tiers.pool.get(k) is None or rt.tiers.pool.get(k).refs == 0)
     times = []
     for _ in range(repeats):
-        if key in rt.pool:
-            rt.pool.evict(key)
+        if key in rt.tiers.pool:
+            rt.tiers.pool.evict(key)
         adapter = rt.host.get(key)
         t0 = time.perf_counter()
-        rt.pool.load(adapter)
+        rt.tiers.pool.load(adapter)
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1000
 

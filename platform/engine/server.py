@@ -20,11 +20,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from loraplex.platform.engine.engine_core import EngineCore
 from loraplex.platform.engine.engine_loop import EngineLoop, PendingAdd
 from loraplex.platform.engine.ep_engine import build_engine
 from loraplex.platform.engine.metrics import CONTENT_TYPE_LATEST
 from loraplex.platform.engine.outputs import RequestDelta
+from loraplex.platform.engine.ports import ServedEngine
 from loraplex.platform.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def delta_json(d: RequestDelta) -> dict[str, Any]:
     return out
 
 
-def create_app(core: EngineCore) -> FastAPI:
+def create_app(core: ServedEngine) -> FastAPI:
     """The FastAPI app serving `core`."""
     holder: dict[str, EngineLoop] = {}
 
@@ -282,8 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             create_app(core), host=server.host, port=server.port, log_level=server.log_level
         )
     finally:
-        if hasattr(core, "close"):
-            core.close()
+        core.close()
     return 0
 
 

@@ -208,7 +208,7 @@ def test_reuploaded_version_changes_output_and_never_reuses_old_kv(world, tmp_pa
     check_against_peft(hf, [prompt], [path], [v2], rows)
     v2_first = next(iter(rows.values()))[0]
     assert (v2_first - v1_first).abs().max() > 1e-2  # the new version changes the output
-    assert len(llm.core.lora_runtime.sources) == 2  # two versions, two keys
+    assert len(llm.core.lora_runtime.fetcher.sources) == 2  # two versions, two keys
 
 
 class GatedStore:
@@ -244,7 +244,7 @@ def test_cold_adapter_fetched_from_s3_while_others_decode(
     )
     llm = LLM(base_dir, max_loras=2, block_size=4, max_num_batched_tokens=64, max_num_seqs=4)
     core = llm.core
-    core.lora_runtime.object_store = store
+    core.lora_runtime.fetcher.object_store = store
     rows = record_logits(llm)
     prompts = make_prompts(3)
     params = SamplingParams(max_tokens=6, **GREEDY)
@@ -288,12 +288,12 @@ def test_bad_adapter_directory_fails_fast(world, tmp_path):
 def test_replica_refs_only_and_checked(world):
     base_dir, hf, dirs = world
     llm = LLM(base_dir, max_loras=2, block_size=4)
-    rt = LoraRuntime(llm.core.model, allow_local_paths=False)
+    rt = LoraRuntime(llm.core.model, max_loras=2, max_lora_rank=64, allow_local_paths=False)
     with pytest.raises(ValueError, match="object storage only"):
         rt.resolve_adapter(str(dirs["r4_qv"]))
     with pytest.raises(ValueError, match="no object store"):
         rt.resolve_adapter({"object_prefix": "t/a/v1/", "sha256": "a" * 64})
-    rt.object_store = object()  # only its presence is checked before a fetch
+    rt.fetcher.object_store = object()  # only its presence is checked before a fetch
     key, handle = rt.resolve_adapter(
         {"object_prefix": "t/a/v1/", "sha256": "A" * 64, "tenant": "t"}
     )
