@@ -221,7 +221,9 @@ def test_bad_requests_raise_clear_errors(models: dict, tmp_path) -> None:
         llm.generate([list(range(3, 70))])
     with pytest.raises(ValueError, match="empty"):
         llm.generate([[]])
-    with pytest.raises(ValueError, match="s3://bucket/model needs the object store's StorageConfig"):
+    with pytest.raises(
+        ValueError, match="s3://bucket/model needs the object store's StorageConfig"
+    ):
         LLM("s3://bucket/model")  # no settings given: refused before any network call
     with pytest.raises(ValueError, match="not a local directory"):
         LLM(str(tmp_path / "missing"))
