@@ -40,17 +40,29 @@ from loraplex.loader.quantize import Quantizer
 from loraplex.loader.range_plan import ByteRange, plan_pieces
 from loraplex.loader.safetensors_header import (
     MAX_HEADER_BYTES,
+    TORCH_DTYPE_NAMES,
     SafetensorsError,
     SafetensorsHeader,
     TensorInfo,
     parse_header,
     read_header_length,
-    torch_dtype,
 )
 from loraplex.loader.storage import DEFAULT_CHUNK_BYTES, DEFAULT_CONCURRENCY, StorageConfig
 from loraplex.loader.timeline import BYTES_FETCHED, RANGE_RETRIES, Timeline, byte_progress
 
 log = logging.getLogger(__name__)
+
+
+def torch_dtype(dtype_str: str) -> torch.dtype:
+    """Map a safetensors dtype string (e.g. "BF16") to its torch dtype."""
+    name = TORCH_DTYPE_NAMES.get(dtype_str)
+    if name is None:
+        raise SafetensorsError(f"unknown dtype {dtype_str!r}")
+    dtype = getattr(torch, name, None)
+    if dtype is None:
+        raise SafetensorsError(f"dtype {dtype_str} is not supported by this torch build")
+    return dtype
+
 
 __all__ = ["LoadPlan", "ShardPlan", "StreamConfig", "StreamLoader", "FetchStats", "narrow_plan"]
 

@@ -34,6 +34,7 @@ from loraplex.platform.embedded.process import (
     port_is_free,
     stop_together,
 )
+from loraplex.platform.engine_spec import UnservableDeploymentError
 from loraplex.platform.settings import Settings
 
 DEMO_MODEL_NAME = "demo"
@@ -315,7 +316,7 @@ def run_up(
                 code = _watch(console, children)
             except KeyboardInterrupt:
                 console.print("\nShutting down…")
-            except (UpError, EmbeddedServiceError) as exc:
+            except (UpError, EmbeddedServiceError, UnservableDeploymentError) as exc:
                 console.print(f"[red]error:[/] {exc}")
                 code = 1
             except Exception as exc:

@@ -12,7 +12,6 @@ from loraplex.platform.embedded.process import ServiceProcess, free_port, http_o
 from loraplex.platform.engine_spec import (
     EngineConfig,
     ServerOptions,
-    UnservableDeploymentError,
     engine_args,
     engine_config_for_deployment,
 )
@@ -31,14 +30,14 @@ def ensure_deployment(settings: Settings, base_model: str, model_dir: Path) -> L
     """The base model's first deployment (the one the gateway routes to), made if missing,
     served from the local copy of the model in `model_dir`.
 
-    Raises UpError, before anything starts, for a deployment the engine cannot serve."""
+    Raises UnservableDeploymentError, before anything starts, for a deployment the engine
+    cannot serve."""
     from sqlalchemy import select
 
     from loraplex.platform.db.models import Deployment
     from loraplex.platform.db.session import make_sessionmaker, session_scope
     from loraplex.platform.services.base_models import get_base_model
     from loraplex.platform.services.deployments import DeploymentSpec, create_deployment
-    from loraplex.platform.up import UpError
 
     assert settings.database_url is not None
     with session_scope(make_sessionmaker(settings.database_url)) as session:
@@ -55,11 +54,9 @@ def ensure_deployment(settings: Settings, base_model: str, model_dir: Path) -> L
                 name=base_model, base_model=base_model, weight_quantization="fp32"
             )
             found = create_deployment(session, settings, spec, actor="system")
-        try:
-            config = engine_config_for_deployment(found, model=str(model_dir))
-        except UnservableDeploymentError as exc:
-            raise UpError(f"{exc} (create a deployment with a served quantization)") from exc
-        return LocalDeployment(found.name, config)
+        return LocalDeployment(
+            found.name, engine_config_for_deployment(found, model=str(model_dir))
+        )
 
 
 def engine_argv(config: EngineConfig, server: ServerOptions) -> list[str]:

@@ -37,63 +37,21 @@ from pathlib import Path
 
 import torch
 
-MODULES = {
-    "q_proj": "self_attn",
-    "k_proj": "self_attn",
-    "v_proj": "self_attn",
-    "o_proj": "self_attn",
-    "gate_proj": "mlp",
-    "up_proj": "mlp",
-    "down_proj": "mlp",
-}
-GREEDY = dict(temperature=0.0, ignore_eos=True)
+from loraplex.platform.bench._lora_small import GREEDY, SmallWorkload, run_small
+from loraplex.platform.testing.adapters import peft_multi_adapter_model, write_random_adapter
 
 
 def build_base(path: Path, layers: int, hidden: int, vocab: int):  # noqa: ANN201
     """Save a random Llama to `path`; returns the transformers model (for the peft baseline)."""
-    try:
-        import transformers
-    except ImportError as exc:
-        raise SystemExit(
-            "loraplex bench lora needs `transformers` and `peft` (loraplex[test])"
-        ) from exc
-    cfg = transformers.LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=hidden * 11 // 4,
-        num_hidden_layers=layers,
-        num_attention_heads=hidden // 64,
-        num_key_value_heads=max(1, hidden // 512),
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).float().eval()
-    model.save_pretrained(path)
-    return model
+    from loraplex.platform.testing.models import save_random_model
 
-
-def write_adapter(path: Path, hf_config: dict, rank: int, seed: int) -> Path:
-    """A PEFT-format adapter (config + safetensors) on all seven projections."""
-    from safetensors.torch import save_file
-
-    from loraplex.adapters.peft_format import module_dims
-
-    dims = module_dims(hf_config)
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for layer in range(hf_config["num_hidden_layers"]):
-        for m, block in MODULES.items():
-            d_in, d_out = dims[m]
-            prefix = f"base_model.model.model.layers.{layer}.{block}.{m}"
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, d_in, generator=gen) * 0.02
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(d_out, rank, generator=gen) * 0.02
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path / "adapter_model.safetensors"))
-    cfg = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(MODULES)}
-    (path / "adapter_config.json").write_text(json.dumps(cfg))
-    return path
+    return save_random_model(
+        path, "llama", seed=0, init="hf", tiny=False,
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+        num_hidden_layers=layers, num_attention_heads=hidden // 64,
+        num_key_value_heads=max(1, hidden // 512), max_position_embeddings=512,
+        bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
 
 
 def add_all(core, prompts, refs, max_tokens: int, tag: str) -> list:  # noqa: ANN001
@@ -196,16 +154,6 @@ def bench_one_by_one(llm, dirs, prompts, max_tokens: int) -> float:  # noqa: ANN
     return max_tokens * len(prompts) / (time.perf_counter() - t0)
 
 
-def peft_model(hf, dirs):  # noqa: ANN001, ANN201
-    """The base wrapped by peft with every adapter loaded under its own name."""
-    from peft import PeftModel
-
-    model = PeftModel.from_pretrained(hf, str(dirs[0]), adapter_name="a0")
-    for i, d in enumerate(dirs[1:], start=1):
-        model.load_adapter(str(d), adapter_name=f"a{i}")
-    return model.eval()
-
-
 def bench_peft(model, prompts, max_tokens: int) -> float:  # noqa: ANN001
     """peft's output tok/s for the same mixed batch via generate(adapter_names=...)."""
     ids = torch.tensor(prompts)
@@ -239,7 +187,7 @@ def bench_cold(llm, hf_config: dict, tmp: Path, prompt, use_s3: bool) -> tuple[f
     """(cold TTFT s, warm TTFT s, source) for an adapter never seen by the engine."""
     from loraplex.platform.engine.lora import AdapterRef
 
-    d = write_adapter(tmp / "cold-adapter", hf_config, 16, seed=999)
+    d = write_random_adapter(tmp / "cold-adapter", hf_config, 16, seed=999)
     core = llm.core
     if not use_s3:
         cold = ttft(core, prompt, str(d), "cold")  # local dir: read + validate + copy
@@ -308,8 +256,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.only_small:
         results.update(_main_workload(args, console))
     if not args.skip_small:
-        from loraplex.platform.bench._lora_small import SmallWorkload, run_small
-
         w = SmallWorkload.quick() if args.quick else SmallWorkload()
         with tempfile.TemporaryDirectory() as tmp_name, console.status("small-model workload"):
             results.update(run_small(Path(tmp_name), w, args.skip_peft, console.print))
@@ -329,7 +275,7 @@ def _main_workload(args: argparse.Namespace, console) -> dict[str, float]:  # no
         with console.status("building the base model and adapters"):
             hf = build_base(tmp / "base", args.layers, args.hidden, args.vocab)
             hf_config = json.loads((tmp / "base" / "config.json").read_text())
-            dirs = [write_adapter(tmp / f"ad{i}", hf_config, 16, seed=i) for i in range(n)]
+            dirs = [write_random_adapter(tmp / f"ad{i}", hf_config, 16, seed=i) for i in range(n)]
         g = torch.Generator().manual_seed(1)
         prompts = [torch.randint(3, args.vocab, (15,), generator=g).tolist() for _ in range(n)]
         llm = LLM(
@@ -355,7 +301,7 @@ def _main_workload(args: argparse.Namespace, console) -> dict[str, float]:  # no
         results["lora.mixed32_over_base_step"] = lora_s / base_s
         results["lora.mixed32_ideal_ratio"] = ideal
         # Interleaved, best of `--rounds` for the batch runs: the CPU is shared and noisy.
-        pm = None if args.skip_peft else peft_model(hf, dirs)
+        pm = None if args.skip_peft else peft_multi_adapter_model(hf, dirs)
         mixed, peft_tps = 0.0, 0.0
         with console.status("mixed batch vs peft vs adapter by adapter"):
             for _ in range(max(1, args.rounds - 1)):

@@ -18,51 +18,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import torch
 from rich.console import Console
-from safetensors.torch import save
 
 from loraplex.platform.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedSeaweedFS
 from loraplex.platform.embedded.process import ServiceProcess, free_port, http_ok
 from loraplex.platform.engine_spec import engine_config_for_deployment
 from loraplex.platform.gateway.replica_agent import register_replica
 from loraplex.platform.settings import Settings
+from loraplex.platform.testing.adapters import write_random_adapter
 from loraplex.platform.up import child_env
 from loraplex.platform.up_replica import start_engine_process
 
 console = Console(stderr=True)
 TARGETS = ("q_proj", "v_proj")
-
-
-def random_peft_adapter(model_dir: Path, out: Path, seed: int, rank: int = 8) -> Path:
-    """A random LoRA adapter for the Llama-style model in `model_dir`, in PEFT's layout."""
-    cfg = json.loads((model_dir / "config.json").read_text())
-    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or hidden // heads
-    outs = {"q_proj": heads * head_dim, "v_proj": cfg.get("num_key_value_heads", heads) * head_dim}
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for layer in range(cfg["num_hidden_layers"]):
-        for target in TARGETS:
-            stem = f"base_model.model.model.layers.{layer}.self_attn.{target}"
-            tensors[f"{stem}.lora_A.weight"] = torch.randn(rank, hidden, generator=gen) * 0.05
-            tensors[f"{stem}.lora_B.weight"] = torch.randn(outs[target], rank, generator=gen) * 0.05
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "adapter_model.safetensors").write_bytes(save(tensors))
-    (out / "adapter_config.json").write_text(
-        json.dumps(
-            {
-                "peft_type": "LORA",
-                "r": rank,
-                "lora_alpha": 2 * rank,
-                "target_modules": list(TARGETS),
-                "lora_dropout": 0.0,
-                "bias": "none",
-                "task_type": "CAUSAL_LM",
-            }
-        )
-    )
-    return out
 
 
 def _upload(url: str, key: str, base: str, name: str, folder: Path) -> None:
@@ -176,8 +144,11 @@ def local_stack(num_adapters: int) -> Iterator[tuple[str, str]]:
         stack.callback(api.stop)
         with console.status("starting api…"):
             api.wait_ready(lambda: http_ok(f"{api_url}/healthz"), timeout=120)
+        hf_config = json.loads((model_dir / "config.json").read_text())
         with console.status(f"uploading {num_adapters} adapters…"):
             for i in range(num_adapters):
-                folder = random_peft_adapter(model_dir, root / f"adapter{i}", seed=i)
+                folder = write_random_adapter(
+                    root / f"adapter{i}", hf_config, 8, seed=i, targets=TARGETS, std=0.05
+                )
                 _upload(api_url, key, "demo", f"bench-{i}", folder)
         yield api_url, key

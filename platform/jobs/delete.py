@@ -6,10 +6,9 @@ import uuid
 
 from loraplex.platform.db.models import Job
 from loraplex.platform.db.session import make_sessionmaker, session_scope
+from loraplex.platform.services import job_records as records
 from loraplex.platform.services import objects
 from loraplex.platform.settings import Settings
-
-from . import records
 
 
 def run_delete(settings: Settings, job_id: uuid.UUID) -> int:

@@ -12,11 +12,10 @@ from sqlalchemy import func, select, update
 
 from loraplex.platform.db.models import AdapterVersion, Job
 from loraplex.platform.db.session import make_sessionmaker, session_scope
+from loraplex.platform.services import job_records as records
 from loraplex.platform.services import objects
+from loraplex.platform.services.job_records import JobDispatcher
 from loraplex.platform.settings import Settings
-
-from . import records
-from .dispatch import JobDispatcher
 
 
 @dataclass

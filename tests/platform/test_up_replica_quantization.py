@@ -13,10 +13,13 @@ from loraplex.platform.db.migrate import upgrade
 from loraplex.platform.db.models import Deployment
 from loraplex.platform.db.session import make_sessionmaker, session_scope
 from loraplex.platform.demo_model import make_demo_model
-from loraplex.platform.engine_spec import ServerOptions, parse_engine_args
+from loraplex.platform.engine_spec import (
+    ServerOptions,
+    UnservableDeploymentError,
+    parse_engine_args,
+)
 from loraplex.platform.services.base_models import get_base_model, register_base_model
 from loraplex.platform.services.deployments import DeploymentSpec, create_deployment
-from loraplex.platform.up import UpError
 from loraplex.platform.up_replica import engine_argv, ensure_deployment
 
 
@@ -56,5 +59,5 @@ def test_unserved_quantization_fails_before_starting(
                 max_lora_rank=16, replicas=1, expert_parallel_size=1,
             )
         )  # fmt: skip
-    with pytest.raises(UpError, match=f"'{quant}' is not implemented by the engine"):
+    with pytest.raises(UnservableDeploymentError, match=f"'{quant}' is not implemented"):
         ensure_deployment(s, "old", folder)

@@ -12,7 +12,8 @@ from redis.asyncio import Redis
 
 from loraplex.platform.db.session import make_sessionmaker
 from loraplex.platform.gateway.errors import GatewayError
-from loraplex.platform.gateway.resolve import ModelResolver, bump_generation, resolve_uncached
+from loraplex.platform.gateway.resolve import ModelResolver, resolve_uncached
+from loraplex.platform.services.resolution_events import bump_generation
 from loraplex.platform.services.tenants import create_tenant
 
 

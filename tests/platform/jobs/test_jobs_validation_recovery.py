@@ -20,13 +20,13 @@ from sqlalchemy import select
 
 from loraplex.platform.db.models import AdapterVersion, Job
 from loraplex.platform.db.session import make_sessionmaker
-from loraplex.platform.jobs import records
 from loraplex.platform.jobs.celery_app import create_celery
 from loraplex.platform.jobs.delete import run_delete
 from loraplex.platform.jobs.dispatch import CeleryDispatcher
 from loraplex.platform.jobs.recovery import expire_abandoned_uploads, recover
 from loraplex.platform.jobs.validate import run_validation
 from loraplex.platform.services import adapters as svc
+from loraplex.platform.services import job_records as records
 from loraplex.platform.services import objects
 
 
