@@ -3,18 +3,13 @@ on it, and the replica's registration so the gateway routes requests to it."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplex.platform.embedded.process import ServiceProcess, free_port, http_ok
-from loraplex.platform.engine_spec import (
-    EngineConfig,
-    ServerOptions,
-    engine_args,
-    engine_config_for_deployment,
-)
+from loraplex.platform.embedded.process import ServiceProcess
+from loraplex.platform.engine_spec import EngineConfig, engine_config_for_deployment
+from loraplex.platform.local_processes import start_engine_process
 from loraplex.platform.settings import Settings
 
 
@@ -57,32 +52,6 @@ def ensure_deployment(settings: Settings, base_model: str, model_dir: Path) -> L
         return LocalDeployment(
             found.name, engine_config_for_deployment(found, model=str(model_dir))
         )
-
-
-def engine_argv(config: EngineConfig, server: ServerOptions) -> list[str]:
-    """The local `loraplex engine` command line running `config` behind `server`."""
-    return [sys.executable, "-m", "loraplex.platform.cli", "engine", *engine_args(config, server)]
-
-
-def start_engine_process(
-    config: EngineConfig,
-    log: Path,
-    env: dict[str, str],
-    *,
-    host: str = "127.0.0.1",
-    log_level: str = "info",
-    timeout: float = 300,
-) -> tuple[str, ServiceProcess]:
-    """Start `loraplex engine` for `config` on a free port of `host` and wait for /health.
-
-    `env` carries the storage settings (`LORAPLEX_S3_*`). Returns the replica URL and its
-    process (stopped on failure)."""
-    port = free_port(host)
-    url = f"http://{host}:{port}"
-    proc = ServiceProcess("engine", log)
-    proc.start(engine_argv(config, ServerOptions(host, port, log_level)), env=env, cwd=log.parent)
-    proc.wait_ready(lambda: http_ok(url + "/health"), timeout)
-    return url, proc
 
 
 def start_replica(

@@ -20,6 +20,7 @@ FIXTURE_MODULES = [
     "platform/engine/core.py", "platform/services/adapters.py", "platform/db/models.py",
     "platform/settings.py", "platform/embedded/process.py", "platform/demo_model.py",
     "platform/engine_spec/config.py", "platform/testing/models.py", "platform/bench/common.py",
+    "platform/local_processes.py",
 ]  # fmt: skip
 # Imports that follow the direction: the fixture passes with these alone.
 GOOD = {

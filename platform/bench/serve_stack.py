@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,19 +20,26 @@ import httpx
 from rich.console import Console
 
 from loraplex.platform.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedSeaweedFS
-from loraplex.platform.embedded.process import ServiceProcess, free_port, http_ok
 from loraplex.platform.engine_spec import engine_config_for_deployment
 from loraplex.platform.gateway.replica_agent import register_replica
+from loraplex.platform.local_processes import (
+    start_api_process,
+    start_engine_process,
+    start_worker_process,
+)
 from loraplex.platform.settings import Settings
 from loraplex.platform.testing.adapters import write_random_adapter
 from loraplex.platform.up import child_env
-from loraplex.platform.up_replica import start_engine_process
 
 console = Console(stderr=True)
 TARGETS = ("q_proj", "v_proj")
 
 
-def _upload(url: str, key: str, base: str, name: str, folder: Path) -> None:
+def upload_and_wait(
+    api_url: str, key: str, base: str, name: str, folder: Path, timeout_s: float = 120
+) -> None:
+    """Upload the PEFT adapter in `folder` through the tenant API as `name` over `base`, then
+    wait until its version is ready (RuntimeError if it fails validation or times out)."""
     headers = {"Authorization": f"Bearer {key}"}
     files = {
         "adapter_config": ("adapter_config.json", (folder / "adapter_config.json").read_bytes()),
@@ -43,16 +49,16 @@ def _upload(url: str, key: str, base: str, name: str, folder: Path) -> None:
         ),
     }
     r = httpx.post(
-        f"{url}/v1/adapters",
+        f"{api_url}/v1/adapters",
         headers=headers,
         files=files,
         data={"name": name, "base_model": base},
         timeout=120,
     )
     r.raise_for_status()
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        doc = httpx.get(f"{url}/v1/adapters/{name}", headers=headers, timeout=30).json()
+        doc = httpx.get(f"{api_url}/v1/adapters/{name}", headers=headers, timeout=30).json()
         if doc.get("status") == "ready":
             return
         if doc.get("status") == "failed":
@@ -123,8 +129,7 @@ def local_stack(num_adapters: int) -> Iterator[tuple[str, str]]:
             tenant = create_tenant(session, "bench")
             _, key = create_api_key(session, tenant.id, "bench")
         env = child_env(settings)
-        worker = ServiceProcess("worker", root / "worker.log")
-        worker.start([sys.executable, "-m", "loraplex.platform.jobs.worker"], env=env)
+        worker = start_worker_process(env, root / "worker.log")
         stack.callback(worker.stop)
         with console.status("starting replica…"):
             replica_url, replica = start_engine_process(
@@ -133,22 +138,14 @@ def local_stack(num_adapters: int) -> Iterator[tuple[str, str]]:
         stack.callback(replica.stop)
         hb = register_replica(redis_url, "demo-dep", replica_url)
         stack.callback(hb.stop)
-        api = ServiceProcess("api", root / "api.log")
-        port = free_port()
-        api_url = f"http://127.0.0.1:{port}"
-        api.start(
-            [sys.executable, "-m", "uvicorn", "--factory", "loraplex.api.app:create_app",
-             "--log-level", "warning", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-        )  # fmt: skip
-        stack.callback(api.stop)
         with console.status("starting api…"):
-            api.wait_ready(lambda: http_ok(f"{api_url}/healthz"), timeout=120)
+            api_url, api = start_api_process(env, root / "api.log")
+        stack.callback(api.stop)
         hf_config = json.loads((model_dir / "config.json").read_text())
         with console.status(f"uploading {num_adapters} adapters…"):
             for i in range(num_adapters):
                 folder = write_random_adapter(
                     root / f"adapter{i}", hf_config, 8, seed=i, targets=TARGETS, std=0.05
                 )
-                _upload(api_url, key, "demo", f"bench-{i}", folder)
+                upload_and_wait(api_url, key, "demo", f"bench-{i}", folder)
         yield api_url, key

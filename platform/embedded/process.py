@@ -185,6 +185,15 @@ class ServiceProcess:
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
 
+    def kill(self) -> None:
+        """SIGKILL the child's whole process group at once (a crash); a no-op when not running."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
         """Send `sig`, wait up to `timeout` seconds, then SIGKILL; a no-op when not running."""
         proc = self.proc

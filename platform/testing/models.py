@@ -129,3 +129,22 @@ def save_random_model(
     if with_tokenizer:
         save_char_tokenizer(path, config.vocab_size)
     return model
+
+
+def save_tiny_model(
+    path: str | Path,
+    arch: str = "llama",
+    *,
+    tie: bool = False,
+    seed: int = 0,
+    with_tokenizer: bool = True,
+    max_shard_size: str | None = None,
+    **fields: Any,
+) -> torch.nn.Module:
+    """The engine tests' tiny model: `TINY` sizes, unit init, <s> = 1 and </s> = 2, with the
+    character tokenizer unless `with_tokenizer=False`; returns the transformers model."""
+    return save_random_model(
+        path, arch, seed=seed, init="unit", with_tokenizer=with_tokenizer,
+        max_shard_size=max_shard_size, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2,
+        **fields,
+    )  # fmt: skip

@@ -18,9 +18,10 @@ from loraplex.platform.engine_spec import (
     UnservableDeploymentError,
     parse_engine_args,
 )
+from loraplex.platform.local_processes import engine_argv
 from loraplex.platform.services.base_models import get_base_model, register_base_model
 from loraplex.platform.services.deployments import DeploymentSpec, create_deployment
-from loraplex.platform.up_replica import engine_argv, ensure_deployment
+from loraplex.platform.up_replica import ensure_deployment
 
 
 def test_replica_gets_the_deployment_quantization(

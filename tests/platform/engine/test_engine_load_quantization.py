@@ -12,7 +12,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_model_harness import PagedHarness, save_tiny_model  # noqa: E402
+from support.paged_harness import PagedHarness  # noqa: E402
 
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
 from loraplex.platform.engine.weight_quantization import (  # noqa: E402
@@ -20,6 +20,7 @@ from loraplex.platform.engine.weight_quantization import (  # noqa: E402
     resolve_weight_quantization,
 )
 from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
+from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 ENGINE = dict(block_size=8, max_num_seqs=4, max_num_batched_tokens=64)
 

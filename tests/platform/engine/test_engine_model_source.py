@@ -5,11 +5,7 @@ any weight is allocated), and a replica server started on an s3:// model."""
 from __future__ import annotations
 
 import os
-import socket
 import struct
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +15,6 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_model_harness import save_tiny_model  # noqa: E402
-
 from loraplex.loader.safetensors_header import SafetensorsError  # noqa: E402
 from loraplex.loader.stream_reader import ChecksumMismatchError  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
@@ -29,7 +23,9 @@ from loraplex.platform.engine.model_source import ModelSourceError, parse_s3_url
 from loraplex.platform.engine.models.llama import LlamaForCausalLM  # noqa: E402
 from loraplex.platform.engine_spec.cli import parse_engine_args  # noqa: E402
 from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
+from loraplex.platform.local_processes import start_engine_process  # noqa: E402
 from loraplex.platform.settings import Settings  # noqa: E402
+from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 PROMPTS: list = ["hello there", [5, 6, 7, 8], "the quick brown fox"]
@@ -160,12 +156,6 @@ def test_missing_files_and_settings_are_clear_errors(
         EngineCore(EngineConfig(url, **ENGINE))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_cli_options_reach_the_config(s3_settings: Settings) -> None:
     argv = ["--model", "s3://b/m", "--quantization", "bf16", "--enforce-eager",
             "--cuda-graph-sizes", "1,2,8"]  # fmt: skip
@@ -181,29 +171,14 @@ def s3_server(
 ) -> Iterator[tuple[str, Path]]:
     """`loraplex engine --model s3://...` as a real process; the object store comes from env."""
     url = upload(s3_client, s3_bucket, s3_prefix, tiny)
-    port = _free_port()
     env = {**os.environ, "LORAPLEX_S3_ENDPOINT_URL": s3_endpoint, "LORAPLEX_S3_BUCKET": "other"}
-    argv = [sys.executable, "-m", "loraplex.platform.cli", "engine", "--model", url,
-            "--port", str(port), "--block-size", "8", "--max-loras", "0"]  # fmt: skip
     log = tmp_path / "engine.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    config = EngineConfig(url, block_size=8, max_loras=0)
+    base, proc = start_engine_process(config, log, env, timeout=90)
     try:
-        deadline = time.time() + 90
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(base + "/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.time() < deadline, log.read_text()
-            time.sleep(0.1)
         yield base, log
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        proc.stop(timeout=30)
 
 
 def test_server_on_s3_model_serves_and_exports_cold_start(

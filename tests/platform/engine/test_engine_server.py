@@ -14,12 +14,11 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_model_harness import save_tiny_model  # noqa: E402
-
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
 from loraplex.platform.engine.server import create_app  # noqa: E402
 from loraplex.platform.engine_spec.cli import parse_engine_args  # noqa: E402
 from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
+from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 
 def free_port() -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
-import sys
 import threading
 from pathlib import Path
 
@@ -15,13 +14,12 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "adapters"))
 
-from engine_model_harness import save_tiny_model  # noqa: E402
-from lora_testutil import make_adapter  # noqa: E402
+from support.peft_adapters import make_adapter  # noqa: E402
 
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.lora import AdapterRef, LoraRuntime  # noqa: E402
+from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ADAPTERS = {
@@ -312,7 +310,8 @@ def test_moe_model_attention_adapters_match_peft(tmp_path):
     """On a MoE base (Qwen3-MoE: q/k norm, head_dim != hidden/heads) adapters target the
     attention projections; one that reaches into the MoE block is refused with a clear error."""
     import transformers
-    from engine_model_harness import TINY, make_hf_model
+
+    from loraplex.platform.testing.models import TINY, random_model
 
     cfg = transformers.Qwen3MoeConfig(
         **{**TINY, "intermediate_size": 80, "tie_word_embeddings": False},
@@ -322,7 +321,7 @@ def test_moe_model_attention_adapters_match_peft(tmp_path):
         moe_intermediate_size=32,
         norm_topk_prob=True,
     )
-    hf = make_hf_model(cfg, seed=2).eval()
+    hf = random_model(cfg, seed=2).eval()
     base = tmp_path / "moe"
     hf.save_pretrained(str(base))
     attn = make_adapter(hf, tmp_path / "attn", seed=4, r=8, lora_alpha=16, target_modules=ALL[:4])

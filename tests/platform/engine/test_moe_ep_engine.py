@@ -5,7 +5,7 @@ a spawned follower mirrors each forward; greedy generations equal a single-proce
 from __future__ import annotations
 
 import pytest
-from moe_ep_workers import save_tiny_qwen2_moe
+from support.moe_ep_workers import save_tiny_qwen2_moe
 
 pytest.importorskip("transformers")
 

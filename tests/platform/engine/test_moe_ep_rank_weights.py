@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 
 import pytest
-from moe_ep_workers import NUM_EXPERTS, save_tiny_qwen2_moe
 from safetensors import safe_open
 from safetensors.torch import save_file
+from support.moe_ep_workers import NUM_EXPERTS, save_tiny_qwen2_moe
 
 from loraplex.loader.select import expert_index, layer_index
 

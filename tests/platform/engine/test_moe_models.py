@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_model_harness import TINY, PagedHarness, make_hf_model, run_mixed_scenario
 from safetensors.torch import save_file
+from support.paged_harness import PagedHarness, run_mixed_scenario
 
 from loraplex.moe.layer import MoEBlock
 from loraplex.moe.stats import ExpertLoadRecorder
 from loraplex.platform.engine.model_loading import load_model
 from loraplex.platform.engine.models.weight_loading import WeightLoadingError
+from loraplex.platform.testing.models import TINY, random_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -44,7 +45,7 @@ def _config(arch: str):
 
 
 def _save(tmp_path, arch: str, layout: str):
-    hf = make_hf_model(_config(arch), seed=3)
+    hf = random_model(_config(arch), seed=3)
     hf.save_pretrained(str(tmp_path))  # transformers writes the legacy per-expert names
     if layout == "fused":
         _write_state(tmp_path, {k: v.contiguous() for k, v in hf.state_dict().items()})

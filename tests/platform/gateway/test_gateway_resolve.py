@@ -7,8 +7,9 @@ import asyncio
 
 import pytest
 import redis as sync_redis
-from gateway_testutil import add_adapter_version, fresh_database, seed_catalog
 from redis.asyncio import Redis
+from support.control_plane import fresh_database
+from support.gateway_catalog import add_adapter_version, seed_catalog
 
 from loraplex.platform.db.session import make_sessionmaker
 from loraplex.platform.gateway.errors import GatewayError

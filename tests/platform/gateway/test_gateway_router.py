@@ -10,8 +10,9 @@ import uuid
 import httpx
 import pytest
 from redis.asyncio import Redis
-from scripted_replica import ScriptedReplica, free_port
+from support.scripted_replica import ScriptedReplica
 
+from loraplex.platform.embedded.process import free_port
 from loraplex.platform.gateway.errors import GatewayError
 from loraplex.platform.gateway.replica_client import GenerateRequest, ReplicaClient
 from loraplex.platform.gateway.replicas import ReplicaInfo, ReplicaRegistry

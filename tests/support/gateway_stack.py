@@ -1,0 +1,63 @@
+"""A running stack for the gateway end-to-end tests: the API app and engine replicas as real
+subprocesses on free ports (started by `platform/local_processes.py`, as `loraplex up` and
+the serve benchmark start theirs), each replica kept registered for its deployment by a
+health-gated heartbeat."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from loraplex.platform.engine_spec import parse_engine_args
+from loraplex.platform.gateway.replica_agent import register_replica
+from loraplex.platform.local_processes import start_api_process, start_engine_process
+from loraplex.platform.up import child_env
+
+
+def settings_env(settings: Any, **overrides: Any) -> dict[str, str]:
+    """The process environment that rebuilds `settings` (LORAPLEX_* variables), offline."""
+    return {**child_env(settings.model_copy(update=overrides)), "HF_HUB_OFFLINE": "1"}
+
+
+class Replica:
+    """An engine replica subprocess (`--model model_dir` plus `extra_args`, parsed by the
+    engine's own options) and its registration heartbeat."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        deployment: str,
+        redis_url: str,
+        workdir: Path,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        config, _ = parse_engine_args(["--model", str(model_dir), *(extra_args or [])])
+        log = workdir / f"replica-{os.urandom(4).hex()}.log"
+        self.url, self.proc = start_engine_process(
+            config, log, env or dict(os.environ), log_level="warning", timeout=90
+        )
+        self.heartbeat = register_replica(redis_url, deployment, self.url, ttl_s=3.0)
+
+    def state(self) -> dict[str, Any]:
+        """The replica's /state."""
+        return httpx.get(f"{self.url}/state", timeout=5).json()
+
+    def stop(self) -> None:
+        """Deregister and stop."""
+        self.heartbeat.stop()
+        self.proc.stop()
+
+
+class Api:
+    """The API app (`loraplex.api.app:create_app`) under uvicorn."""
+
+    def __init__(self, env: dict[str, str], workdir: Path) -> None:
+        self.url, self.proc = start_api_process(env, workdir / f"api-{os.urandom(4).hex()}.log")
+
+    def stop(self) -> None:
+        """Stop the server."""
+        self.proc.stop()
