@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -14,17 +13,12 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from loraplex.platform.embedded.process import free_port  # noqa: E402
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
 from loraplex.platform.engine.server import create_app  # noqa: E402
 from loraplex.platform.engine_spec.cli import parse_engine_args  # noqa: E402
 from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
 from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

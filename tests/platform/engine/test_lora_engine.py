@@ -309,18 +309,12 @@ def test_replica_refs_only_and_checked(world):
 def test_moe_model_attention_adapters_match_peft(tmp_path):
     """On a MoE base (Qwen3-MoE: q/k norm, head_dim != hidden/heads) adapters target the
     attention projections; one that reaches into the MoE block is refused with a clear error."""
-    import transformers
+    from loraplex.platform.testing.models import hf_config, random_model
 
-    from loraplex.platform.testing.models import TINY, random_model
-
-    cfg = transformers.Qwen3MoeConfig(
-        **{**TINY, "intermediate_size": 80, "tie_word_embeddings": False},
-        head_dim=32,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        norm_topk_prob=True,
-    )
+    cfg = hf_config(
+        "qwen3_moe", intermediate_size=80, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, norm_topk_prob=True,
+    )  # fmt: skip
     hf = random_model(cfg, seed=2).eval()
     base = tmp_path / "moe"
     hf.save_pretrained(str(base))
