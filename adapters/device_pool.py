@@ -5,7 +5,7 @@ one rank row of A (for each fused slice) and one of B. An adapter of rank R take
 rows in every buffer, so a rank-8 adapter costs 8 rows and a rank-64 one 64 rows, never a padded
 `max_lora_rank` slot. Free extents are kept first-fit and coalesced; when the free space is
 enough but fragmented, resident adapters are moved down (compaction). Eviction is LRU among
-adapters no running request references (ref count 0) and that are not pinned.
+adapters no running request references (ref count 0).
 
 Layout per Linear (the kernels read it): `a [rows, num_slices, in]`, `b [rows, out]` (B stored
 transposed, slices side by side along `out` at the Linear's slice offsets). Rows past a module's
@@ -64,7 +64,6 @@ class Resident:
     ranks_t: torch.Tensor  # [num_linears, max_slices] int32 (host)
     scales_t: torch.Tensor  # [num_linears, max_slices] float32 (host)
     refs: int = 0
-    pinned: bool = False
     loaded_at: float = field(default_factory=time.monotonic)
 
 
@@ -81,7 +80,7 @@ class PoolStats:
 
 
 class DevicePool:
-    """Adapter weights on the device in rank rows, with ref counts, pinning and LRU eviction."""
+    """Adapter weights on the device in rank rows, with ref counts and LRU eviction."""
 
     def __init__(
         self,
@@ -157,13 +156,9 @@ class DevicePool:
         """Resident keys from least to most recently used."""
         return list(self._entries)
 
-    def supports(self, layer_idx: int, module: str) -> bool:
-        """True when the pool has rows for that (layer, projection)."""
-        return (layer_idx, module) in self._where
-
     def evictable_rows(self) -> int:
-        """Rows that could be freed by evicting unreferenced, unpinned adapters."""
-        return sum(r.rows for r in self._entries.values() if r.refs == 0 and not r.pinned)
+        """Rows that could be freed by evicting unreferenced adapters."""
+        return sum(r.rows for r in self._entries.values() if r.refs == 0)
 
     def free_rows(self) -> int:
         """Rows not held by any adapter."""
@@ -175,7 +170,7 @@ class DevicePool:
             return True
         return rows <= self.free_rows() + self.evictable_rows()
 
-    # -- references and pinning --------------------------------------------------------
+    # -- references ----------------------------------------------------------------------
 
     def acquire(self, key: str) -> Resident:
         """A running request now uses `key`: it cannot be evicted until released."""
@@ -195,14 +190,6 @@ class DevicePool:
         """Mark `key` most recently used."""
         if key in self._entries:
             self._entries.move_to_end(key)
-
-    def pin(self, key: str) -> None:
-        """Never evict `key` (it must be resident)."""
-        self._entries[key].pinned = True
-
-    def unpin(self, key: str) -> None:
-        """Make `key` evictable again."""
-        self._entries[key].pinned = False
 
     # -- load and evict ----------------------------------------------------------------
 
@@ -259,12 +246,12 @@ class DevicePool:
         return out
 
     def evict(self, key: str) -> None:
-        """Drop `key` from the device; refuses while referenced or pinned."""
+        """Drop `key` from the device; refuses while referenced."""
         entry = self._entries.get(key)
         if entry is None:
             return
-        if entry.refs or entry.pinned:
-            raise RuntimeError(f"adapter {key[:12]} is in use or pinned and cannot be evicted")
+        if entry.refs:
+            raise RuntimeError(f"adapter {key[:12]} is in use and cannot be evicted")
         del self._entries[key]
         self._release_rows(entry.row_start, entry.rows)
         self.stats.evictions += 1
@@ -282,13 +269,11 @@ class DevicePool:
             if self.free_rows() >= rows:
                 self._compact()
                 continue
-            victim = next(
-                (k for k, r in self._entries.items() if r.refs == 0 and not r.pinned), None
-            )
+            victim = next((k for k, r in self._entries.items() if r.refs == 0), None)
             if victim is None:
                 raise AdapterPoolFullError(
                     f"no room for {rows} rank rows: {self.free_rows()} free of {self.num_rows}, "
-                    "the rest held by running or pinned adapters"
+                    "the rest held by running adapters"
                 )
             self.evict(victim)
 

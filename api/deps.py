@@ -11,9 +11,9 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
 from loraplex.platform.db.session import session_scope
-from loraplex.platform.jobs.dispatch import JobDispatcher
 from loraplex.platform.services import audit
 from loraplex.platform.services.api_keys import touch_last_used, verify_api_key
+from loraplex.platform.services.job_records import JobDispatcher
 from loraplex.platform.settings import Settings
 
 from .errors import ApiError

@@ -3,6 +3,6 @@
 `object_store` (S3 client with retries), `safetensors_header` (header validation),
 `range_plan` + `stream_reader` + `device_sink` (concurrent ranged GETs, tensor by tensor),
 `checkpoint_index` (sharded checkpoints), `select` (expert-parallel tensor filters),
-`quantize` (on-the-way-in quantization), `adapters` (PEFT adapter weights for the host tier),
+`quantize` (on-the-way-in quantization), `storage` (the loader's own storage config),
 `timeline` (cold-start metrics) and `cuda_graphs` (decode-step graph capture on GPUs).
 """

@@ -1,6 +1,6 @@
 """A thin, fast S3 client for the loader: sizes, ranged reads into caller buffers, retries.
 
-Built from `Settings` with a connection pool sized for many concurrent ranged GETs. Range
+Built from the loader's `StorageConfig` with a connection pool sized for many concurrent ranged GETs. Range
 bodies are read straight from the socket into the caller's memory (no intermediate bytes
 object) where the HTTP stack allows it, and every read is checked for its exact length.
 Transient failures (5xx, throttling, dropped or short connections) are retried with
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.client
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +20,9 @@ import boto3
 import botocore.exceptions
 from botocore.config import Config
 
-from loraplex.platform.settings import Settings
+from loraplex.loader.storage import RetryPolicy, StorageConfig
+
+__all__ = ["ObjectInfo", "ObjectNotFoundError", "ObjectStore", "ObjectStoreError", "RetryPolicy"]
 
 log = logging.getLogger(__name__)
 
@@ -63,19 +64,6 @@ class ObjectInfo:
     """Hex sha256 recorded in the object's user metadata (`x-amz-meta-sha256`), if any."""
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How transient failures are retried: attempts in total and the backoff between them."""
-
-    max_attempts: int = 6
-    base_delay_s: float = 0.05
-    max_delay_s: float = 2.0
-
-    def delay(self, attempt: int) -> float:
-        """Full-jitter exponential backoff before retry number `attempt` (1-based)."""
-        return random.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1)))
-
-
 def is_transient(exc: BaseException) -> bool:
     """True for errors worth retrying: 5xx, throttling, timeouts, dropped or short connections."""
     if isinstance(exc, botocore.exceptions.ClientError):
@@ -105,8 +93,8 @@ def _is_not_found(exc: BaseException) -> bool:
     return status == 404 or code in ("NoSuchKey", "NoSuchBucket", "NotFound", "404")
 
 
-def make_s3_client(settings: Settings, max_pool_connections: int = 64) -> object:
-    """A boto3 S3 client for `settings`, tuned for many concurrent ranged GETs.
+def make_s3_client(storage: StorageConfig, max_pool_connections: int = 64) -> object:
+    """A boto3 S3 client for `storage`, tuned for many concurrent ranged GETs.
 
     botocore's own retries are off (this module retries whole reads, body included), and
     response checksum validation only runs when required: ranged reads carry no full-object
@@ -124,9 +112,9 @@ def make_s3_client(settings: Settings, max_pool_connections: int = 64) -> object
     )
     return boto3.session.Session().client(
         "s3",
-        endpoint_url=settings.s3_endpoint_url,
-        **settings.s3_credentials(),
-        region_name=settings.s3_region,
+        endpoint_url=storage.endpoint_url,
+        **storage.credentials(),
+        region_name=storage.region,
         config=config,
     )
 
@@ -159,15 +147,14 @@ class ObjectStore:
 
     def __init__(
         self,
-        settings: Settings,
+        storage: StorageConfig,
         *,
         max_pool_connections: int = 64,
-        retry: RetryPolicy | None = None,
         client: object | None = None,
     ) -> None:
-        self.bucket = settings.s3_bucket
-        self.retry = retry or RetryPolicy()
-        self.client = client or make_s3_client(settings, max_pool_connections)
+        self.bucket = storage.bucket
+        self.retry: RetryPolicy = storage.retry
+        self.client = client or make_s3_client(storage, max_pool_connections)
         self._lock = threading.Lock()
         self.retries = 0
         """Transient failures retried so far (for metrics and tests)."""

@@ -11,10 +11,6 @@ import json
 import math
 import struct
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import torch
 
 MAX_HEADER_BYTES = 100_000_000
 """The reference reader's cap on the JSON header length N."""
@@ -38,7 +34,7 @@ DTYPE_SIZES: dict[str, int] = {
 }
 """Bytes per element of every dtype this reader accepts."""
 
-_TORCH_DTYPES: dict[str, str] = {
+TORCH_DTYPE_NAMES: dict[str, str] = {
     "BOOL": "bool",
     "U8": "uint8",
     "I8": "int8",
@@ -55,6 +51,7 @@ _TORCH_DTYPES: dict[str, str] = {
     "I64": "int64",
     "U64": "uint64",
 }
+"""The torch dtype name of each (torch-free here; `stream_reader.torch_dtype` maps it)."""
 
 METADATA_KEY = "__metadata__"
 
@@ -111,22 +108,6 @@ class SafetensorsHeader:
     def file_size(self) -> int:
         """The exact size the whole file must have."""
         return self.data_start + self.data_bytes
-
-
-def torch_dtype(dtype_str: str) -> torch.dtype:
-    """Map a safetensors dtype string (e.g. "BF16") to its torch dtype.
-
-    torch is imported here, not at module level: the API process parses headers without it.
-    """
-    import torch
-
-    name = _TORCH_DTYPES.get(dtype_str)
-    if name is None:
-        raise SafetensorsError(f"unknown dtype {dtype_str!r}")
-    dtype = getattr(torch, name, None)
-    if dtype is None:
-        raise SafetensorsError(f"dtype {dtype_str} is not supported by this torch build")
-    return dtype
 
 
 def read_header_length(

@@ -37,20 +37,32 @@ from loraplex.loader.load_plan import (
 )
 from loraplex.loader.object_store import ObjectInfo, ObjectStore
 from loraplex.loader.quantize import Quantizer
-from loraplex.loader.range_plan import MIB, ByteRange, plan_pieces
+from loraplex.loader.range_plan import ByteRange, plan_pieces
 from loraplex.loader.safetensors_header import (
     MAX_HEADER_BYTES,
+    TORCH_DTYPE_NAMES,
     SafetensorsError,
     SafetensorsHeader,
     TensorInfo,
     parse_header,
     read_header_length,
-    torch_dtype,
 )
+from loraplex.loader.storage import DEFAULT_CHUNK_BYTES, DEFAULT_CONCURRENCY, StorageConfig
 from loraplex.loader.timeline import BYTES_FETCHED, RANGE_RETRIES, Timeline, byte_progress
-from loraplex.platform.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+def torch_dtype(dtype_str: str) -> torch.dtype:
+    """Map a safetensors dtype string (e.g. "BF16") to its torch dtype."""
+    name = TORCH_DTYPE_NAMES.get(dtype_str)
+    if name is None:
+        raise SafetensorsError(f"unknown dtype {dtype_str!r}")
+    dtype = getattr(torch, name, None)
+    if dtype is None:
+        raise SafetensorsError(f"dtype {dtype_str} is not supported by this torch build")
+    return dtype
+
 
 __all__ = ["LoadPlan", "ShardPlan", "StreamConfig", "StreamLoader", "FetchStats", "narrow_plan"]
 
@@ -63,8 +75,8 @@ class ChecksumMismatchError(RuntimeError):
 class StreamConfig:
     """Knobs of the streaming loader."""
 
-    chunk_bytes: int = 16 * MIB
-    concurrency: int = 8
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    concurrency: int = DEFAULT_CONCURRENCY
     window_bytes: int | None = None
     """Bytes fetched but not yet handed on, at most (default: 2 x concurrency x chunk)."""
     header_probe_bytes: int = 256 * 1024
@@ -82,11 +94,11 @@ class StreamConfig:
             raise ValueError(f"window_bytes must be >= 1, got {self.window_bytes}")
 
     @classmethod
-    def from_settings(cls, settings: Settings, **overrides: object) -> StreamConfig:
-        """The loader knobs a deployment's settings ask for (plus any explicit overrides)."""
+    def from_storage(cls, storage: StorageConfig, **overrides: object) -> StreamConfig:
+        """The loader knobs a storage configuration asks for (plus any explicit overrides)."""
         values: dict[str, object] = {
-            "chunk_bytes": settings.loader_chunk_bytes,
-            "concurrency": settings.loader_concurrency,
+            "chunk_bytes": storage.chunk_bytes,
+            "concurrency": storage.concurrency,
             "max_header_bytes": MAX_HEADER_BYTES,
         }
         values.update(overrides)
@@ -399,8 +411,8 @@ class _Run:
 
 
 def open_loader(
-    settings: Settings, *, progress: bool = False, timeline: Timeline | None = None
+    storage: StorageConfig, *, progress: bool = False, timeline: Timeline | None = None
 ) -> StreamLoader:
-    """A streaming loader for the deployment's object store, configured from `settings`."""
-    store = ObjectStore(settings, max_pool_connections=max(16, 2 * settings.loader_concurrency))
-    return StreamLoader(store, StreamConfig.from_settings(settings, progress=progress), timeline)
+    """A streaming loader for the object store and knobs of `storage`."""
+    store = ObjectStore(storage, max_pool_connections=max(16, 2 * storage.concurrency))
+    return StreamLoader(store, StreamConfig.from_storage(storage, progress=progress), timeline)

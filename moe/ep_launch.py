@@ -155,11 +155,6 @@ class StepChannel:
         self.ep = ep
         self.leader = leader
 
-    @property
-    def is_leader(self) -> bool:
-        """True on the rank that schedules (and serves)."""
-        return self.ep.rank == self.leader
-
     def send(self, step: Any) -> None:
         """Leader: hand this step's inputs to every follower."""
         dist.broadcast_object_list([step], src=self.leader, group=self.ep.group)

@@ -12,6 +12,9 @@ import platformdirs
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from loraplex.loader.storage import DEFAULT_CHUNK_BYTES, DEFAULT_CONCURRENCY, StorageConfig
+from loraplex.platform.engine_spec.config import engine_default
+
 
 def default_data_dir() -> Path:
     """Where `loraplex up` keeps its databases and objects unless told otherwise."""
@@ -67,13 +70,13 @@ class Settings(BaseSettings):
     max_concurrent_uploads: int = 16
     max_stored_adapter_bytes: int = 20 * 1024 * 1024 * 1024
 
-    # Deployment defaults.
-    default_max_loras: int = 8
-    default_max_lora_rank: int = 64
+    # Deployment defaults (unless set: the engine's own, from EngineConfig).
+    default_max_loras: int = engine_default("max_loras")
+    default_max_lora_rank: int = engine_default("max_lora_rank")
 
-    # Weight loader: concurrent ranged GETs and their size (see loraplex.loader.stream_reader).
-    loader_concurrency: int = 8
-    loader_chunk_bytes: int = 16 * 1024 * 1024
+    # Weight loader: concurrent ranged GETs and their size (see loraplex.loader.storage).
+    loader_concurrency: int = DEFAULT_CONCURRENCY
+    loader_chunk_bytes: int = DEFAULT_CHUNK_BYTES
 
     # Gateway (OpenAI-compatible inference). Redis holds rate limits, the replica registry
     # and the model-resolution cache generation; unset -> `broker_url` (also Redis).
@@ -94,12 +97,19 @@ class Settings(BaseSettings):
 
     def s3_credentials(self) -> dict[str, str]:
         """boto3 client keyword arguments: the static key pair, or none (default chain)."""
-        if not self.s3_static_credentials:
-            return {}
-        return {
-            "aws_access_key_id": self.s3_access_key,
-            "aws_secret_access_key": self.s3_secret_key,
-        }
+        return self.storage().credentials()
+
+    def storage(self) -> StorageConfig:
+        """The loader's storage config for this platform's bucket (built here, at the edge)."""
+        return StorageConfig(
+            endpoint_url=self.s3_endpoint_url,
+            bucket=self.s3_bucket,
+            access_key=self.s3_access_key if self.s3_static_credentials else None,
+            secret_key=self.s3_secret_key if self.s3_static_credentials else None,
+            region=self.s3_region,
+            concurrency=self.loader_concurrency,
+            chunk_bytes=self.loader_chunk_bytes,
+        )
 
     def gateway_redis_url(self) -> str | None:
         """Redis for the gateway: `redis_url`, else the Celery broker when it is Redis."""

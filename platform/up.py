@@ -17,7 +17,6 @@ import signal
 import sys
 import time
 import traceback
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -29,9 +28,11 @@ from loraplex.platform.child_env import child_env
 from loraplex.platform.embedded.process import (
     EmbeddedServiceError,
     ServiceProcess,
+    http_ok,
     listen_socket,
     stop_together,
 )
+from loraplex.platform.engine_spec import UnservableDeploymentError
 from loraplex.platform.secret_files import read_or_create_secret, token
 from loraplex.platform.settings import Settings
 from loraplex.platform.supervisor import Supervised, Supervisor
@@ -137,11 +138,6 @@ def default_model_name(folder: Path) -> str:
     """A base-model name from a folder name: lower case, [a-z0-9._-] only."""
     name = re.sub(r"[^a-z0-9._-]+", "-", folder.name.lower()).strip("-.") or "model"
     return name[:64]
-
-
-def _http_ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=2) as resp:
-        return resp.status == 200
 
 
 def _start_child(
@@ -260,7 +256,7 @@ def start_all(
                            child_env(settings, "api"), pass_fds=(fd,))  # fmt: skip
         # Both are clients of the services: stopped together (SIGINT = graceful for each).
         stack.push("worker and API", lambda: stop_together([api, worker], signal.SIGINT, 20))
-        api_ok = lambda: _http_ok(url + "/healthz")  # noqa: E731
+        api_ok = lambda: http_ok(url + "/healthz")  # noqa: E731
         api.wait_ready(api_ok, timeout=90)
         if not worker.running():
             raise worker.fail("exited")
@@ -280,11 +276,11 @@ def start_serving(
     from loraplex.platform.up_replica import ensure_deployment, start_replica
 
     with step(stack.console, "Deployment") as note:
-        deployment = ensure_deployment(settings, name)
-        note.append(f"{deployment.name} (max_loras {deployment.max_loras}, "
-                    f"max_lora_rank {deployment.max_lora_rank})")  # fmt: skip
+        deployment = ensure_deployment(settings, name, folder)
+        note.append(f"{deployment.name} (max_loras {deployment.config.max_loras}, "
+                    f"max_lora_rank {deployment.config.max_lora_rank})")  # fmt: skip
     with step(stack.console, "Engine replica") as note:
-        replica = start_replica(settings, deployment, folder, name, log, env)
+        replica = start_replica(settings, deployment, name, log, env)
 
         def stop() -> None:
             replica.deregister()
@@ -325,7 +321,7 @@ def run_up(
                 code = supervise(console, children, data_dir / "logs" / "supervisor.json", stack)
             except KeyboardInterrupt:
                 console.print("\nShutting down…")
-            except (UpError, EmbeddedServiceError) as exc:
+            except (UpError, EmbeddedServiceError, UnservableDeploymentError) as exc:
                 console.print(f"[red]error:[/] {exc}")
                 code = 1
             except Exception as exc:

@@ -4,33 +4,30 @@ on it, and the replica's registration so the gateway routes requests to it."""
 from __future__ import annotations
 
 import socket
-import sys
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplex.platform.embedded.process import ServiceProcess, listen_socket
-from loraplex.platform.engine.supported_models import (
-    SERVED_WEIGHT_QUANTIZATIONS,
-    unserved_quantization_message,
-)
+from loraplex.platform.embedded.process import ServiceProcess, http_ok, listen_socket
+from loraplex.platform.engine_spec import EngineConfig, engine_config_for_deployment
+from loraplex.platform.local_processes import start_engine_process
 from loraplex.platform.settings import Settings
 
 
 @dataclass(frozen=True)
 class LocalDeployment:
-    """The deployment `up` serves: its name, and the LoRA limits and weight quantization the
-    replica must honour."""
+    """The deployment `up` serves: its name and the EngineConfig its replica runs."""
 
     name: str
-    max_loras: int
-    max_lora_rank: int
-    weight_quantization: str = "fp32"
+    config: EngineConfig
 
 
-def ensure_deployment(settings: Settings, base_model: str) -> LocalDeployment:
-    """The base model's first deployment (the one the gateway routes to), made if missing."""
+def ensure_deployment(settings: Settings, base_model: str, model_dir: Path) -> LocalDeployment:
+    """The base model's first deployment (the one the gateway routes to), made if missing,
+    served from the local copy of the model in `model_dir`.
+
+    Raises UnservableDeploymentError, before anything starts, for a deployment the engine
+    cannot serve."""
     from sqlalchemy import select
 
     from loraplex.platform.db.models import Deployment
@@ -54,36 +51,8 @@ def ensure_deployment(settings: Settings, base_model: str) -> LocalDeployment:
             )
             found = create_deployment(session, settings, spec, actor="system")
         return LocalDeployment(
-            found.name, found.max_loras, found.max_lora_rank, found.weight_quantization
+            found.name, engine_config_for_deployment(found, model=str(model_dir))
         )
-
-
-def _healthy(url: str) -> bool:
-    with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-        return resp.status == 200
-
-
-def engine_argv(
-    settings: Settings, deployment: LocalDeployment, model_dir: Path, fd: int
-) -> list[str]:
-    """The `loraplex engine` command line serving `deployment` (its limits and quantization)
-    on the inherited listening socket `fd`.
-
-    Raises UpError, before anything starts, for a quantization the engine does not implement."""
-    from loraplex.platform.up import UpError
-
-    quant = deployment.weight_quantization
-    if quant not in SERVED_WEIGHT_QUANTIZATIONS:
-        raise UpError(
-            f"deployment {deployment.name!r}: {unserved_quantization_message(quant)} "
-            "(create a deployment with a served quantization)"
-        )
-    argv = [sys.executable, "-m", "loraplex.platform.cli", "engine", "--model", str(model_dir)]
-    argv += ["--fd", str(fd)]
-    argv += ["--max-loras", str(deployment.max_loras)]
-    argv += ["--max-lora-rank", str(deployment.max_lora_rank)]
-    argv += ["--quantization", quant]
-    return argv
 
 
 @dataclass
@@ -100,28 +69,28 @@ class LocalReplica:
     def restart(self) -> None:
         """Start it again on the same socket; the health-gated heartbeat re-registers it."""
         self.process.start_again()
-        self.process.wait_ready(lambda: _healthy(self.url), self.timeout)
+        self.process.wait_ready(lambda: http_ok(self.url + "/health"), self.timeout)
 
 
 def start_replica(
     settings: Settings,
     deployment: LocalDeployment,
-    model_dir: Path,
     base_model: str,
     log: Path,
     env: dict[str, str],
     timeout: float = 300,
 ) -> LocalReplica:
-    """Start `loraplex engine` on `model_dir`, wait for /health, register it for the gateway."""
+    """Start `loraplex engine` for `deployment` on a socket bound here (so a restart keeps its
+    URL), wait for /health, and register it for the gateway."""
     from loraplex.platform.gateway.replica_agent import register_replica
 
     sock = listen_socket(settings.host, 0)
-    url = f"http://{settings.host}:{sock.getsockname()[1]}"
-    argv = engine_argv(settings, deployment, model_dir, sock.fileno())
-    proc = ServiceProcess("engine", log)
     try:
-        proc.start(argv, env=env, cwd=log.parent, pass_fds=(sock.fileno(),))
-        proc.wait_ready(lambda: _healthy(url), timeout)
+        url, proc = start_engine_process(deployment.config, log, env, sock=sock, timeout=timeout)
+    except BaseException:
+        sock.close()
+        raise
+    try:
         redis_url = settings.gateway_redis_url()
         if redis_url is None:
             raise proc.fail("cannot be registered: no Redis URL for the gateway")

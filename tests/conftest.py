@@ -146,6 +146,13 @@ def s3_bucket(s3_client) -> str:
     return TEST_BUCKET
 
 
+@pytest.fixture(scope="session")
+def s3_storage(s3_endpoint: str, s3_bucket: str):
+    """The loader's StorageConfig for `s3_endpoint` / `s3_bucket` (no Settings needed)."""
+    update = {"s3_endpoint_url": s3_endpoint, "s3_bucket": s3_bucket}
+    return _base_settings().model_copy(update=update).storage()
+
+
 @pytest.fixture
 def s3_prefix(request: pytest.FixtureRequest) -> str:
     """A key prefix no other test uses, ending in '/'."""

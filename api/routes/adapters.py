@@ -15,9 +15,9 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.datastructures import UploadFile
 
-from loraplex.platform.jobs.dispatch import JobDispatcher
 from loraplex.platform.services import adapters as svc
 from loraplex.platform.services.errors import InvalidInput, NotFound
+from loraplex.platform.services.job_records import JobDispatcher
 from loraplex.platform.settings import Settings
 
 from .. import idempotent

@@ -27,6 +27,10 @@ import torch
 SMALL = dict(hidden=256, layers=4, intermediate=688, heads=8, vocab=32000)
 
 
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+"""Sampling of every bench request: greedy, exactly max_tokens long."""
+
+
 @dataclass
 class SmallWorkload:
     """Sizes of the workload; `quick()` shrinks it for tests."""
@@ -47,28 +51,18 @@ class SmallWorkload:
 
 def build_small_base(path: Path, vocab: int):  # noqa: ANN201
     """Save the small random Llama to `path`; returns the transformers model."""
-    import transformers
+    from loraplex.platform.testing.models import save_random_model
 
-    cfg = transformers.LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=SMALL["hidden"],
-        intermediate_size=SMALL["intermediate"],
-        num_hidden_layers=SMALL["layers"],
-        num_attention_heads=SMALL["heads"],
-        num_key_value_heads=SMALL["heads"],
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).float().eval()
-    model.save_pretrained(path)
-    return model
+    return save_random_model(
+        path, "llama", seed=0, init="hf", tiny=False,
+        vocab_size=vocab, hidden_size=SMALL["hidden"], intermediate_size=SMALL["intermediate"],
+        num_hidden_layers=SMALL["layers"], num_attention_heads=SMALL["heads"],
+        num_key_value_heads=SMALL["heads"], max_position_embeddings=1024,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
 
 
 def _engine_tps(llm, prompts, adapters, max_tokens: int) -> float:  # noqa: ANN001
-    from loraplex.platform.bench.lora import GREEDY
     from loraplex.platform.engine.sampling_params import SamplingParams
 
     sp = SamplingParams(max_tokens=max_tokens, **GREEDY)
@@ -104,14 +98,17 @@ def run_small(
     """Run the workload; returns the `lora.small_*` results (tok/s and ratios)."""
     import transformers
 
-    from loraplex.platform.bench.lora import peft_model, write_adapter
     from loraplex.platform.engine.llm import LLM
+    from loraplex.platform.testing.adapters import (
+        peft_multi_adapter_model,
+        write_random_adapter,
+    )
 
     hf = build_small_base(tmp / "small", w.vocab)
     hf_config = json.loads((tmp / "small" / "config.json").read_text())
     params = sum(p.numel() for p in hf.parameters())
     dirs = [
-        write_adapter(tmp / f"small-ad{i}", hf_config, w.rank, seed=100 + i)
+        write_random_adapter(tmp / f"small-ad{i}", hf_config, w.rank, seed=100 + i)
         for i in range(w.adapters)
     ]
     g = torch.Generator().manual_seed(7)
@@ -135,7 +132,7 @@ def run_small(
     }
     if not skip_hf:
         hf_base = transformers.LlamaForCausalLM.from_pretrained(tmp / "small").float().eval()
-        pm = peft_model(hf, dirs)
+        pm = peft_multi_adapter_model(hf, dirs)
         variants["peft_mixed4"] = lambda: _hf_tps(pm, prompts, w.max_tokens, names)
         variants["hf_base"] = lambda: _hf_tps(hf_base, prompts, w.max_tokens, None)
     progress(

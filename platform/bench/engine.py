@@ -58,28 +58,16 @@ def make_workload(n: int, vocab: int, seed: int, long_frac: float = 0.25) -> Wor
 
 def save_bench_model(path: Path, layers: int, hidden: int, max_len: int) -> int:
     """A random Llama saved as a HuggingFace folder; returns its vocab size."""
-    try:
-        import transformers
-    except ImportError as exc:  # a test dependency, not a runtime one
-        raise SystemExit(
-            "loraplex bench engine needs `transformers` to build its tiny model "
-            "(pip install 'loraplex[test]')"
-        ) from exc
+    from loraplex.platform.testing.models import save_random_model
+
     vocab = 2048
-    cfg = transformers.LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=hidden * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 64),
-        num_key_value_heads=max(1, hidden // 128),
-        max_position_embeddings=max_len,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    model.save_pretrained(str(path))
+    save_random_model(
+        path, "llama", seed=0, init="hf", tiny=False,
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2,
+        num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
+        num_key_value_heads=max(1, hidden // 128), max_position_embeddings=max_len,
+        bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
     return vocab
 
 
@@ -199,7 +187,7 @@ def bench_itl(path: str, long_len: int, streams: int, chunked: bool, budget: int
 
 
 def _config(path: str, chunked: bool, budget: int, max_len: int, seqs: int):  # noqa: ANN202
-    from loraplex.platform.engine.config import EngineConfig
+    from loraplex.platform.engine_spec.config import EngineConfig
 
     return EngineConfig(
         model=path,

@@ -50,9 +50,9 @@ def measure(
     With `lora_dirs`, a LoRA runtime is installed (the graphs are recaptured with adapters)
     and the requests cycle through the adapters and the base model.
     """
-    from loraplex.platform.engine.config import EngineConfig
     from loraplex.platform.engine.engine_core import EngineCore
     from loraplex.platform.engine.sampling_params import SamplingParams
+    from loraplex.platform.engine_spec.config import EngineConfig
 
     b = args.batch
     max_len = args.context + 64
@@ -111,14 +111,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     from loraplex.platform.bench.engine import save_bench_model
-    from loraplex.platform.bench.lora import write_adapter
+    from loraplex.platform.testing.adapters import write_random_adapter
 
     with tempfile.TemporaryDirectory(prefix="loraplex-bench-graphs-") as tmp:
         save_bench_model(Path(tmp), args.layers, args.hidden, args.context + 64)
         graph_s, eager_s = measure(tmp, args)
         hf_config = json.loads((Path(tmp) / "config.json").read_text())
         dirs = [
-            write_adapter(Path(tmp) / f"adapter-{i}", hf_config, args.rank, seed=i)
+            write_random_adapter(Path(tmp) / f"adapter-{i}", hf_config, args.rank, seed=i)
             for i in range(args.adapters)
         ]
         lora = measure(tmp, args, dirs) if dirs else None

@@ -138,7 +138,7 @@ def main(argv: list[str]) -> int:
     total = int(args.size_gib * 1024**3)
 
     with s3_settings() as settings:
-        store = ObjectStore(settings, max_pool_connections=max(16, 2 * args.concurrency))
+        store = ObjectStore(settings.storage(), max_pool_connections=max(16, 2 * args.concurrency))
         client = store.client
         with contextlib.suppress(Exception):
             client.create_bucket(Bucket=settings.s3_bucket)

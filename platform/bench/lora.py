@@ -37,63 +37,21 @@ from pathlib import Path
 
 import torch
 
-MODULES = {
-    "q_proj": "self_attn",
-    "k_proj": "self_attn",
-    "v_proj": "self_attn",
-    "o_proj": "self_attn",
-    "gate_proj": "mlp",
-    "up_proj": "mlp",
-    "down_proj": "mlp",
-}
-GREEDY = dict(temperature=0.0, ignore_eos=True)
+from loraplex.platform.bench._lora_small import GREEDY, SmallWorkload, run_small
+from loraplex.platform.testing.adapters import peft_multi_adapter_model, write_random_adapter
 
 
 def build_base(path: Path, layers: int, hidden: int, vocab: int):  # noqa: ANN201
     """Save a random Llama to `path`; returns the transformers model (for the peft baseline)."""
-    try:
-        import transformers
-    except ImportError as exc:
-        raise SystemExit(
-            "loraplex bench lora needs `transformers` and `peft` (loraplex[test])"
-        ) from exc
-    cfg = transformers.LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=hidden * 11 // 4,
-        num_hidden_layers=layers,
-        num_attention_heads=hidden // 64,
-        num_key_value_heads=max(1, hidden // 512),
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).float().eval()
-    model.save_pretrained(path)
-    return model
+    from loraplex.platform.testing.models import save_random_model
 
-
-def write_adapter(path: Path, hf_config: dict, rank: int, seed: int) -> Path:
-    """A PEFT-format adapter (config + safetensors) on all seven projections."""
-    from safetensors.torch import save_file
-
-    from loraplex.adapters.peft_format import module_dims
-
-    dims = module_dims(hf_config)
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for layer in range(hf_config["num_hidden_layers"]):
-        for m, block in MODULES.items():
-            d_in, d_out = dims[m]
-            prefix = f"base_model.model.model.layers.{layer}.{block}.{m}"
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, d_in, generator=gen) * 0.02
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(d_out, rank, generator=gen) * 0.02
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path / "adapter_model.safetensors"))
-    cfg = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(MODULES)}
-    (path / "adapter_config.json").write_text(json.dumps(cfg))
-    return path
+    return save_random_model(
+        path, "llama", seed=0, init="hf", tiny=False,
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+        num_hidden_layers=layers, num_attention_heads=hidden // 64,
+        num_key_value_heads=max(1, hidden // 512), max_position_embeddings=512,
+        bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
 
 
 def add_all(core, prompts, refs, max_tokens: int, tag: str) -> list:  # noqa: ANN001
@@ -120,15 +78,15 @@ def bench_torch_paths(rt, meta, b: int, repeats: int = 3) -> tuple[float, float]
     """Seconds for one step's deltas on every hooked Linear: per-adapter loop vs gather/bmm."""
     from loraplex.adapters.kernels.lora_torch import lora_delta_torch, lora_delta_torch_bmm
 
-    xs = [torch.randn(b, s.in_features, dtype=rt.dtype) for s in rt.specs]
+    xs = [torch.randn(b, s.in_features, dtype=rt.tiers.dtype) for s in rt.tiers.specs]
     out = []
     for fn in (lora_delta_torch, lora_delta_torch_bmm):
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
-            for lid, spec in enumerate(rt.specs):
-                y = torch.zeros(b, spec.out_features, dtype=rt.dtype)
-                a, bb = rt.pool.a[lid], rt.pool.b[lid]
+            for lid, spec in enumerate(rt.tiers.specs):
+                y = torch.zeros(b, spec.out_features, dtype=rt.tiers.dtype)
+                a, bb = rt.tiers.pool.a[lid], rt.tiers.pool.b[lid]
                 fn(xs[lid], y, a, bb, meta, lid, spec.slice_offsets, spec.slice_sizes)
             best = min(best, time.perf_counter() - t0)
         out.append(best)
@@ -165,7 +123,7 @@ def bench_mixed_step(llm, dirs, prompts, steps: int) -> tuple[float, float, floa
         core.step()
     base_bytes = weight_bytes(core.model)
     adapter_bytes = sum(
-        rt.pool.get(r.adapter_key).nbytes for r in {r.adapter_key: r for r in reqs}.values()
+        rt.tiers.pool.get(r.adapter_key).nbytes for r in {r.adapter_key: r for r in reqs}.values()
     )
     return (
         statistics.median(lora_t),
@@ -194,16 +152,6 @@ def bench_one_by_one(llm, dirs, prompts, max_tokens: int) -> float:  # noqa: ANN
     for p, d in zip(prompts, dirs, strict=True):
         llm.generate([p], sp, adapters=[str(d)])
     return max_tokens * len(prompts) / (time.perf_counter() - t0)
-
-
-def peft_model(hf, dirs):  # noqa: ANN001, ANN201
-    """The base wrapped by peft with every adapter loaded under its own name."""
-    from peft import PeftModel
-
-    model = PeftModel.from_pretrained(hf, str(dirs[0]), adapter_name="a0")
-    for i, d in enumerate(dirs[1:], start=1):
-        model.load_adapter(str(d), adapter_name=f"a{i}")
-    return model.eval()
 
 
 def bench_peft(model, prompts, max_tokens: int) -> float:  # noqa: ANN001
@@ -240,7 +188,7 @@ def bench_cold(llm, hf_config: dict, tmp: Path, prompt, use_s3: bool) -> tuple[f
     from loraplex.adapters.targets import resolve_config_targets
     from loraplex.platform.engine.lora import AdapterRef
 
-    d = write_adapter(tmp / "cold-adapter", hf_config, 16, seed=999)
+    d = write_random_adapter(tmp / "cold-adapter", hf_config, 16, seed=999)
     core = llm.core
     if not use_s3:
         cold = ttft(core, prompt, str(d), "cold")  # local dir: read + validate + copy
@@ -254,13 +202,13 @@ def bench_cold(llm, hf_config: dict, tmp: Path, prompt, use_s3: bool) -> tuple[f
     s3 = EmbeddedSeaweedFS(tmp / "s3", access_key=base.s3_access_key, secret_key=base.s3_secret_key)
     try:
         settings = Settings(s3_endpoint_url=s3.start(), s3_bucket="bench")
-        store = ObjectStore(settings)
+        store = ObjectStore(settings.storage())
         store.client.create_bucket(Bucket="bench")
         prefix = adapter_version_prefix("bench", "cold", 1)
         for name in ("adapter_config.json", "adapter_model.safetensors"):
             store.client.put_object(Bucket="bench", Key=prefix + name, Body=(d / name).read_bytes())
         weights = (d / "adapter_model.safetensors").read_bytes()
-        core.lora_runtime.object_store = store
+        core.lora_runtime.fetcher.object_store = store
         # What the validation job would store: the targets resolved once, on RE2.
         targets = resolve_config_targets((d / "adapter_config.json").read_bytes(), hf_config)
         ref = AdapterRef(prefix, hashlib.sha256(weights).hexdigest(), targets=targets.to_json())
@@ -274,14 +222,14 @@ def bench_warm_swap(llm, repeats: int = 5) -> float:  # noqa: ANN001
     """Median ms to copy a host-tier adapter into device memory (evicted between tries)."""
     rt = llm.core.lora_runtime
     on_host = rt.host.keys()
-    key = next(k for k in on_host if rt.pool.get(k) is None or rt.pool.get(k).refs == 0)
+    key = next(k for k in on_host if rt.tiers.pool.get(k) is None or rt.tiers.pool.get(k).refs == 0)
     times = []
     for _ in range(repeats):
-        if key in rt.pool:
-            rt.pool.evict(key)
+        if key in rt.tiers.pool:
+            rt.tiers.pool.evict(key)
         adapter = rt.host.get(key)
         t0 = time.perf_counter()
-        rt.pool.load(adapter)
+        rt.tiers.pool.load(adapter)
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1000
 
@@ -312,8 +260,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.only_small:
         results.update(_main_workload(args, console))
     if not args.skip_small:
-        from loraplex.platform.bench._lora_small import SmallWorkload, run_small
-
         w = SmallWorkload.quick() if args.quick else SmallWorkload()
         with tempfile.TemporaryDirectory() as tmp_name, console.status("small-model workload"):
             results.update(run_small(Path(tmp_name), w, args.skip_peft, console.print))
@@ -333,7 +279,7 @@ def _main_workload(args: argparse.Namespace, console) -> dict[str, float]:  # no
         with console.status("building the base model and adapters"):
             hf = build_base(tmp / "base", args.layers, args.hidden, args.vocab)
             hf_config = json.loads((tmp / "base" / "config.json").read_text())
-            dirs = [write_adapter(tmp / f"ad{i}", hf_config, 16, seed=i) for i in range(n)]
+            dirs = [write_random_adapter(tmp / f"ad{i}", hf_config, 16, seed=i) for i in range(n)]
         g = torch.Generator().manual_seed(1)
         prompts = [torch.randint(3, args.vocab, (15,), generator=g).tolist() for _ in range(n)]
         llm = LLM(
@@ -359,7 +305,7 @@ def _main_workload(args: argparse.Namespace, console) -> dict[str, float]:  # no
         results["lora.mixed32_over_base_step"] = lora_s / base_s
         results["lora.mixed32_ideal_ratio"] = ideal
         # Interleaved, best of `--rounds` for the batch runs: the CPU is shared and noisy.
-        pm = None if args.skip_peft else peft_model(hf, dirs)
+        pm = None if args.skip_peft else peft_multi_adapter_model(hf, dirs)
         mixed, peft_tps = 0.0, 0.0
         with console.status("mixed batch vs peft vs adapter by adapter"):
             for _ in range(max(1, args.rounds - 1)):

@@ -11,82 +11,35 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
-import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import torch
 from rich.console import Console
-from safetensors.torch import save
 
+from loraplex.platform.child_env import child_env
 from loraplex.platform.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedSeaweedFS
-from loraplex.platform.embedded.process import ServiceProcess
+from loraplex.platform.engine_spec import engine_config_for_deployment
 from loraplex.platform.gateway.replica_agent import register_replica
+from loraplex.platform.local_processes import (
+    start_api_process,
+    start_engine_process,
+    start_worker_process,
+)
 from loraplex.platform.settings import Settings
+from loraplex.platform.testing.adapters import write_random_adapter
 
 console = Console(stderr=True)
 TARGETS = ("q_proj", "v_proj")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _http_ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - loopback only
-        return resp.status == 200
-
-
-def child_env(settings: Settings) -> dict[str, str]:
-    """This process's environment plus every setting as a `LORAPLEX_*` variable."""
-    import os
-
-    env = dict(os.environ)
-    for name, value in settings.model_dump().items():
-        if value is not None:
-            env[f"LORAPLEX_{name.upper()}"] = str(value)
-    return env
-
-
-def random_peft_adapter(model_dir: Path, out: Path, seed: int, rank: int = 8) -> Path:
-    """A random LoRA adapter for the Llama-style model in `model_dir`, in PEFT's layout."""
-    cfg = json.loads((model_dir / "config.json").read_text())
-    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or hidden // heads
-    outs = {"q_proj": heads * head_dim, "v_proj": cfg.get("num_key_value_heads", heads) * head_dim}
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for layer in range(cfg["num_hidden_layers"]):
-        for target in TARGETS:
-            stem = f"base_model.model.model.layers.{layer}.self_attn.{target}"
-            tensors[f"{stem}.lora_A.weight"] = torch.randn(rank, hidden, generator=gen) * 0.05
-            tensors[f"{stem}.lora_B.weight"] = torch.randn(outs[target], rank, generator=gen) * 0.05
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "adapter_model.safetensors").write_bytes(save(tensors))
-    (out / "adapter_config.json").write_text(
-        json.dumps(
-            {
-                "peft_type": "LORA",
-                "r": rank,
-                "lora_alpha": 2 * rank,
-                "target_modules": list(TARGETS),
-                "lora_dropout": 0.0,
-                "bias": "none",
-                "task_type": "CAUSAL_LM",
-            }
-        )
-    )
-    return out
-
-
-def _upload(url: str, key: str, base: str, name: str, folder: Path) -> None:
+def upload_and_wait(
+    api_url: str, key: str, base: str, name: str, folder: Path, timeout_s: float = 120
+) -> None:
+    """Upload the PEFT adapter in `folder` through the tenant API as `name` over `base`, then
+    wait until its version is ready (RuntimeError if it fails validation or times out)."""
     headers = {"Authorization": f"Bearer {key}"}
     files = {
         "adapter_config": ("adapter_config.json", (folder / "adapter_config.json").read_bytes()),
@@ -96,16 +49,16 @@ def _upload(url: str, key: str, base: str, name: str, folder: Path) -> None:
         ),
     }
     r = httpx.post(
-        f"{url}/v1/adapters",
+        f"{api_url}/v1/adapters",
         headers=headers,
         files=files,
         data={"name": name, "base_model": base},
         timeout=120,
     )
     r.raise_for_status()
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        doc = httpx.get(f"{url}/v1/adapters/{name}", headers=headers, timeout=30).json()
+        doc = httpx.get(f"{api_url}/v1/adapters/{name}", headers=headers, timeout=30).json()
         if doc.get("status") == "ready":
             return
         if doc.get("status") == "failed":
@@ -161,7 +114,7 @@ def local_stack(num_adapters: int) -> Iterator[tuple[str, str]]:
         model_dir = make_demo_model(root / "demo")
         register_base_model(settings, "demo", model_dir)
         with session_scope(make_sessionmaker(db_url)) as session:
-            create_deployment(
+            deployment = create_deployment(
                 session,
                 settings,
                 DeploymentSpec(
@@ -172,66 +125,30 @@ def local_stack(num_adapters: int) -> Iterator[tuple[str, str]]:
                     max_lora_rank=16,
                 ),
             )
+            engine_config = engine_config_for_deployment(deployment, model=str(model_dir))
             tenant = create_tenant(session, "bench")
             _, key = create_api_key(session, tenant.id, "bench")
-        env = child_env(settings)
-        procs = []
-        for name, argv, port_probe in (
-            ("worker", [sys.executable, "-m", "loraplex.platform.jobs.worker"], None),
-            (
-                "replica",
-                [
-                    sys.executable,
-                    "-m",
-                    "loraplex.platform.engine.server",
-                    "--model",
-                    str(model_dir),
-                    "--max-loras",
-                    str(max(num_adapters, 1)),
-                    "--max-lora-rank",
-                    "16",
-                    "--log-level",
-                    "warning",
-                ],
-                "/health",
-            ),
-            (
-                "api",
-                [
-                    sys.executable,
-                    "-m",
-                    "uvicorn",
-                    "--factory",
-                    "loraplex.api.app:create_app",
-                    "--log-level",
-                    "warning",
-                ],
-                "/healthz",
-            ),
-        ):
-            proc = ServiceProcess(name, root / f"{name}.log")
-            port = _free_port()
-            args = list(argv)
-            if name == "replica":
-                args += ["--port", str(port)]
-            elif name == "api":
-                args += ["--host", "127.0.0.1", "--port", str(port)]
-            proc.start(args, env=env)
-            stack.callback(proc.stop)
-            procs.append(proc)
-            if port_probe:
-                with console.status(f"starting {name}…"):
-                    proc.wait_ready(
-                        lambda p=port, q=port_probe: _http_ok(f"http://127.0.0.1:{p}{q}"),
-                        timeout=120,
-                    )
-            if name == "replica":
-                hb = register_replica(redis_url, "demo-dep", f"http://127.0.0.1:{port}")
-                stack.callback(hb.stop)
-            if name == "api":
-                api_url = f"http://127.0.0.1:{port}"
+        worker = start_worker_process(child_env(settings, "worker"), root / "worker.log")
+        stack.callback(worker.stop)
+        with console.status("starting replica…"):
+            replica_url, replica = start_engine_process(
+                engine_config,
+                root / "replica.log",
+                child_env(settings, "engine"),
+                log_level="warning",
+                timeout=120,
+            )
+        stack.callback(replica.stop)
+        hb = register_replica(redis_url, "demo-dep", replica_url)
+        stack.callback(hb.stop)
+        with console.status("starting api…"):
+            api_url, api = start_api_process(child_env(settings, "api"), root / "api.log")
+        stack.callback(api.stop)
+        hf_config = json.loads((model_dir / "config.json").read_text())
         with console.status(f"uploading {num_adapters} adapters…"):
             for i in range(num_adapters):
-                folder = random_peft_adapter(model_dir, root / f"adapter{i}", seed=i)
-                _upload(api_url, key, "demo", f"bench-{i}", folder)
+                folder = write_random_adapter(
+                    root / f"adapter{i}", hf_config, 8, seed=i, targets=TARGETS, std=0.05
+                )
+                upload_and_wait(api_url, key, "demo", f"bench-{i}", folder)
         yield api_url, key

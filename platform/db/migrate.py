@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 
-import loraplex.migrations
-
 from .session import normalize_url
 
-MIGRATIONS_DIR = Path(loraplex.migrations.__file__).resolve().parent
+# Found by name, not imported: the migrations import the models, so `db` never imports them.
+_SPEC = importlib.util.find_spec("loraplex.migrations")
+assert _SPEC is not None and _SPEC.origin is not None
+MIGRATIONS_DIR = Path(_SPEC.origin).resolve().parent
 
 
 def alembic_config(database_url: str) -> Config:

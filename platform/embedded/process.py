@@ -17,6 +17,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -64,6 +65,12 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
         return True
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    """True when a GET of `url` answers 200 (a readiness probe; errors propagate)."""
+    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - our own servers
+        return resp.status == 200
 
 
 def pick_ports(state_file: Path, names: Sequence[str]) -> dict[str, int]:
@@ -211,6 +218,15 @@ class ServiceProcess:
                 raise self.fail(f"was not ready within {timeout:.0f}s")
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
+
+    def kill(self) -> None:
+        """SIGKILL the child's whole process group at once (a crash); a no-op when not running."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
         """Send `sig`, wait up to `timeout` seconds, then SIGKILL; a no-op when not running."""

@@ -12,9 +12,9 @@ from loraplex.platform.engine.outputs import CompletionOutput, RequestDelta, Req
 from loraplex.platform.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from loraplex.platform.engine.config import EngineConfig
     from loraplex.platform.engine.engine_core import EngineCore
     from loraplex.platform.engine.llm import LLM
+    from loraplex.platform.engine_spec.config import EngineConfig
 
 __all__ = [
     "LLM",
@@ -38,7 +38,7 @@ def __getattr__(name: str) -> Any:
 
         return EngineCore
     if name == "EngineConfig":
-        from loraplex.platform.engine.config import EngineConfig
+        from loraplex.platform.engine_spec.config import EngineConfig
 
         return EngineConfig
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

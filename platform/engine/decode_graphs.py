@@ -37,8 +37,8 @@ from loraplex.platform.engine.forward_context import ForwardContext, forward_con
 from loraplex.platform.engine.layers.attention_metadata import AttentionMetadata
 
 if TYPE_CHECKING:
-    from loraplex.platform.engine.config import EngineConfig
     from loraplex.platform.engine.model_runner import ModelRunner
+    from loraplex.platform.engine_spec.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -78,25 +78,10 @@ def decode_graph_inputs(runner: ModelRunner) -> list[GraphInput]:
 
 
 def static_lora_meta(runner: ModelRunner, max_batch: int) -> StaticLoraMeta | None:
-    """Static LoRA buffers for graphs of up to `max_batch` rows, or None without a runtime.
-
-    Allocates the runtime's device pool and slice tables now: a captured graph bakes in their
-    addresses, so none may be created during capture.
-    """
+    """Static LoRA buffers for graphs of up to `max_batch` rows, or None without a runtime
+    (the runtime allocates what a captured graph bakes in before the capture)."""
     runtime = runner.lora_runtime
-    if runtime is None:
-        return None
-    pool = runtime.pool
-    for lid in range(len(runtime.specs)):
-        runtime.slice_tensors(lid)
-    return StaticLoraMeta(
-        max_batch,
-        max_loras=runtime.max_loras,
-        num_linears=len(runtime.specs),
-        max_slices=pool.max_slices,
-        max_rank=runtime.max_lora_rank,
-        device=runner.device,
-    )
+    return None if runtime is None else runtime.static_lora_meta(max_batch)
 
 
 def make_decode_step(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -15,7 +16,6 @@ import torch
 from loraplex.loader.timeline import Timeline
 from loraplex.platform.engine.block_pool import BlockPool
 from loraplex.platform.engine.cold_start import finish_cold_start
-from loraplex.platform.engine.config import EngineConfig
 from loraplex.platform.engine.decode_graphs import recapture_decode_graphs, setup_decode_graphs
 from loraplex.platform.engine.detokenizer import IncrementalDetokenizer
 from loraplex.platform.engine.kv_cache import kv_cache_bytes_per_block
@@ -23,19 +23,30 @@ from loraplex.platform.engine.metrics import EngineMetrics
 from loraplex.platform.engine.model_runner import ModelRunner
 from loraplex.platform.engine.model_source import load_engine_model
 from loraplex.platform.engine.outputs import RequestDelta
+from loraplex.platform.engine.ports import LoraRuntimeProtocol
 from loraplex.platform.engine.prefix_cache import KVCacheManager
 from loraplex.platform.engine.request import Request, RequestStatus
 from loraplex.platform.engine.sampling_params import SamplingParams
-from loraplex.platform.engine.scheduler import Scheduler
+from loraplex.platform.engine.scheduler import Scheduler, SchedulerOutput
+from loraplex.platform.engine_spec.config import EngineConfig
 
 CPU_KV_BUDGET = 256 * 1024 * 1024
 
 
 class EngineCore:
-    """Continuous-batching engine over one base model (and, once installed, a LoRA runtime)."""
+    """Continuous-batching engine over one base model (and, once installed, a LoRA runtime).
 
-    def __init__(self, config: EngineConfig) -> None:
+    `before_forward`, if given, sees each step's batch before the forward runs (the
+    expert-parallel leader sends it to its follower ranks there).
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        before_forward: Callable[[SchedulerOutput], None] | None = None,
+    ) -> None:
         self.config = config
+        self.before_forward = before_forward
         # Cold start: model (local folder or streamed from s3://), KV cache, decode graphs.
         self.timeline = Timeline(config.model_id or config.model)
         loaded = load_engine_model(config, self.timeline)
@@ -77,7 +88,7 @@ class EngineCore:
         self.metrics = EngineMetrics(loaded.name)
         self.decode_graphs = setup_decode_graphs(self.runner, config, self.timeline)
         finish_cold_start(self.timeline, self.metrics.registry, loaded.name)
-        self.lora_runtime: Any | None = None
+        self.lora_runtime: LoraRuntimeProtocol | None = None
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._aborted: list[Request] = []
         self.last_num_scheduled_tokens = 0
@@ -107,20 +118,15 @@ class EngineCore:
 
     # -- requests ------------------------------------------------------------------------
 
-    def install_lora_runtime(self, runtime: Any) -> None:
-        """Plug in the multi-LoRA runtime.
-
-        It must offer `resolve_adapter(ref) -> (adapter_key: str, handle: object)` and
-        `prepare_step(requests, num_tokens) -> per-step LoRA metadata` (put in the forward
-        context); an `admission_policy` attribute, if not None, gates the scheduler.
-        """
+    def install_lora_runtime(self, runtime: LoraRuntimeProtocol) -> None:
+        """Plug in the multi-LoRA runtime (`ports.LoraRuntimeProtocol`): it resolves adapter
+        references, builds each step's LoRA metadata, and its admission policy gates the
+        scheduler."""
         self.lora_runtime = runtime
         self.runner.lora_runtime = runtime
         if self.decode_graphs is not None:  # recapture so adapter decode steps replay too
             self.decode_graphs = recapture_decode_graphs(self.runner, self.config, self.timeline)
-        policy = getattr(runtime, "admission_policy", None)
-        if policy is not None:
-            self.scheduler.policy = policy
+        self.scheduler.policy = runtime.admission_policy
 
     def add_request(
         self,
@@ -193,9 +199,9 @@ class EngineCore:
 
     def step(self) -> list[RequestDelta]:
         """Schedule, run one forward, sample, and return what changed for each request."""
-        take_failed = getattr(self.lora_runtime, "take_failed_request_ids", None)
-        for rid in take_failed() if take_failed is not None else ():
-            self.abort_request(rid)  # its adapter failed to load (the runtime logged why)
+        if self.lora_runtime is not None:
+            for rid in self.lora_runtime.take_failed_request_ids():
+                self.abort_request(rid)  # its adapter failed to load (the runtime logged why)
         deltas = [self._final_delta(r, [], []) for r in self._aborted]
         self._aborted = []
         sched = self.scheduler.schedule()
@@ -204,6 +210,8 @@ class EngineCore:
             self._update_gauges()
             return deltas
         prev_times = {s.request.request_id: s.request.last_token_time for s in sched.scheduled}
+        if self.before_forward is not None:
+            self.before_forward(sched)
         result = self.runner.execute(sched)
         for rid, entries in result.prompt_logprobs.items():
             self.scheduler.requests[rid].prompt_logprobs.extend(entries)
@@ -297,6 +305,11 @@ class EngineCore:
             "prefix_cache_queries": self.kv.queries,
             "prefix_cache_hits": self.kv.hits,
             "num_preemptions": self.scheduler.num_preemptions,
-            "resident_adapters": list(getattr(self.lora_runtime, "resident_adapters", []) or []),
+            "resident_adapters": (
+                [] if self.lora_runtime is None else list(self.lora_runtime.resident_adapters)
+            ),
             "max_loras": self.config.max_loras,
         }
+
+    def close(self) -> None:
+        """Nothing to release on one process (an `EPEngine` stops its ranks here)."""

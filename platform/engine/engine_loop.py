@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from loraplex.platform.engine.engine_core import EngineCore
+from loraplex.platform.engine.ports import ServedEngine
 from loraplex.platform.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ class PendingAdd:
 class EngineLoop:
     """Drives one EngineCore from asyncio; owns the per-request delta queues."""
 
-    def __init__(self, core: EngineCore) -> None:
+    def __init__(self, core: ServedEngine) -> None:
         self.core = core
         self.queues: dict[str, asyncio.Queue] = {}
         self._adds: list[PendingAdd] = []

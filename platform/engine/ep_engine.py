@@ -12,7 +12,6 @@ A rebalance (EPLB) is broadcast the same way and happens between two steps.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from typing import Any
 
@@ -22,9 +21,14 @@ import torch.multiprocessing as mp
 from loraplex.moe.ep_launch import StepChannel, ep_backend, free_loopback_port, init_ep_rank
 from loraplex.moe.expert_parallel import set_process_ep_group
 from loraplex.moe.rebalancer import ExpertRebalancer, LayerRebalance
-from loraplex.platform.engine.config import EngineConfig
 from loraplex.platform.engine.engine_core import EngineCore
+from loraplex.platform.engine.metrics import EngineMetrics
+from loraplex.platform.engine.outputs import RequestDelta
+from loraplex.platform.engine.ports import LoraRuntimeProtocol
+from loraplex.platform.engine.request import Request
+from loraplex.platform.engine.sampling_params import SamplingParams
 from loraplex.platform.engine.scheduler import ScheduledRequest, SchedulerOutput
+from loraplex.platform.engine_spec.config import EngineConfig
 
 
 def _portable(out: SchedulerOutput) -> SchedulerOutput:
@@ -42,10 +46,9 @@ def _portable(out: SchedulerOutput) -> SchedulerOutput:
 
 
 class EPEngine:
-    """Rank 0's handle: an `EngineCore` whose forwards are mirrored on the follower ranks.
-
-    Attribute access falls through to the core (`add_request`, `abort_request`, `state`,
-    `tokenizer`, ...); `step` adds the periodic rebalance; `close` stops the followers.
+    """Rank 0's handle (a `ports.ServedEngine`): an `EngineCore` built to send each step's
+    batch to the follower ranks before its forward, plus the periodic rebalance; `close`
+    stops the followers.
     """
 
     def __init__(
@@ -63,26 +66,48 @@ class EPEngine:
         self.procs = procs
         self.rebalancer = rebalancer
         self.last_rebalance: list[LayerRebalance] = []
-        runner = core.runner
-        execute = runner.execute
 
-        def broadcasting_execute(out: SchedulerOutput):
-            channel.send(("step", _portable(out)))
-            return execute(out)
+    @property
+    def metrics(self) -> EngineMetrics:
+        """Rank 0's metrics (balancedness included)."""
+        return self.core.metrics
 
-        runner.execute = broadcasting_execute
+    @property
+    def last_num_scheduled_tokens(self) -> int:
+        """Tokens the last step ran."""
+        return self.core.last_num_scheduled_tokens
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.core, name)
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        adapter: Any | None = None,
+        cache_salt: str | None = None,
+    ) -> Request:
+        """Queue a request on rank 0's scheduler."""
+        return self.core.add_request(prompt, params, request_id, adapter, cache_salt)
 
-    def install_lora_runtime(self, runtime: Any) -> None:
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request now; followers just stop seeing it in the batches."""
+        return self.core.abort_request(request_id)
+
+    def has_unfinished(self) -> bool:
+        """Requests wait or run on rank 0."""
+        return self.core.has_unfinished()
+
+    def state(self) -> dict[str, Any]:
+        """Rank 0's /state."""
+        return self.core.state()
+
+    def install_lora_runtime(self, runtime: LoraRuntimeProtocol) -> None:
         """Not yet: followers would run attention without the adapters and route differently."""
         raise NotImplementedError(
             "LoRA adapters over an expert-parallel engine need the LoRA runtime on every rank; "
             "not wired in yet (run ep_size=1 for adapters)"
         )
 
-    def step(self) -> list[Any]:
+    def step(self) -> list[RequestDelta]:
         """One engine step on every rank (and a rebalance when its interval is reached)."""
         deltas = self.core.step()
         rb = self.rebalancer
@@ -171,14 +196,19 @@ def start_ep_engine(
         p.start()
     try:
         ep = init_ep_rank(0, ep_size, port, backend)
-        core = EngineCore(config)
+        channel = StepChannel(ep)
+
+        def send_batch(out: SchedulerOutput) -> None:
+            channel.send(("step", _portable(out)))
+
+        core = EngineCore(config, before_forward=send_batch)
         if getattr(core.model, "moe_blocks", None) is None:
             raise ValueError(f"{config.model} is not a MoE model; expert parallelism needs experts")
         dist.broadcast_object_list([core.pool.num_blocks], src=0)
         rank_loads: list[Any] = [None] * ep_size
         dist.gather_object(dict(core.timeline.counts), rank_loads, dst=0)
         if registry is None:  # export balancedness on the engine's own /metrics
-            registry = getattr(getattr(core, "metrics", None), "registry", None)
+            registry = core.metrics.registry
         rebalancer = ExpertRebalancer(core.model, num_redundant, rebalance_interval, registry)
     except BaseException:
         for p in procs:  # followers wait on the leader forever otherwise
@@ -188,36 +218,16 @@ def start_ep_engine(
         if dist.is_initialized():
             dist.destroy_process_group()
         raise
-    return EPEngine(core, StepChannel(ep), procs, rebalancer, rank_loads)
+    return EPEngine(core, channel, procs, rebalancer, rank_loads)
 
 
-def add_ep_arguments(parser: argparse.ArgumentParser) -> None:
-    """The expert-parallel options of `loraplex engine`."""
-    parser.add_argument(
-        "--ep-size", type=int, default=1, help="expert-parallel ranks (spawned processes)"
-    )
-    parser.add_argument(
-        "--ep-redundant-experts",
-        type=int,
-        default=0,
-        help="extra copies of hot experts placed at each rebalance (EPLB)",
-    )
-    parser.add_argument(
-        "--eplb-interval",
-        type=int,
-        default=0,
-        help="engine steps between expert rebalances (0: never)",
-    )
-
-
-def build_engine(config: EngineConfig, args: argparse.Namespace) -> Any:
-    """An `EngineCore`, or an `EPEngine` group when `--ep-size` > 1."""
-    ep_size = int(getattr(args, "ep_size", 1) or 1)
-    if ep_size == 1:
+def build_engine(config: EngineConfig) -> EngineCore | EPEngine:
+    """An `EngineCore`, or an `EPEngine` group when `config.ep_size` > 1."""
+    if config.ep_size == 1:
         return EngineCore(config)
     return start_ep_engine(
         config,
-        ep_size,
-        num_redundant=int(getattr(args, "ep_redundant_experts", 0) or 0),
-        rebalance_interval=int(getattr(args, "eplb_interval", 0) or 0),
+        config.ep_size,
+        num_redundant=config.ep_redundant_experts,
+        rebalance_interval=config.eplb_interval,
     )

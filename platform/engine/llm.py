@@ -6,10 +6,11 @@ import dataclasses
 import itertools
 from typing import Any
 
-from loraplex.platform.engine.config import EngineConfig
 from loraplex.platform.engine.engine_core import EngineCore
 from loraplex.platform.engine.outputs import CompletionOutput, RequestOutput
+from loraplex.platform.engine.ports import LoraRuntimeProtocol
 from loraplex.platform.engine.sampling_params import SamplingParams
+from loraplex.platform.engine_spec.config import EngineConfig
 
 Prompt = str | list[int]
 
@@ -49,7 +50,7 @@ class LLM:
 
             self._install_lora_runtime(LoraRuntime.for_engine(self.core))
 
-    def _install_lora_runtime(self, runtime: Any) -> None:
+    def _install_lora_runtime(self, runtime: LoraRuntimeProtocol) -> None:
         """Hook for the multi-LoRA runtime; see `EngineCore.install_lora_runtime`."""
         self.core.install_lora_runtime(runtime)
 

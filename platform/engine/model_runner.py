@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -22,6 +23,9 @@ from loraplex.platform.engine.layers.attention_metadata import AttentionMetadata
 from loraplex.platform.engine.request import Request
 from loraplex.platform.engine.sampler import Sampler, topn_logprobs
 from loraplex.platform.engine.scheduler import ScheduledRequest, SchedulerOutput
+
+if TYPE_CHECKING:
+    from loraplex.platform.engine.ports import LoraRuntimeProtocol
 
 
 @dataclass
@@ -71,7 +75,7 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.kv_caches = allocate_kv_cache(model, num_blocks, block_size, kv_dtype, self.device)
         self.sampler = Sampler(seed=seed, device=self.device)
-        self.lora_runtime: object | None = None
+        self.lora_runtime: LoraRuntimeProtocol | None = None
         # Static decode inputs, sized for the largest batch; rows past the live batch are padding.
         n, dev = max_num_seqs, self.device
         self.decode_input_ids = torch.zeros(n, dtype=torch.int64, device=dev)

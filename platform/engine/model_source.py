@@ -37,8 +37,8 @@ from loraplex.platform.engine.rank_weights import expert_share
 from loraplex.platform.engine.weight_quantization import resolve_weight_quantization
 
 if TYPE_CHECKING:
-    from loraplex.platform.engine.config import EngineConfig
-    from loraplex.platform.settings import Settings
+    from loraplex.loader.storage import StorageConfig
+    from loraplex.platform.engine_spec.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ class S3ModelSource:
     def __init__(
         self,
         url: str,
-        settings: Settings,
+        storage: StorageConfig,
         timeline: Timeline,
         tokenizer_path: str | None = None,
     ) -> None:
@@ -197,9 +197,7 @@ class S3ModelSource:
         self.name = self.prefix.rpartition("/")[2] or bucket
         self.timeline = timeline
         self.tokenizer_path = tokenizer_path
-        self.loader: StreamLoader = open_loader(
-            settings.model_copy(update={"s3_bucket": bucket}), timeline=timeline
-        )
+        self.loader: StreamLoader = open_loader(storage.with_bucket(bucket), timeline=timeline)
         self.plan: LoadPlan | None = None
         self.config_bytes: bytes | None = None
 
@@ -295,19 +293,19 @@ class S3ModelSource:
 
 def open_model_source(
     model: str,
-    settings: Settings | None,
+    storage: StorageConfig | None,
     timeline: Timeline,
     tokenizer_path: str | None = None,
 ) -> ModelSource:
-    """The source for a model location: `s3://bucket/prefix` (needs `settings`) or a local folder."""
+    """The source for a model location: `s3://bucket/prefix` (needs `storage`) or a local folder."""
     if not model.startswith(S3_SCHEME):
         return LocalModelSource(model, timeline, tokenizer_path)
-    if settings is None:
+    if storage is None:
         raise ModelSourceError(
-            f"loading {model} needs the object store's Settings (EngineConfig.settings / "
-            "LLM(settings=...)); the engine server builds them from LORAPLEX_S3_* variables"
+            f"loading {model} needs the object store's StorageConfig (EngineConfig.storage / "
+            "LLM(storage=...)); the engine server builds it from LORAPLEX_S3_* variables"
         )
-    return S3ModelSource(model, settings, timeline, tokenizer_path)
+    return S3ModelSource(model, storage, timeline, tokenizer_path)
 
 
 @dataclass
@@ -326,7 +324,7 @@ def load_engine_model(config: EngineConfig, timeline: Timeline) -> LoadedModel:
     """Build the model of `config` from its source: validate the quantization choice and the
     checkpoint headers first, then allocate the model and stream the weights into it."""
     quant = resolve_weight_quantization(config.quantization)
-    source = open_model_source(config.model, config.settings, timeline, config.tokenizer)
+    source = open_model_source(config.model, config.storage, timeline, config.tokenizer)
     hf_config = source.read_config()
     cls = resolve_model_class(hf_config)
     dtype = quant.cast_to or resolve_dtype(config.dtype, hf_config)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -21,6 +22,11 @@ from loraplex.platform.engine.request import Request, RequestStatus
 
 class AdmissionPolicy(Protocol):
     """Gate on admitting waiting requests (the multi-LoRA runtime limits adapters per batch)."""
+
+    def begin_step(self, step: int, waiting: Iterable[Request]) -> None:
+        """A step's admission starts: the scheduler's step number (steps that ran a batch so
+        far) and its live waiting queue (to read, never to change)."""
+        ...
 
     def can_admit(self, request: Request) -> bool:
         """May this waiting request join the running batch now?"""
@@ -37,6 +43,9 @@ class AdmissionPolicy(Protocol):
 
 class AdmitAll:
     """The default policy: admit everything, track nothing."""
+
+    def begin_step(self, step: int, waiting: Iterable[Request]) -> None:
+        """Nothing to track."""
 
     def can_admit(self, request: Request) -> bool:
         """Always True."""
@@ -103,6 +112,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        self.num_steps = 0
+        """Steps that scheduled a batch so far (the clock of admission fairness)."""
 
     # -- requests in and out -------------------------------------------------------------
 
@@ -142,6 +153,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Pick this step's batch: running requests first, then waiting ones in order."""
+        self.policy.begin_step(self.num_steps, self.waiting)
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         kept: list[Request] = []
@@ -167,6 +179,8 @@ class Scheduler:
         for s in out.scheduled:
             if s.request.scheduled_time is None:
                 s.request.scheduled_time = now
+        if out.scheduled:
+            self.num_steps += 1
         return out
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:

@@ -7,7 +7,6 @@ ASGI `http.disconnect`, streamed or not), which frees its KV blocks before the n
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -21,12 +20,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from loraplex.platform.engine.engine_core import EngineCore
 from loraplex.platform.engine.engine_loop import EngineLoop, PendingAdd
-from loraplex.platform.engine.ep_engine import add_ep_arguments, build_engine
-from loraplex.platform.engine.load_args import add_load_arguments, load_options
+from loraplex.platform.engine.ep_engine import build_engine
 from loraplex.platform.engine.metrics import CONTENT_TYPE_LATEST
 from loraplex.platform.engine.outputs import RequestDelta
+from loraplex.platform.engine.ports import ServedEngine
 from loraplex.platform.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -104,7 +102,7 @@ def delta_json(d: RequestDelta) -> dict[str, Any]:
     return out
 
 
-def create_app(core: EngineCore) -> FastAPI:
+def create_app(core: ServedEngine) -> FastAPI:
     """The FastAPI app serving `core`."""
     holder: dict[str, EngineLoop] = {}
 
@@ -253,87 +251,41 @@ async def _collect(loop: EngineLoop, rid: str, queue: asyncio.Queue) -> dict[str
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `loraplex engine` command line."""
-    p = argparse.ArgumentParser(prog="loraplex engine", description="Run one engine replica.")
-    p.add_argument("--model", required=True, help="local HuggingFace folder or s3://BUCKET/PREFIX")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8100)
-    p.add_argument("--fd", type=int, help="serve on this inherited listening socket")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-gpu-blocks", type=int, default=None)
-    p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--no-chunked-prefill", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-loras", type=int, default=8)
-    p.add_argument("--max-lora-rank", type=int, default=64)
-    p.add_argument("--log-level", default="info")
-    add_load_arguments(p)
-    add_ep_arguments(p)
-    return p
-
-
-def config_from_args(args: argparse.Namespace, settings: Any | None = None) -> Any:
-    """EngineConfig from parsed arguments (`settings` name the object store of s3:// models)."""
-    from loraplex.platform.engine.config import EngineConfig
-
-    return EngineConfig(
-        model=args.model,
-        dtype=args.dtype,
-        device=args.device,
-        block_size=args.block_size,
-        num_gpu_blocks=args.num_gpu_blocks,
-        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        enable_prefix_caching=not args.no_prefix_caching,
-        enable_chunked_prefill=not args.no_chunked_prefill,
-        seed=args.seed,
-        max_loras=args.max_loras,
-        max_lora_rank=args.max_lora_rank,
-        settings=settings,
-        **load_options(args),
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
-    """`loraplex engine --model PATH [--host --port ...]`: serve until interrupted."""
+    """`loraplex engine --model PATH [--host --port ...]`: serve until interrupted.
+
+    The options are EngineConfig's own (`engine_spec.cli`); the object store comes from the
+    `LORAPLEX_S3_*` environment (`Settings.storage()`), never from the command line."""
+    import sys
+
     import uvicorn
 
+    from loraplex.platform.engine_spec.cli import parse_engine_args
     from loraplex.platform.settings import Settings
 
-    args = build_parser().parse_args(argv)
-    level = getattr(logging, args.log_level.upper(), logging.INFO)
+    storage = Settings().storage()
+    config, server = parse_engine_args(sys.argv[1:] if argv is None else argv, storage=storage)
+    level = getattr(logging, server.log_level.upper(), logging.INFO)
     logging.basicConfig(level=level)  # so the cold-start timeline is logged
-    settings = Settings()
-    core = build_engine(config_from_args(args, settings), args)
-    if args.ep_size > 1 and args.max_loras > 0:
-        logging.getLogger(__name__).warning(
-            "expert parallelism: adapters are not served yet (base model only)"
-        )
-    elif args.max_loras > 0:  # adapters come as AdapterRef objects (object storage)
+    core = build_engine(config)
+    if config.ep_size > 1 and config.serves_adapters:
+        log.warning("expert parallelism: adapters are not served yet (base model only)")
+    elif config.serves_adapters:  # adapters come as AdapterRef objects (object storage)
         from loraplex.loader.object_store import ObjectStore
         from loraplex.platform.engine.lora import LoraRuntime
 
-        store = ObjectStore(settings)
         core.install_lora_runtime(
-            LoraRuntime.for_engine(core, object_store=store, allow_local_paths=False)
+            LoraRuntime.for_engine(core, object_store=ObjectStore(storage), allow_local_paths=False)
         )
     try:
-        where = {"fd": args.fd} if args.fd is not None else {"host": args.host, "port": args.port}
-        uvicorn.run(create_app(core), log_level=args.log_level, **where)
+        where = (
+            {"fd": server.fd}
+            if server.fd is not None
+            else {"host": server.host, "port": server.port}
+        )
+        uvicorn.run(create_app(core), log_level=server.log_level, **where)
     finally:
-        if hasattr(core, "close"):
-            core.close()
+        core.close()
     return 0
 
 

@@ -6,7 +6,7 @@ invisible: the same 404 `model_not_found` as a name that does not exist.
 
 Positive answers are cached in process for a short TTL (`resolve_cache_ttl_s`, 2 s) and
 keyed by a per-tenant generation counter in Redis: whoever changes an adapter (a version
-turning ready or failed, a deletion) calls `bump_generation` and the next request sees the
+turning ready or failed, a deletion) calls `services.resolution_events.bump_generation` and the next request sees the
 change at once; without a bump a change shows within the TTL. Misses are never cached: an
 adapter is callable the moment it is ready.
 """
@@ -21,7 +21,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import redis as sync_redis
 from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -29,8 +28,8 @@ from sqlalchemy.orm import Session
 from loraplex.adapters.identity import adapter_ref_key
 from loraplex.platform.db.models import Adapter, AdapterVersion, BaseModel, Deployment
 from loraplex.platform.gateway.errors import GatewayError, model_not_found
+from loraplex.platform.services.resolution_events import GEN_KEY
 
-GEN_KEY = "loraplex:resolve:gen:{tenant}"
 _VERSIONED = re.compile(r"^(?P<name>.+):(?P<n>[1-9][0-9]{0,8})$")
 
 
@@ -157,11 +156,6 @@ def resolve_uncached(session: Session, tenant_id: uuid.UUID, model: str) -> Reso
     return _resolved(session, model, base)
 
 
-def bump_generation(client: sync_redis.Redis, tenant_id: uuid.UUID | str) -> None:
-    """Invalidate every cached resolution of `tenant_id` (call on any adapter change)."""
-    client.incr(GEN_KEY.format(tenant=tenant_id))
-
-
 class ModelResolver:
     """Cached resolution: one Redis GET per request instead of several SQL queries."""
 
@@ -177,7 +171,7 @@ class ModelResolver:
         return await self._redis.get(GEN_KEY.format(tenant=tenant_id))
 
     async def invalidate(self, tenant_id: uuid.UUID | str) -> None:
-        """Async twin of `bump_generation`."""
+        """Async twin of `services.resolution_events.bump_generation`."""
         await self._redis.incr(GEN_KEY.format(tenant=tenant_id))
 
     def cached(

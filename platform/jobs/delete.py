@@ -11,10 +11,9 @@ from sqlalchemy import delete
 from loraplex.platform.db.models import Adapter, Job
 from loraplex.platform.db.session import make_sessionmaker, session_scope
 from loraplex.platform.object_keys import is_adapter_key
+from loraplex.platform.services import job_records as records
 from loraplex.platform.services import objects
 from loraplex.platform.settings import Settings
-
-from . import records
 
 
 def run_delete(settings: Settings, job_id: uuid.UUID) -> int:

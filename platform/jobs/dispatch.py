@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Protocol
 
 from celery import Celery
 
-from .records import DELETE_OBJECTS, VALIDATE
+from loraplex.platform.services.job_records import DELETE_OBJECTS, VALIDATE
 
 log = logging.getLogger(__name__)
 
@@ -18,15 +17,8 @@ TASK_NAMES = {
 }
 
 
-class JobDispatcher(Protocol):
-    """Anything that can hand a committed job row to the workers."""
-
-    def send(self, kind: str, job_id: uuid.UUID) -> None:
-        """Enqueue the job; failures are logged, the stale-job recovery re-sends."""
-
-
 class CeleryDispatcher:
-    """Sends `job_id` to the task for `kind` on the configured queue."""
+    """A `services.job_records.JobDispatcher`: sends `job_id` to the task for `kind` on the configured queue."""
 
     def __init__(self, app: Celery, queue: str):
         self.app = app

@@ -15,12 +15,12 @@ from sqlalchemy.orm import Session
 
 from loraplex.platform.db.models import ADAPTER_WEIGHTS_FILE, AdapterVersion, Job
 from loraplex.platform.db.session import make_sessionmaker, session_scope
+from loraplex.platform.services import job_records as records
 from loraplex.platform.services import objects
+from loraplex.platform.services.job_records import JobDispatcher
 from loraplex.platform.services.resolution_events import adapters_changed
 from loraplex.platform.settings import Settings
 
-from . import records
-from .dispatch import JobDispatcher
 from .validate import backfill_targets
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,10 @@ import uuid
 
 from celery import Celery, Task
 
+from loraplex.platform.services.job_records import DELETE_OBJECTS, VALIDATE
+
 from .delete import run_delete
 from .dispatch import TASK_NAMES
-from .records import DELETE_OBJECTS, VALIDATE
 from .validate import mark_transient_failure, run_validation
 
 log = logging.getLogger(__name__)

@@ -38,12 +38,11 @@ from loraplex.platform.db.models import (
     Job,
 )
 from loraplex.platform.db.session import make_sessionmaker, session_scope
+from loraplex.platform.services import job_records as records
 from loraplex.platform.services import objects
 from loraplex.platform.services.deployments import max_lora_rank_for
 from loraplex.platform.services.resolution_events import adapters_changed
 from loraplex.platform.settings import Settings
-
-from . import records
 
 log = logging.getLogger(__name__)
 HEARTBEAT_EVERY_S = 5.0

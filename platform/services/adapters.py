@@ -23,9 +23,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from loraplex.adapters.validation import AdapterValidationError, parse_config, sniff_pickle
 from loraplex.platform.db.models import Adapter, AdapterVersion
 from loraplex.platform.db.session import session_scope
-from loraplex.platform.jobs import records
-from loraplex.platform.jobs.dispatch import JobDispatcher
 from loraplex.platform.object_keys import adapter_prefix, adapter_version_prefix
+from loraplex.platform.services import job_records as records
+from loraplex.platform.services.job_records import JobDispatcher
 from loraplex.platform.settings import Settings
 
 from . import audit, objects

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from loraplex.platform.db.models import BaseModel
 from loraplex.platform.db.session import make_sessionmaker, session_scope
-from loraplex.platform.engine.supported_models import (
+from loraplex.platform.engine_spec.supported_models import (
     SUPPORTED_ARCHITECTURES,
     config_architectures,
     served_architecture,

@@ -14,7 +14,7 @@ from loraplex.platform.db.models import (
     WEIGHT_QUANTIZATIONS,
     Deployment,
 )
-from loraplex.platform.engine.supported_models import (
+from loraplex.platform.engine_spec.supported_models import (
     SERVED_KV_CACHE_DTYPES,
     SERVED_WEIGHT_QUANTIZATIONS,
     unserved_kv_cache_message,

@@ -1,7 +1,7 @@
 """Tell every gateway that a tenant's adapters changed, so cached resolutions drop at once.
 
 The gateways cache `model -> adapter version` answers for a short TTL, keyed by a per-tenant
-generation counter in Redis (`gateway.resolve.bump_generation`). Whoever changes what a name
+generation counter in Redis (`GEN_KEY`, read by `gateway.resolve`). Whoever changes what a name
 resolves to (a version turning ready or failed, an adapter deleted) calls
 `adapters_changed` after its database write has committed.
 """
@@ -13,10 +13,17 @@ import uuid
 
 import redis as sync_redis
 
-from loraplex.platform.gateway.resolve import bump_generation
 from loraplex.platform.settings import Settings
 
 log = logging.getLogger(__name__)
+
+GEN_KEY = "loraplex:resolve:gen:{tenant}"
+"""Redis key of a tenant's resolution generation (gateways cache resolutions under it)."""
+
+
+def bump_generation(client: sync_redis.Redis, tenant_id: uuid.UUID | str) -> None:
+    """Invalidate every cached resolution of `tenant_id` (call on any adapter change)."""
+    client.incr(GEN_KEY.format(tenant=tenant_id))
 
 
 def adapters_changed(settings: Settings, tenant_id: uuid.UUID | str) -> bool:

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from lora_testutil import llama_specs, random_adapter, reference_delta  # noqa: E402
+from support.lora_reference import llama_specs, random_adapter, reference_delta  # noqa: E402
 
 from loraplex.adapters.device_pool import DevicePool  # noqa: E402
 from loraplex.adapters.kernels import lora_triton  # noqa: E402

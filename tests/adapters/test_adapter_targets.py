@@ -7,10 +7,10 @@ import math
 import time
 
 import pytest
-from lora_testutil import TINY_LLAMA
 
 from loraplex.adapters.peft_format import AdapterFormatError, parse_adapter_config
 from loraplex.adapters.targets import ResolvedTargets, module_paths, resolve_targets
+from loraplex.platform.testing.models import TINY
 
 REDOS = r"model\.layers\.0\.self_attn\.q_proj|(.+)+X"
 
@@ -71,7 +71,7 @@ def _peft_view(case: dict) -> dict[str, tuple[int, float]]:
                                     "up_proj", "down_proj"]  # fmt: skip
     cfg = LoraConfig(**kwargs)
     out = {}
-    for _, _, key in module_paths(TINY_LLAMA):
+    for _, _, key in module_paths(TINY):
         found = check_target_module_exists(cfg, key)
         if not found or type(found).__name__ == "_ExcludedModule":
             continue
@@ -86,8 +86,8 @@ def _peft_view(case: dict) -> dict[str, tuple[int, float]]:
 @pytest.mark.parametrize("case", range(len(PEFT_CASES)))
 def test_resolution_equals_peft(case: int) -> None:
     cfg = PEFT_CASES[case]
-    ours = resolve_targets(parse_adapter_config(cfg), TINY_LLAMA)
-    names = {(i, m): key for i, m, key in module_paths(TINY_LLAMA)}
+    ours = resolve_targets(parse_adapter_config(cfg), TINY)
+    names = {(i, m): key for i, m, key in module_paths(TINY)}
     got = {names[k]: (t.rank, t.scale) for k, t in ours.modules.items()}
     want = _peft_view(cfg)
     assert set(got) == set(want), cfg
@@ -99,7 +99,7 @@ def test_resolution_equals_peft(case: int) -> None:
 def test_catastrophic_pattern_resolves_in_bounded_time() -> None:
     # Python's re needs minutes on this (exponential backtracking); RE2 is linear.
     cfg = parse_adapter_config({"r": 4, "lora_alpha": 8, "target_modules": REDOS})
-    wide = TINY_LLAMA | {"num_hidden_layers": 2000}
+    wide = TINY | {"num_hidden_layers": 2000}
     began = time.monotonic()
     targets = resolve_targets(cfg, wide)
     assert time.monotonic() - began < 10

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lora_testutil import llama_specs, random_adapter, reference_delta
+from support.lora_reference import llama_specs, random_adapter, reference_delta
 
 from loraplex.adapters.device_pool import AdapterPoolFullError, DevicePool
 from loraplex.adapters.kernels.lora_torch import lora_delta_torch
@@ -34,13 +34,13 @@ def test_rank8_costs_eight_rows_not_a_max_rank_slot():
     assert pool.keys() == ["r64"] and pool.stats.evictions == 8
 
 
-def test_lru_skips_referenced_and_pinned():
+def test_lru_skips_referenced():
     pool = pool_of(48)
     for k in ("a", "b", "c"):
         pool.load(ad(k, 16))
-    pool.acquire("a")  # a running request uses a
-    pool.pin("b")
-    pool.load(ad("d", 16))  # must evict c, the only unused, unpinned one
+    pool.acquire("a")  # running requests use a and b
+    pool.acquire("b")
+    pool.load(ad("d", 16))  # must evict c, the only unused one
     assert set(pool.keys()) == {"a", "b", "d"}
     pool.acquire("d")
     with pytest.raises(AdapterPoolFullError):
@@ -53,7 +53,7 @@ def test_lru_skips_referenced_and_pinned():
     with pytest.raises(RuntimeError):
         pool.evict("a")
     with pytest.raises(RuntimeError):
-        pool.release("b")  # holds no reference
+        pool.release("e")  # holds no reference
 
 
 def test_lru_order_follows_use():

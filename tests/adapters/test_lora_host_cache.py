@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from lora_testutil import random_adapter
+from support.lora_reference import random_adapter
 
 from loraplex.adapters.host_cache import AdapterTooLargeError, HostCache
 

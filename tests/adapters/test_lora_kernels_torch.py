@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lora_testutil import llama_specs, random_adapter, reference_delta
+from support.lora_reference import llama_specs, random_adapter, reference_delta
 
 from loraplex.adapters.device_pool import DevicePool
 from loraplex.adapters.kernels.lora_torch import (

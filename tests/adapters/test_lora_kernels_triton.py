@@ -6,26 +6,14 @@ so the cases (lora_triton_cases.py) run in a fresh interpreter with the variable
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.triton_interpreter import run_cases_interpreted
 
 pytest.importorskip("triton")
 
 
 def test_triton_kernels_match_torch_under_interpreter():
-    cases = Path(__file__).with_name("lora_triton_cases.py")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(cases)],
-        env=env,
-        cwd=Path(__file__).parent,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    assert "4 passed" in out.stdout
+    out = run_cases_interpreted(Path(__file__).with_name("lora_triton_cases.py"))
+    assert "4 passed" in out

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 SCRIPT = r"""
 import sys, torch
 sys.path.insert(0, {testdir!r})
-from lora_testutil import llama_specs, random_adapter
+from support.lora_reference import llama_specs, random_adapter
 from loraplex.adapters.device_pool import DevicePool
 from loraplex.adapters.kernels.lora_torch import lora_delta_torch
 from loraplex.adapters.kernels.lora_triton import lora_delta_triton, triton_lora_available
@@ -45,7 +45,7 @@ print("OK")
 
 def test_native_triton_matches_torch_on_gpu():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = SCRIPT.format(testdir=str(Path(__file__).parent))
+    code = SCRIPT.format(testdir=str(Path(__file__).parents[1]))  # tests/, for `support`
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
     )

@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from lora_testutil import TINY_LLAMA, make_adapter, tiny_llama
+from support.peft_adapters import make_adapter
 
 from loraplex.adapters.peft_format import (
     LORA_MODULES,
@@ -16,6 +16,7 @@ from loraplex.adapters.peft_format import (
     parse_lora_tensor_name,
 )
 from loraplex.adapters.targets import ResolvedTargets, resolve_targets
+from loraplex.platform.testing.models import TINY, hf_config, random_model
 
 BASE = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
 
@@ -108,7 +109,7 @@ def test_bad_tensor_names(name):
 
 
 def test_module_dims_dense_and_moe():
-    cfg = dict(TINY_LLAMA)
+    cfg = dict(TINY)
     dims = module_dims(cfg)
     assert dims["q_proj"] == (64, 64) and dims["k_proj"] == (64, 32) and dims["v_proj"] == (64, 32)
     assert dims["o_proj"] == (64, 64)
@@ -121,7 +122,7 @@ def test_module_dims_dense_and_moe():
 
 
 def _resolved(cfg_dict: dict):
-    return resolve_targets(parse_adapter_config(cfg_dict), TINY_LLAMA)
+    return resolve_targets(parse_adapter_config(cfg_dict), TINY)
 
 
 def test_rslora_and_patterns():
@@ -175,14 +176,13 @@ def test_targets_rank_scale_agree_with_peft(tmp_path, case):
     """Our config resolution must give the same module set, ranks and scales as peft itself."""
     from peft import PeftModel
 
-    base = tiny_llama()
+    base = random_model(hf_config("llama"), init="hf")
     path = make_adapter(base, tmp_path / "ad", seed=case, **CASES[case])
-    targets = resolve_targets(
-        parse_adapter_config((path / "adapter_config.json").read_bytes()), TINY_LLAMA
-    )
-    peft_model = PeftModel.from_pretrained(tiny_llama(), path)
+    cfg = parse_adapter_config((path / "adapter_config.json").read_bytes())
+    targets = resolve_targets(cfg, TINY)
+    peft_model = PeftModel.from_pretrained(random_model(hf_config("llama"), init="hf"), path)
     inner = peft_model.base_model.model
-    for layer in range(TINY_LLAMA["num_hidden_layers"]):
+    for layer in range(TINY["num_hidden_layers"]):
         for m in LORA_MODULES:
             block = "self_attn" if m in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
             mp = f"model.layers.{layer}.{block}.{m}"

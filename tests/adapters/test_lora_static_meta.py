@@ -3,15 +3,9 @@ LoraBatchMeta in place (same addresses), pad rows past the live batch and clear 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from lora_testutil import llama_specs, random_adapter  # noqa: E402
+from support.lora_reference import llama_specs, random_adapter  # noqa: E402
 
 from loraplex.adapters.device_pool import DevicePool  # noqa: E402
 from loraplex.adapters.metadata import build_lora_meta  # noqa: E402

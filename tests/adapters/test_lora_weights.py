@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-from lora_testutil import TINY_LLAMA, make_adapter, tiny_llama
 from safetensors.torch import load_file, save_file
+from support.peft_adapters import make_adapter
 
 from loraplex.adapters.peft_format import AdapterFormatError
 from loraplex.adapters.weights import (
@@ -16,13 +16,14 @@ from loraplex.adapters.weights import (
     load_adapter_dir,
     read_adapter_dir,
 )
+from loraplex.platform.testing.models import TINY, hf_config, random_model
 
-HF = dict(TINY_LLAMA)
+HF = dict(TINY)
 
 
 @pytest.fixture(scope="module")
 def adapter_dir(tmp_path_factory):
-    base = tiny_llama()
+    base = random_model(hf_config("llama"), init="hf")
     return make_adapter(
         base,
         tmp_path_factory.mktemp("ad"),

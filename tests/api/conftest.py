@@ -5,26 +5,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from cp_support import adapter_r4, adapter_r16, control_plane, running_worker, tiny_llama
 from fastapi.testclient import TestClient
+from support.control_plane import running_worker
+from support.fixtures import adapter_r4, adapter_r16, base_model, cp_settings, tiny_llama
 
-__all__ = ["adapter_r4", "adapter_r16", "tiny_llama"]
+__all__ = ["adapter_r4", "adapter_r16", "base_model", "cp_settings", "tiny_llama"]
 
-BASE_MODEL = "tiny-llama"
 RANK_LIMIT = 8
-
-
-@pytest.fixture(scope="module")
-def cp_settings(
-    pg_url: str, settings: Any, s3_client: Any, request: pytest.FixtureRequest
-) -> Iterator[Any]:
-    """Settings over this module's own database, bucket and queue."""
-    with control_plane(pg_url, settings, s3_client, request.module.__name__) as s:
-        yield s
 
 
 @pytest.fixture(scope="module")
@@ -32,15 +22,6 @@ def worker(cp_settings: Any) -> Iterator[Any]:
     """A real Celery worker on this module's queue."""
     with running_worker(cp_settings) as w:
         yield w
-
-
-@pytest.fixture(scope="module")
-def base_model(cp_settings: Any, tiny_llama: Path) -> str:
-    """The tiny Llama registered as a base model (through the real register function)."""
-    from loraplex.platform.services.base_models import register_base_model
-
-    register_base_model(cp_settings, BASE_MODEL, tiny_llama)
-    return BASE_MODEL
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,10 @@ import uuid
 from pathlib import Path
 
 import httpx
-from cp_support import adapter_files, tenant_keys, upload, wait_for_version, wait_until
 from fastapi.testclient import TestClient
+from support.control_plane import tenant_keys
+from support.uploads import adapter_files, upload, wait_for_version
+from support.waiting import wait_until
 
 
 def test_upload_validates_to_ready_and_versions_increment(
@@ -65,7 +67,7 @@ def test_rslora_all_linear_adapter_is_accepted_under_the_limit(
     tiny_llama: Path,
     tmp_path: Path,
 ) -> None:
-    from cp_support import peft_adapter_dir
+    from support.peft_adapters import peft_adapter_dir
 
     _, headers = make_tenant()
     adir = peft_adapter_dir(

@@ -10,15 +10,10 @@ from typing import Any
 
 import pytest
 import torch
-from cp_support import (
-    adapter_files,
-    read_header,
-    safetensors_from_header,
-    tenant_keys,
-    upload,
-    wait_for_version,
-)
 from fastapi.testclient import TestClient
+from support.control_plane import tenant_keys
+from support.safetensors_bytes import read_header, safetensors_from_header
+from support.uploads import adapter_files, upload, wait_for_version
 
 SIZES = {"F32": 4, "F16": 2, "BF16": 2, "I64": 8}
 A_Q0 = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"

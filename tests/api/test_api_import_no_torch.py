@@ -18,9 +18,9 @@ def test_import_leaves_torch_out(module: str) -> None:
     assert out.stdout.strip() == "False", f"{module} imported torch"
 
 
-def test_torch_dtype_still_maps_lazily() -> None:
+def test_header_dtypes_map_to_torch_in_the_loader() -> None:
     import torch
 
-    from loraplex.loader.safetensors_header import torch_dtype
+    from loraplex.loader.stream_reader import torch_dtype
 
     assert torch_dtype("BF16") is torch.bfloat16

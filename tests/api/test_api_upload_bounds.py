@@ -10,9 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cp_support import adapter_files, upload, wait_for_version
 from fastapi.testclient import TestClient
 from sqlalchemy import select
+from support.uploads import adapter_files, upload, wait_for_version
 
 from loraplex.platform.db.models import Adapter, AdapterVersion
 from loraplex.platform.db.session import make_sessionmaker

@@ -8,7 +8,6 @@ Tests that need adapters uploaded, validated and served by a replica are marked
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 import uuid
@@ -18,21 +17,19 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from gateway_clients import (
-    MESSAGES,
-    aborted_count,
-    make_peft_adapter,
-    run_clients,
-    upload_adapter,
-    wait_idle,
-)
-from gateway_stack import Api, Replica, fresh_database, settings_env
+from support.control_plane import fresh_database
+from support.gateway_catalog import add_adapter_version
+from support.gateway_clients import MESSAGES, aborted_count, run_clients, wait_idle
+from support.gateway_stack import Api, Replica, settings_env
+from support.peft_adapters import make_peft_adapter
+from support.uploads import upload_adapter
 
 from loraplex.platform.db.session import make_sessionmaker, session_scope
 from loraplex.platform.demo_model import make_demo_model
 from loraplex.platform.engine.llm import LLM
 from loraplex.platform.engine.sampling_params import SamplingParams
 from loraplex.platform.gateway.assets import ModelAssets
+from loraplex.platform.local_processes import start_worker_process
 from loraplex.platform.services.api_keys import create_api_key, revoke_api_key
 from loraplex.platform.services.base_models import register_base_model
 from loraplex.platform.services.deployments import DeploymentSpec, create_deployment
@@ -91,7 +88,7 @@ def stack(pg_url: str, settings: Any, redis_url: str, tmp_path_factory: pytest.T
         _, key_b = create_api_key(session, tb.id, "b")
         ids = (ta.id, tb.id)
     # Replicas get the settings too: they fetch adapters from the same object store.
-    replica = Replica(model_dir, dep_name, redis_url, work, env=settings_env(s))
+    replica = Replica(model_dir, dep_name, redis_url, work, env=settings_env(s, "engine"))
     api = Api(settings_env(s), work)
     st = Stack(
         api=api,
@@ -288,10 +285,8 @@ def test_models_listing(stack: Stack) -> None:
 
 
 def test_cross_tenant_and_revoked_keys(stack: Stack) -> None:
-    from gateway_seed import add_ready_adapter
-
     with session_scope(stack.factory) as session:
-        add_ready_adapter(session, stack.tenant_a, stack.base, "private-a")
+        add_adapter_version(session, stack.tenant_a, stack.base, "private-a")
     a_models = {m.id: m for m in stack.client(stack.key_a).models.list().data}
     assert "private-a" in a_models and a_models["private-a"].model_extra["parent"] == stack.base
     b = stack.client(stack.key_b)
@@ -395,7 +390,7 @@ def test_killed_replica_does_not_hang_clients(stack: Stack) -> None:
         stack.deployment,
         stack.redis_url,
         stack.work,
-        env=settings_env(stack.settings),
+        env=settings_env(stack.settings, "engine"),
     )
     results: list[str] = []
 
@@ -446,13 +441,7 @@ def test_killed_replica_does_not_hang_clients(stack: Stack) -> None:
 
 @pytest.fixture(scope="module")
 def worker(stack: Stack) -> Any:
-    from gateway_stack import Proc
-
-    proc = Proc(
-        [sys.executable, "-m", "loraplex.platform.jobs.worker"],
-        settings_env(stack.settings),
-        stack.work / "worker.log",
-    )
+    proc = start_worker_process(settings_env(stack.settings, "worker"), stack.work / "worker.log")
     yield proc
     proc.stop()
 

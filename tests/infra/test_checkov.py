@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from infra_support import INFRA, REPO, rendered_texts
+from support.infra import INFRA, REPO, rendered_texts
 
 
 def _checkov() -> str | None:

@@ -8,16 +8,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 
 import pytest
-from infra_support import REPO, TERRAFORM, all_docs
+from support.infra import TERRAFORM, all_docs
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(REPO / "tests" / "platform" / "engine"))
 
-from engine_model_harness import save_tiny_model  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 DASHBOARDS = sorted((TERRAFORM / "modules" / "observability" / "dashboards").glob("*.json"))
 NAME = re.compile(r"\b(loraplex[:_][a-zA-Z0-9_:]+)")

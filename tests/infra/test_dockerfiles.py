@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra_support import INFRA, REPO
+from support.infra import INFRA, REPO
 
 DOCKER = INFRA / "docker"
 DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))

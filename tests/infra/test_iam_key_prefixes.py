@@ -9,7 +9,7 @@ import fnmatch
 import re
 import uuid
 
-from infra_support import TERRAFORM, blocks, fields, folder_text, parsed, unq
+from support.infra import TERRAFORM, blocks, fields, folder_text, parsed, unq
 
 from loraplex.platform import object_keys
 from loraplex.platform.object_keys import KEY_SPACES
@@ -76,7 +76,7 @@ def test_the_code_builds_keys_inside_its_key_spaces() -> None:
 
 def test_identity_service_accounts_are_the_manifests() -> None:
     """The IRSA trust names the service accounts the Kubernetes templates create."""
-    from infra_support import all_docs
+    from support.infra import all_docs
 
     accounts = {d["metadata"]["name"]: d for d in all_docs() if d["kind"] == "ServiceAccount"}
     roles = {unq(k) for k in fields(_locals()["access"])} | {"secrets"}

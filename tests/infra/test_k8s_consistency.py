@@ -4,7 +4,7 @@ variable the workloads set is a Settings field, and each workload sets what it n
 
 from __future__ import annotations
 
-from infra_support import (
+from support.infra import (
     ENVS,
     TERRAFORM,
     all_docs,

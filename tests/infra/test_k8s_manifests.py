@@ -11,8 +11,8 @@ from pathlib import Path
 import jsonschema
 import kubernetes_validate
 import pytest
-from crd_schemas import SCHEMAS
-from infra_support import (
+from support.crd_schemas import SCHEMAS
+from support.infra import (
     ENVS,
     INFRA,
     TERRAFORM,

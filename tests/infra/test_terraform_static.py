@@ -11,7 +11,7 @@ import shutil
 import subprocess
 
 import pytest
-from infra_support import (
+from support.infra import (
     ENVS,
     TERRAFORM,
     blocks,

@@ -15,12 +15,11 @@ from loraplex.loader.object_store import (
     ShortReadError,
     is_transient,
 )
-from loraplex.platform.settings import Settings
 
 
 @pytest.fixture
-def store(s3_endpoint: str, s3_bucket: str) -> ObjectStore:
-    return ObjectStore(Settings(s3_endpoint_url=s3_endpoint, s3_bucket=s3_bucket))
+def store(s3_storage) -> ObjectStore:
+    return ObjectStore(s3_storage)
 
 
 def test_head_range_and_prefix(store, s3_client, s3_bucket, s3_prefix) -> None:

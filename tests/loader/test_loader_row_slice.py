@@ -14,7 +14,6 @@ from loraplex.loader.range_plan import Piece, plan_pieces, row_slice
 from loraplex.loader.safetensors_header import TensorInfo
 from loraplex.loader.select import ExpertShare
 from loraplex.loader.stream_reader import StreamConfig, StreamLoader
-from loraplex.platform.settings import Settings
 
 
 def _info(shape: tuple[int, ...], begin: int = 100, itemsize: int = 4) -> TensorInfo:
@@ -76,8 +75,8 @@ def test_expert_share_names_and_rows() -> None:
 
 
 @pytest.fixture
-def loader(s3_endpoint: str, s3_bucket: str) -> StreamLoader:
-    store = ObjectStore(Settings(s3_endpoint_url=s3_endpoint, s3_bucket=s3_bucket))
+def loader(s3_storage) -> StreamLoader:
+    store = ObjectStore(s3_storage)
     return StreamLoader(store, StreamConfig(chunk_bytes=1000, concurrency=4))
 
 

@@ -14,8 +14,8 @@ from loraplex.loader.safetensors_header import (
     parse_file_prefix,
     parse_header,
     read_header_length,
-    torch_dtype,
 )
+from loraplex.loader.stream_reader import torch_dtype
 
 
 def _file(header: dict, data: bytes, pad: int = 0) -> bytes:

@@ -7,6 +7,7 @@ import hashlib
 import json
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,13 +24,13 @@ from loraplex.loader.object_store import (
 from loraplex.loader.quantize import Quantizer
 from loraplex.loader.safetensors_header import SafetensorsError
 from loraplex.loader.select import contiguous_experts, expert_index, expert_selector
+from loraplex.loader.storage import StorageConfig
 from loraplex.loader.stream_reader import (
     ChecksumMismatchError,
     StreamConfig,
     StreamLoader,
     open_loader,
 )
-from loraplex.platform.settings import Settings
 
 SMALL = StreamConfig(chunk_bytes=4096, concurrency=4, header_probe_bytes=256)
 
@@ -81,15 +82,9 @@ def _assert_same(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> 
         assert torch.equal(have.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8))
 
 
-@pytest.fixture(scope="module")
-def s3_settings(s3_endpoint: str, s3_bucket: str) -> Settings:
-    """Settings that reach only the real S3 server (no database or broker needed here)."""
-    return Settings(s3_endpoint_url=s3_endpoint, s3_bucket=s3_bucket)
-
-
 @pytest.fixture
-def store(s3_settings: Settings) -> ObjectStore:
-    return ObjectStore(s3_settings, max_pool_connections=16)
+def store(s3_storage: StorageConfig) -> ObjectStore:
+    return ObjectStore(s3_storage, max_pool_connections=16)
 
 
 def _put_file(s3_client, bucket: str, key: str, path: Path, **extra) -> None:
@@ -167,7 +162,12 @@ def test_missing_checkpoint_is_not_found(store: ObjectStore, s3_prefix: str) -> 
 
 
 def test_name_filter_fetches_only_selected_tensors(
-    fault_proxy, s3_settings: Settings, s3_client, s3_bucket: str, s3_prefix: str, tmp_path: Path
+    fault_proxy,
+    s3_storage: StorageConfig,
+    s3_client,
+    s3_bucket: str,
+    s3_prefix: str,
+    tmp_path: Path,
 ) -> None:
     path = tmp_path / "model.safetensors"
     ref = _checkpoint()
@@ -175,8 +175,8 @@ def test_name_filter_fetches_only_selected_tensors(
     ref["experts.1.w"] = torch.randn(20_000)
     save_file(ref, path)
     _put_file(s3_client, s3_bucket, s3_prefix + "model.safetensors", path)
-    with fault_proxy(s3_settings.s3_endpoint_url) as proxy:
-        store = ObjectStore(s3_settings.model_copy(update={"s3_endpoint_url": proxy.url}))
+    with fault_proxy(s3_storage.endpoint_url) as proxy:
+        store = ObjectStore(replace(s3_storage, endpoint_url=proxy.url))
         loader = StreamLoader(store, SMALL)
         got = loader.load(s3_prefix, select=lambda n: n.startswith("experts.1"))
     assert list(got) == ["experts.1.w"]
@@ -190,7 +190,7 @@ def test_name_filter_fetches_only_selected_tensors(
 
 
 def test_tensors_are_yielded_while_later_ranges_are_in_flight(
-    fault_proxy, s3_settings: Settings, s3_client, s3_bucket: str, s3_prefix: str
+    fault_proxy, s3_storage: StorageConfig, s3_client, s3_bucket: str, s3_prefix: str
 ) -> None:
     tensors = {f"t{i:02d}": torch.randn(8192) for i in range(40)}  # 32 KiB each
     blob = save(tensors)
@@ -198,8 +198,8 @@ def test_tensors_are_yielded_while_later_ranges_are_in_flight(
     cfg = StreamConfig(
         chunk_bytes=32 * 1024, concurrency=2, window_bytes=64 * 1024, header_probe_bytes=4096
     )
-    with fault_proxy(s3_settings.s3_endpoint_url) as proxy:
-        store = ObjectStore(s3_settings.model_copy(update={"s3_endpoint_url": proxy.url}))
+    with fault_proxy(s3_storage.endpoint_url) as proxy:
+        store = ObjectStore(replace(s3_storage, endpoint_url=proxy.url))
         stream = StreamLoader(store, cfg).iter_tensors(s3_prefix)
         name, first = next(stream)
         seen_at_first = proxy.body_bytes
@@ -244,7 +244,13 @@ def test_sha256_recorded_in_metadata_is_verified(
     ],
 )
 def test_malformed_object_rejected_before_any_data_read(
-    fault_proxy, s3_settings: Settings, s3_client, s3_bucket: str, s3_prefix: str, mutate, rule: str
+    fault_proxy,
+    s3_storage: StorageConfig,
+    s3_client,
+    s3_bucket: str,
+    s3_prefix: str,
+    mutate,
+    rule: str,
 ) -> None:
     header = {
         "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
@@ -254,8 +260,8 @@ def test_malformed_object_rejected_before_any_data_read(
     raw = json.dumps(header).encode()
     blob = len(raw).to_bytes(8, "little") + raw + bytes(32 + 4096)
     s3_client.put_object(Bucket=s3_bucket, Key=s3_prefix + "model.safetensors", Body=blob)
-    with fault_proxy(s3_settings.s3_endpoint_url) as proxy:
-        store = ObjectStore(s3_settings.model_copy(update={"s3_endpoint_url": proxy.url}))
+    with fault_proxy(s3_storage.endpoint_url) as proxy:
+        store = ObjectStore(replace(s3_storage, endpoint_url=proxy.url))
         with pytest.raises(SafetensorsError, match=rule):
             StreamLoader(store, SMALL).load(s3_prefix + "model.safetensors")
     assert proxy.gets == 1  # the header probe only: no weight range was ever requested
@@ -285,16 +291,19 @@ def test_quantizer_applied_on_the_way_in(
 
 
 def test_faulty_server_is_survived_by_retries(
-    fault_proxy, s3_settings: Settings, s3_client, s3_bucket: str, s3_prefix: str, tmp_path: Path
+    fault_proxy,
+    s3_storage: StorageConfig,
+    s3_client,
+    s3_bucket: str,
+    s3_prefix: str,
+    tmp_path: Path,
 ) -> None:
     path = tmp_path / "model.safetensors"
     save_file(_checkpoint(), path)
     _put_file(s3_client, s3_bucket, s3_prefix + "model.safetensors", path)
-    with fault_proxy(s3_settings.s3_endpoint_url, fail_every=3) as proxy:
-        store = ObjectStore(
-            s3_settings.model_copy(update={"s3_endpoint_url": proxy.url}),
-            retry=RetryPolicy(max_attempts=8, base_delay_s=0.001, max_delay_s=0.01),
-        )
+    with fault_proxy(s3_storage.endpoint_url, fail_every=3) as proxy:
+        retry = RetryPolicy(max_attempts=8, base_delay_s=0.001, max_delay_s=0.01)
+        store = ObjectStore(replace(s3_storage, endpoint_url=proxy.url, retry=retry))
         got = StreamLoader(store, SMALL).load(s3_prefix)
     _assert_same(got, load_file(path))
     assert set(proxy.faults) == {"503", "drop-before", "drop-mid-body"}
@@ -302,16 +311,14 @@ def test_faulty_server_is_survived_by_retries(
 
 
 def test_retries_give_up_with_a_clear_error(
-    fault_proxy, s3_settings: Settings, s3_client, s3_bucket: str, s3_prefix: str
+    fault_proxy, s3_storage: StorageConfig, s3_client, s3_bucket: str, s3_prefix: str
 ) -> None:
     s3_client.put_object(
         Bucket=s3_bucket, Key=s3_prefix + "m.safetensors", Body=save(_checkpoint())
     )
-    with fault_proxy(s3_settings.s3_endpoint_url, fail_every=1) as proxy:
-        store = ObjectStore(
-            s3_settings.model_copy(update={"s3_endpoint_url": proxy.url}),
-            retry=RetryPolicy(max_attempts=3, base_delay_s=0.001, max_delay_s=0.01),
-        )
+    with fault_proxy(s3_storage.endpoint_url, fail_every=1) as proxy:
+        retry = RetryPolicy(max_attempts=3, base_delay_s=0.001, max_delay_s=0.01)
+        store = ObjectStore(replace(s3_storage, endpoint_url=proxy.url, retry=retry))
         with pytest.raises(ObjectStoreError, match="after 3 attempts"):
             StreamLoader(store, SMALL).load(s3_prefix + "m.safetensors")
 
@@ -343,7 +350,7 @@ def test_cuda_target(store: ObjectStore, s3_client, s3_bucket: str, s3_prefix: s
 
 
 def test_expert_parallel_rank_fetches_only_its_experts(
-    s3_settings: Settings, s3_client, s3_bucket: str, s3_prefix: str
+    s3_storage: StorageConfig, s3_client, s3_bucket: str, s3_prefix: str
 ) -> None:
     gen = torch.Generator().manual_seed(3)
     ref = {"model.embed_tokens.weight": torch.randn(32, 8, generator=gen)}
@@ -352,7 +359,7 @@ def test_expert_parallel_rank_fetches_only_its_experts(
             name = f"model.layers.0.block_sparse_moe.experts.{e}.{w}.weight"
             ref[name] = torch.randn(16, 8, generator=gen)
     s3_client.put_object(Bucket=s3_bucket, Key=s3_prefix + "model.safetensors", Body=save(ref))
-    loader = open_loader(s3_settings)
+    loader = open_loader(s3_storage)
     owned = contiguous_experts(rank=1, world_size=2, num_experts=4)
     got = loader.load(s3_prefix, select=expert_selector(owned))
     want = {k: v for k, v in ref.items() if expert_index(k) in (None, 2, 3)}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,9 +26,7 @@ from loraplex.platform.engine.request import Request
 
 
 class AdapterTiers(Protocol):
-    """What the policy asks of the runtime about an adapter's weights."""
-
-    step: int
+    """What the policy asks of the runtime about an adapter's weights (`tiers.LoraTiers`)."""
 
     def ready_rows(self, key: str) -> int | None:
         """Rank rows the adapter needs on the device when its weights are on the host or device;
@@ -71,21 +69,19 @@ def tenant_of(request: Request) -> str:
 
 
 class LoraAdmissionPolicy:
-    """The scheduler's admission policy for multi-LoRA batches (see the module docstring)."""
+    """The scheduler's admission policy for multi-LoRA batches (see the module docstring).
 
-    def __init__(
-        self,
-        tiers: AdapterTiers,
-        max_loras: int,
-        max_wait_steps: int = 32,
-        waiting_requests: Callable[[], Iterable[Request]] | None = None,
-    ) -> None:
+    Steps are the scheduler's: `begin_step` hands over its step number and its waiting queue
+    (read, never changed), which lets fairness see every tenant that wants a slot, not only
+    those asked about so far this step.
+    """
+
+    def __init__(self, tiers: AdapterTiers, max_loras: int, max_wait_steps: int = 32) -> None:
         self.tiers = tiers
         self.max_loras = max_loras
         self.max_wait_steps = max_wait_steps
-        # The scheduler's waiting queue, when the engine shares it: lets fairness see every
-        # tenant that wants a slot, not only those asked about so far this step.
-        self.waiting_requests = waiting_requests
+        self.step = 0
+        self._queue: Iterable[Request] | None = None
         self._refreshed_at: int | None = None
         self.running: Counter[str] = Counter()  # adapter key -> running requests
         self.active_tenant: dict[str, str] = {}
@@ -94,13 +90,13 @@ class LoraAdmissionPolicy:
     # -- views -------------------------------------------------------------------------
 
     def _refresh(self) -> None:
-        step = self.tiers.step
-        if self.waiting_requests is None or self._refreshed_at == step:
+        step = self.step
+        if self._queue is None or self._refreshed_at == step:
             self._expire()
             return
         self._refreshed_at = step
         now: dict[str, str] = {}
-        for r in self.waiting_requests():
+        for r in self._queue:
             if r.adapter_key is not None and r.adapter_key not in self.running:
                 now.setdefault(r.adapter_key, tenant_of(r))
         for key in [k for k in self.waiting if k not in now]:
@@ -113,13 +109,13 @@ class LoraAdmissionPolicy:
             w.ready = self.tiers.is_ready(key)
 
     def _expire(self) -> None:
-        step = self.tiers.step
+        step = self.step
         stale = [k for k, w in self.waiting.items() if w.seen < step - self.max_wait_steps]
         for key in stale:
             del self.waiting[key]  # not asked about for a while: its requests went away
 
     def _starving(self) -> list[str]:
-        step = self.tiers.step
+        step = self.step
         return [
             k for k, w in self.waiting.items() if w.ready and step - w.since >= self.max_wait_steps
         ]
@@ -130,13 +126,18 @@ class LoraAdmissionPolicy:
 
     # -- AdmissionPolicy ----------------------------------------------------------------
 
+    def begin_step(self, step: int, waiting: Iterable[Request]) -> None:
+        """The scheduler starts admitting for its step `step`; `waiting` is its live queue."""
+        self.step = step
+        self._queue = waiting
+
     def can_admit(self, request: Request) -> bool:
         """May this waiting request join the batch now?"""
         key = request.adapter_key
         if key is None:
             return True
         self._refresh()
-        step = self.tiers.step
+        step = self.step
         starving = [k for k in self._starving() if k != key]
         if key in self.running:
             # Round-robin between adapters: while another adapter has waited too long, active
@@ -185,8 +186,3 @@ class LoraAdmissionPolicy:
             del self.running[key]
             self.active_tenant.pop(key, None)
             self.tiers.deactivate(key)
-
-    @property
-    def active_adapters(self) -> list[str]:
-        """Adapters with running requests."""
-        return list(self.running)

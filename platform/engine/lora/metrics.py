@@ -4,10 +4,13 @@ load time, plus vLLM's `lora_requests_info`, on the engine's own registry (`/met
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from loraplex.platform.engine.lora.runtime import LoraRuntime
 
 P = "loraplex:"
 
@@ -15,7 +18,7 @@ P = "loraplex:"
 class LoraCollector(Collector):
     """Reads `LoraRuntime.metrics()` at scrape time (no per-step bookkeeping)."""
 
-    def __init__(self, runtime: Any, model_name: str = "") -> None:
+    def __init__(self, runtime: LoraRuntime, model_name: str = "") -> None:
         self.runtime = runtime
         self.model_name = model_name
 

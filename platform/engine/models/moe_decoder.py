@@ -15,7 +15,6 @@ from torch import nn
 
 from loraplex.moe.expert_parallel import ExpertParallelGroup, process_ep_group
 from loraplex.moe.layer import MoEBlock
-from loraplex.moe.placement import ExpertPlacement
 from loraplex.moe.spec import MoESpec, moe_spec_from_config
 from loraplex.moe.stats import ExpertLoadRecorder
 from loraplex.platform.engine.models.decoder import DecoderConfig, DenseMLP
@@ -54,9 +53,3 @@ class MoEDecoderMixin:
         """Count routed pairs per (layer, expert) into `recorder` from now on (None stops)."""
         for block in self.moe_blocks():
             block.load_recorder = recorder
-
-    def apply_placements(self, placements: dict[int, ExpertPlacement]) -> None:
-        """Move to new per-layer expert placements (collective over the EP group)."""
-        for block in self.moe_blocks():
-            if block.layer_idx in placements:
-                block.apply_placement(placements[block.layer_idx])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from cp_support import create_database, drop_database
+from support.control_plane import create_database, drop_database
 
 
 @pytest.fixture

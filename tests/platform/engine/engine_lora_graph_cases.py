@@ -9,8 +9,6 @@ shrink/expand in the interpreter, and compared with the normal eager LoRA decode
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     raise SystemExit("run with TRITON_INTERPRET=1 (see test_engine_lora_decode_graphs.py)")
@@ -20,10 +18,8 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 pytest.importorskip("peft")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "adapters"))
 
-from engine_model_harness import save_tiny_model  # noqa: E402
-from lora_testutil import make_adapter  # noqa: E402
+from support.peft_adapters import make_adapter  # noqa: E402
 
 from loraplex.loader.cuda_graphs import CudaGraphRunner  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
@@ -34,6 +30,7 @@ from loraplex.platform.engine.decode_graphs import (  # noqa: E402
     make_decode_step,
     static_lora_meta,
 )
+from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
 ADAPTERS = {

@@ -62,9 +62,10 @@ def store_case() -> float:
 
 def model_case() -> float:
     """A whole Llama decode through the Attention module's Triton branch vs transformers."""
-    from engine_model_harness import PagedHarness, hf_logits, save_tiny_model
+    from support.paged_harness import PagedHarness, hf_logits
 
     from loraplex.platform.engine.model_loading import load_model
+    from loraplex.platform.testing.models import save_tiny_model
 
     attention_mod.triton_available_for = lambda t: True  # run the GPU branch in the interpreter
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_model_harness import PagedHarness, save_tiny_model
+from support.paged_harness import PagedHarness
 
 from loraplex.platform.engine.forward_context import ForwardContext, forward_context
 from loraplex.platform.engine.model_loading import load_model
+from loraplex.platform.testing.models import save_tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

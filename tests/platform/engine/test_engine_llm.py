@@ -10,9 +10,9 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_model_harness import save_tiny_model  # noqa: E402
-
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
+from loraplex.platform.engine.scheduler import AdmitAll  # noqa: E402
+from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 PROMPTS = [[5, 6, 7], list(range(3, 40)), [9] * 11, [10, 20, 30, 40, 50, 60, 70], [4]]
@@ -143,15 +143,23 @@ def test_prefix_cache_hits_give_identical_outputs_and_count(models: dict) -> Non
 
 
 class BaseOnlyRuntime:
-    """A LoRA-runtime stand-in with no weights: resolves a reference to its key, adds no delta."""
+    """A LoRA-runtime stand-in with no weights (`ports.LoraRuntimeProtocol`): resolves a
+    reference to its key, admits everything, adds no delta."""
 
-    admission_policy = None
+    admission_policy = AdmitAll()
+    resident_adapters: list[str] = []
 
     def resolve_adapter(self, ref: str) -> tuple[str, object]:
         return ref.ljust(64, "0"), None
 
     def prepare_step(self, requests: list, num_tokens: list[int]) -> None:
         return None
+
+    def take_failed_request_ids(self) -> list[str]:
+        return []
+
+    def static_lora_meta(self, max_batch: int) -> None:
+        raise AssertionError("no decode graphs on CPU")
 
 
 def test_salt_and_adapter_key_never_share_blocks(models: dict) -> None:
@@ -212,7 +220,9 @@ def test_bad_requests_raise_clear_errors(models: dict, tmp_path) -> None:
         llm.generate([list(range(3, 70))])
     with pytest.raises(ValueError, match="empty"):
         llm.generate([[]])
-    with pytest.raises(ValueError, match="s3://bucket/model needs the object store's Settings"):
+    with pytest.raises(
+        ValueError, match="s3://bucket/model needs the object store's StorageConfig"
+    ):
         LLM("s3://bucket/model")  # no settings given: refused before any network call
     with pytest.raises(ValueError, match="not a local directory"):
         LLM(str(tmp_path / "missing"))

@@ -12,14 +12,15 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_model_harness import PagedHarness, save_tiny_model  # noqa: E402
+from support.paged_harness import PagedHarness  # noqa: E402
 
-from loraplex.platform.engine.config import EngineConfig  # noqa: E402
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
 from loraplex.platform.engine.weight_quantization import (  # noqa: E402
     linear_consumes_weight_scale,
     resolve_weight_quantization,
 )
+from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
+from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 ENGINE = dict(block_size=8, max_num_seqs=4, max_num_batched_tokens=64)
 
@@ -68,19 +69,19 @@ def test_fp32_choice_is_a_plain_load(tiny: Path) -> None:
 def test_int8_is_refused_while_linear_cannot_consume_weight_scale(tiny: Path) -> None:
     assert not linear_consumes_weight_scale()
     with pytest.raises(NotImplementedError, match="weight_scale"):
-        EngineConfig(str(tiny), quantization="int8")
+        EngineCore(EngineConfig(str(tiny), quantization="int8"))
 
 
 @pytest.mark.parametrize("choice", ["fp8", "int4", "awq"])
 def test_unbuilt_choices_are_not_implemented(tiny: Path, choice: str) -> None:
     with pytest.raises(NotImplementedError, match="not implemented"):
-        EngineConfig(str(tiny), quantization=choice)
+        EngineCore(EngineConfig(str(tiny), quantization=choice))
 
 
 @pytest.mark.parametrize("choice", ["int3", "bf17", "fast"])
 def test_unknown_choices_are_rejected(tiny: Path, choice: str) -> None:
     with pytest.raises(ValueError, match="unknown weight quantization"):
-        EngineConfig(str(tiny), quantization=choice)
+        EngineCore(EngineConfig(str(tiny), quantization=choice))
 
 
 def test_no_choice_means_no_quantizer() -> None:

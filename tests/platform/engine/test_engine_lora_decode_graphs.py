@@ -9,20 +9,18 @@ replays them with the same tokens and logits as an eager engine.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "adapters"))
 
-from engine_model_harness import save_tiny_model  # noqa: E402
-from lora_testutil import make_adapter  # noqa: E402
+from support.peft_adapters import make_adapter  # noqa: E402
+from support.triton_interpreter import run_cases_interpreted  # noqa: E402
 
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
+from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -30,18 +28,8 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def test_graph_static_lora_step_matches_eager_under_interpreter() -> None:
     pytest.importorskip("triton")
     pytest.importorskip("peft")
-    cases = Path(__file__).with_name("engine_lora_graph_cases.py")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(cases)],
-        env=env,
-        cwd=Path(__file__).parent,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    assert "4 passed" in out.stdout
+    out = run_cases_interpreted(Path(__file__).with_name("engine_lora_graph_cases.py"))
+    assert "4 passed" in out
 
 
 def test_adapter_steps_pad_only_to_graphs_captured_with_lora(tmp_path: Path) -> None:

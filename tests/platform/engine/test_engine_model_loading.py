@@ -7,8 +7,8 @@ import json
 
 import pytest
 import torch
-from engine_model_harness import PagedHarness, save_tiny_model
 from safetensors.torch import load_file, save_file
+from support.paged_harness import PagedHarness
 
 from loraplex.platform.engine.hf_folder import ModelFolderError, iter_weights, read_config
 from loraplex.platform.engine.hf_tokenizer import load_tokenizer
@@ -26,6 +26,7 @@ from loraplex.platform.engine.models import (
     supported_architectures,
 )
 from loraplex.platform.engine.models.weight_loading import WeightLoadingError
+from loraplex.platform.testing.models import save_tiny_model
 
 
 @pytest.fixture()

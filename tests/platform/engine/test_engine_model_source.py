@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import os
 import struct
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,21 +15,17 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_model_harness import save_tiny_model  # noqa: E402
-
 from loraplex.loader.safetensors_header import SafetensorsError  # noqa: E402
 from loraplex.loader.stream_reader import ChecksumMismatchError  # noqa: E402
-from loraplex.platform.embedded.process import listen_socket  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
-from loraplex.platform.engine.config import EngineConfig  # noqa: E402
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
 from loraplex.platform.engine.model_source import ModelSourceError, parse_s3_url  # noqa: E402
 from loraplex.platform.engine.models.llama import LlamaForCausalLM  # noqa: E402
-from loraplex.platform.engine.server import (  # noqa: E402
-    build_parser,
-    config_from_args,
-)
+from loraplex.platform.engine_spec.cli import parse_engine_args  # noqa: E402
+from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
+from loraplex.platform.local_processes import start_engine_process  # noqa: E402
 from loraplex.platform.settings import Settings  # noqa: E402
+from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 PROMPTS: list = ["hello there", [5, 6, 7, 8], "the quick brown fox"]
@@ -77,7 +70,7 @@ def test_s3_model_matches_local_load(
 ) -> None:
     url = upload(s3_client, s3_bucket, s3_prefix, tiny)
     local = LLM(str(tiny), **ENGINE)
-    remote = LLM(url, settings=s3_settings, **ENGINE)
+    remote = LLM(url, storage=s3_settings.storage(), **ENGINE)
     local_sd, remote_sd = local.core.model.state_dict(), remote.core.model.state_dict()
     assert local_sd.keys() == remote_sd.keys()
     assert all(torch.equal(local_sd[k], remote_sd[k]) for k in local_sd)
@@ -96,7 +89,7 @@ def test_sharded_checkpoint_from_s3(
     shards = sorted(p.name for p in tmp_path.glob("*.safetensors"))
     assert len(shards) >= 3 and (tmp_path / "model.safetensors.index.json").is_file()
     url = upload(s3_client, s3_bucket, s3_prefix, tmp_path)
-    remote = LLM(url, settings=s3_settings, **ENGINE)
+    remote = LLM(url, storage=s3_settings.storage(), **ENGINE)
     assert outputs(remote) == outputs(LLM(str(tmp_path), **ENGINE))
 
 
@@ -104,7 +97,7 @@ def test_bf16_quantization_streams_like_local(
     tiny: Path, s3_client, s3_bucket: str, s3_prefix: str, s3_settings: Settings
 ) -> None:
     url = upload(s3_client, s3_bucket, s3_prefix, tiny)
-    remote = LLM(url, settings=s3_settings, quantization="bf16", **ENGINE)
+    remote = LLM(url, storage=s3_settings.storage(), quantization="bf16", **ENGINE)
     local = LLM(str(tiny), quantization="bf16", **ENGINE)
     remote_sd, local_sd = remote.core.model.state_dict(), local.core.model.state_dict()
     assert {t.dtype for t in remote_sd.values()} == {torch.bfloat16}
@@ -136,7 +129,7 @@ def test_corrupt_weights_fail_before_any_weight_is_allocated(
 
     monkeypatch.setattr(LlamaForCausalLM, "__init__", no_allocation)
     with pytest.raises(SafetensorsError, match="model.safetensors"):
-        EngineCore(EngineConfig(url, settings=s3_settings, **ENGINE))
+        EngineCore(EngineConfig(url, storage=s3_settings.storage(), **ENGINE))
 
 
 def test_checksum_mismatch_is_a_clear_error(
@@ -145,7 +138,7 @@ def test_checksum_mismatch_is_a_clear_error(
     save_tiny_model(tmp_path, "llama", with_tokenizer=False)
     url = upload(s3_client, s3_bucket, s3_prefix, tmp_path, Metadata={"sha256": "0" * 64})
     with pytest.raises(ChecksumMismatchError, match="sha256"):
-        EngineCore(EngineConfig(url, settings=s3_settings, **ENGINE))
+        EngineCore(EngineConfig(url, storage=s3_settings.storage(), **ENGINE))
 
 
 def test_missing_files_and_settings_are_clear_errors(
@@ -153,21 +146,22 @@ def test_missing_files_and_settings_are_clear_errors(
 ) -> None:
     url = f"s3://{s3_bucket}/{s3_prefix}"
     with pytest.raises(ModelSourceError, match="no config.json"):
-        EngineCore(EngineConfig(url, settings=s3_settings, **ENGINE))
+        EngineCore(EngineConfig(url, storage=s3_settings.storage(), **ENGINE))
     s3_client.put_object(
         Bucket=s3_bucket, Key=s3_prefix + "config.json", Body=(tiny / "config.json").read_bytes()
     )
     with pytest.raises(Exception, match="model.safetensors"):
-        EngineCore(EngineConfig(url, settings=s3_settings, **ENGINE))
-    with pytest.raises(ModelSourceError, match="Settings"):
+        EngineCore(EngineConfig(url, storage=s3_settings.storage(), **ENGINE))
+    with pytest.raises(ModelSourceError, match="StorageConfig"):
         EngineCore(EngineConfig(url, **ENGINE))
 
 
 def test_cli_options_reach_the_config(s3_settings: Settings) -> None:
     argv = ["--model", "s3://b/m", "--quantization", "bf16", "--enforce-eager",
             "--cuda-graph-sizes", "1,2,8"]  # fmt: skip
-    config = config_from_args(build_parser().parse_args(argv), s3_settings)
-    assert config.settings is s3_settings and config.quantization == "bf16"
+    storage = s3_settings.storage()
+    config, _ = parse_engine_args(argv, storage=storage)
+    assert config.storage is storage and config.quantization == "bf16"
     assert config.enforce_eager and config.cuda_graph_sizes == [1, 2, 8]
 
 
@@ -177,33 +171,14 @@ def s3_server(
 ) -> Iterator[tuple[str, Path]]:
     """`loraplex engine --model s3://...` as a real process; the object store comes from env."""
     url = upload(s3_client, s3_bucket, s3_prefix, tiny)
-    sock = listen_socket()  # the engine serves on it (--fd): no port race
-    port = sock.getsockname()[1]
     env = {**os.environ, "LORAPLEX_S3_ENDPOINT_URL": s3_endpoint, "LORAPLEX_S3_BUCKET": "other"}
-    argv = [sys.executable, "-m", "loraplex.platform.cli", "engine", "--model", url,
-            "--fd", str(sock.fileno()), "--block-size", "8", "--max-loras", "0"]  # fmt: skip
     log = tmp_path / "engine.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            argv, env=env, stdout=out, stderr=subprocess.STDOUT, pass_fds=(sock.fileno(),)
-        )
-    sock.close()  # the child holds its own copy
-    base = f"http://127.0.0.1:{port}"
+    config = EngineConfig(url, block_size=8, max_loras=0)
+    base, proc = start_engine_process(config, log, env, timeout=90)
     try:
-        deadline = time.time() + 90
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(base + "/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.time() < deadline, log.read_text()
-            time.sleep(0.1)
         yield base, log
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        proc.stop(timeout=30)
 
 
 def test_server_on_s3_model_serves_and_exports_cold_start(

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_model_harness import (
-    PagedHarness,
-    check_against_hf,
-    run_mixed_scenario,
-    save_tiny_model,
-)
+from support.paged_harness import PagedHarness, check_against_hf, run_mixed_scenario
 
 from loraplex.platform.engine.layers.rotary import compute_inv_freq
 from loraplex.platform.engine.model_loading import load_model
+from loraplex.platform.testing.models import save_tiny_model
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",

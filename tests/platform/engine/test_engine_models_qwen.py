@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from engine_model_harness import run_mixed_scenario, save_tiny_model
+from support.paged_harness import run_mixed_scenario
 
 from loraplex.platform.engine.model_loading import load_model
+from loraplex.platform.testing.models import save_tiny_model
 
 
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])

@@ -30,7 +30,8 @@ TOLERANCES = {
 @pytest.fixture(scope="module")
 def results() -> dict[str, float]:
     env = {**os.environ, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
+    tests_dir = str(HERE.parents[1])  # for `support`
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, env.get("PYTHONPATH")]))
     proc = subprocess.run(
         [sys.executable, str(HERE / "engine_triton_checks.py")],
         env=env,

@@ -211,6 +211,10 @@ class OneAdapterAtATime:
         self.active: dict[str | None, int] = {}
         self.admitted = 0
         self.released = 0
+        self.steps: list[int] = []
+
+    def begin_step(self, step: int, waiting) -> None:
+        self.steps.append(step)
 
     def can_admit(self, request: Request) -> bool:
         return request.adapter_key is None or not self.active.get(request.adapter_key)
@@ -244,3 +248,6 @@ def test_admission_policy_gates_and_hooks_balance() -> None:
         assert all(v <= 1 for k, v in policy.active.items() if k is not None)
     assert policy.admitted == policy.released
     assert all(v == 0 for v in policy.active.values())
+    # The scheduler's own step clock: counts the steps that ran a batch, told to the policy.
+    assert policy.steps == sorted(policy.steps) and sched.num_steps > 1
+    assert set(range(sched.num_steps)) <= set(policy.steps) <= set(range(sched.num_steps + 1))

@@ -13,11 +13,11 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from engine_model_harness import save_tiny_model  # noqa: E402
-
-from loraplex.platform.engine.config import EngineConfig  # noqa: E402
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
-from loraplex.platform.engine.server import build_parser, config_from_args, create_app  # noqa: E402
+from loraplex.platform.engine.server import create_app  # noqa: E402
+from loraplex.platform.engine_spec.cli import parse_engine_args  # noqa: E402
+from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
+from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -168,15 +168,16 @@ def test_health_state_and_metrics_names(server: tuple[str, EngineCore]) -> None:
 
 
 def test_cli_arguments_build_config(tmp_path) -> None:
-    args = build_parser().parse_args(
-        ["--model", str(tmp_path), "--port", "9", "--no-chunked-prefill", "--max-num-seqs", "4"]
-    )
-    cfg = config_from_args(args)
+    cfg, server = parse_engine_args(
+        ["--model", str(tmp_path), "--port", "9", "--no-enable-chunked-prefill",
+         "--max-num-seqs", "4"]
+    )  # fmt: skip
     assert (cfg.enable_chunked_prefill, cfg.max_num_seqs, cfg.enable_prefix_caching) == (
         False,
         4,
         True,
     )
+    assert server.port == 9
 
 
 def test_concurrent_streams_each_get_their_own_tokens(server: tuple[str, EngineCore]) -> None:

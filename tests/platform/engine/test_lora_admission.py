@@ -4,20 +4,17 @@ starvation (drain-and-rotate), and requests of a failed adapter are finished, no
 from __future__ import annotations
 
 import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "adapters"))
 
-from engine_model_harness import save_tiny_model  # noqa: E402
-from lora_testutil import make_adapter  # noqa: E402
+from support.peft_adapters import make_adapter  # noqa: E402
 
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.lora.sources import LocalAdapterRef  # noqa: E402
+from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 

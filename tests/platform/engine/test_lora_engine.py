@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
-import sys
 import threading
 from pathlib import Path
 
@@ -15,13 +14,12 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "adapters"))
 
-from engine_model_harness import save_tiny_model  # noqa: E402
-from lora_testutil import make_adapter  # noqa: E402
+from support.peft_adapters import make_adapter  # noqa: E402
 
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.lora import AdapterRef, LoraRuntime  # noqa: E402
+from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ADAPTERS = {
@@ -208,7 +206,7 @@ def test_reuploaded_version_changes_output_and_never_reuses_old_kv(world, tmp_pa
     check_against_peft(hf, [prompt], [path], [v2], rows)
     v2_first = next(iter(rows.values()))[0]
     assert (v2_first - v1_first).abs().max() > 1e-2  # the new version changes the output
-    assert len(llm.core.lora_runtime.sources) == 2  # two versions, two keys
+    assert len(llm.core.lora_runtime.fetcher.sources) == 2  # two versions, two keys
 
 
 class GatedStore:
@@ -239,10 +237,12 @@ def test_cold_adapter_fetched_from_s3_while_others_decode(
     weights = (src / "adapter_model.safetensors").read_bytes()
     for name in ("adapter_config.json", "adapter_model.safetensors"):
         s3_client.put_object(Bucket=s3_bucket, Key=s3_prefix + name, Body=(src / name).read_bytes())
-    store = GatedStore(ObjectStore(Settings(s3_endpoint_url=s3_endpoint, s3_bucket=s3_bucket)))
+    store = GatedStore(
+        ObjectStore(Settings(s3_endpoint_url=s3_endpoint, s3_bucket=s3_bucket).storage())
+    )
     llm = LLM(base_dir, max_loras=2, block_size=4, max_num_batched_tokens=64, max_num_seqs=4)
     core = llm.core
-    core.lora_runtime.object_store = store
+    core.lora_runtime.fetcher.object_store = store
     rows = record_logits(llm)
     prompts = make_prompts(3)
     params = SamplingParams(max_tokens=6, **GREEDY)
@@ -305,8 +305,8 @@ def test_replica_loading_an_adapter_never_runs_its_patterns(
 
     targets = resolve_config_targets(config_bytes, core.model.hf_config)
     assert targets.modules.keys() == {(0, m) for m in ALL}
-    core.lora_runtime.object_store = ObjectStore(
-        Settings(s3_endpoint_url=s3_endpoint, s3_bucket=s3_bucket)
+    core.lora_runtime.fetcher.object_store = ObjectStore(
+        Settings(s3_endpoint_url=s3_endpoint, s3_bucket=s3_bucket).storage()
     )
     seen: list[str] = []
     real_compile = re._compile
@@ -351,13 +351,13 @@ def test_bad_adapter_directory_fails_fast(world, tmp_path):
 def test_replica_refs_only_and_checked(world):
     base_dir, hf, dirs = world
     llm = LLM(base_dir, max_loras=2, block_size=4)
-    rt = LoraRuntime(llm.core.model, allow_local_paths=False)
+    rt = LoraRuntime(llm.core.model, max_loras=2, max_lora_rank=64, allow_local_paths=False)
     with pytest.raises(ValueError, match="object storage only"):
         rt.resolve_adapter(str(dirs["r4_qv"]))
     targets = _targets_json(dirs["r4_qv"], llm.core)
     with pytest.raises(ValueError, match="no object store"):
         rt.resolve_adapter({"object_prefix": "t/a/v1/", "sha256": "a" * 64, "targets": targets})
-    rt.object_store = object()  # only its presence is checked before a fetch
+    rt.fetcher.object_store = object()  # only its presence is checked before a fetch
     key, handle = rt.resolve_adapter(
         {"object_prefix": "t/a/v1/", "sha256": "A" * 64, "tenant": "t", "targets": targets}
     )
@@ -377,18 +377,13 @@ def test_replica_refs_only_and_checked(world):
 def test_moe_model_attention_adapters_match_peft(tmp_path):
     """On a MoE base (Qwen3-MoE: q/k norm, head_dim != hidden/heads) adapters target the
     attention projections; one that reaches into the MoE block is refused with a clear error."""
-    import transformers
-    from engine_model_harness import TINY, make_hf_model
+    from loraplex.platform.testing.models import hf_config, random_model
 
-    cfg = transformers.Qwen3MoeConfig(
-        **{**TINY, "intermediate_size": 80, "tie_word_embeddings": False},
-        head_dim=32,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        norm_topk_prob=True,
-    )
-    hf = make_hf_model(cfg, seed=2).eval()
+    cfg = hf_config(
+        "qwen3_moe", intermediate_size=80, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, norm_topk_prob=True,
+    )  # fmt: skip
+    hf = random_model(cfg, seed=2).eval()
     base = tmp_path / "moe"
     hf.save_pretrained(str(base))
     attn = make_adapter(hf, tmp_path / "attn", seed=4, r=8, lora_alpha=16, target_modules=ALL[:4])

@@ -5,7 +5,7 @@ a spawned follower mirrors each forward; greedy generations equal a single-proce
 from __future__ import annotations
 
 import pytest
-from moe_ep_workers import save_tiny_qwen2_moe
+from support.moe_ep_workers import save_tiny_qwen2_moe
 
 pytest.importorskip("transformers")
 
@@ -30,9 +30,9 @@ def _generate(engine, prompts, steps_before_rebalance=None) -> list[list[int]]:
 
 
 def test_ep_engine_generates_like_single_process(model_dir):
-    from loraplex.platform.engine.config import EngineConfig
     from loraplex.platform.engine.engine_core import EngineCore
     from loraplex.platform.engine.ep_engine import start_ep_engine
+    from loraplex.platform.engine_spec.config import EngineConfig
 
     config = EngineConfig(
         model=model_dir,

@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 
 import pytest
-from moe_ep_workers import NUM_EXPERTS, save_tiny_qwen2_moe
 from safetensors import safe_open
 from safetensors.torch import save_file
+from support.moe_ep_workers import NUM_EXPERTS, save_tiny_qwen2_moe
 
 from loraplex.loader.select import expert_index, layer_index
 
@@ -41,12 +41,12 @@ def fused_dir(per_expert_dir: Path, tmp_path_factory) -> Path:
     return out
 
 
-def _config(model: str, settings=None):
-    from loraplex.platform.engine.config import EngineConfig
+def _config(model: str, storage=None):
+    from loraplex.platform.engine_spec.config import EngineConfig
 
     return EngineConfig(
         model=model,
-        settings=settings,
+        storage=storage,
         max_num_seqs=4,
         max_num_batched_tokens=64,
         max_model_len=64,
@@ -135,6 +135,6 @@ def test_s3_ep_ranks_fetch_only_their_experts(
     settings = Settings(
         s3_endpoint_url=s3_endpoint, s3_bucket="not-the-model-bucket", loader_chunk_bytes=8192
     )
-    got, loads = _run_ep(_config(f"s3://{s3_bucket}/{s3_prefix}", settings))
+    got, loads = _run_ep(_config(f"s3://{s3_bucket}/{s3_prefix}", settings.storage()))
     _check_loads(folder, loads, s3=True)
     assert got == want

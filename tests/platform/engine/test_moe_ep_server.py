@@ -4,16 +4,14 @@ serves `/generate`, and gives the same greedy tokens as a single-process engine.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from moe_ep_workers import save_tiny_qwen2_moe
+from support.moe_ep_workers import save_tiny_qwen2_moe
 
-from loraplex.platform.embedded.process import listen_socket
+from loraplex.platform.engine_spec.config import EngineConfig
+from loraplex.platform.local_processes import start_engine_process
 
 pytest.importorskip("transformers")
 
@@ -21,7 +19,6 @@ PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12]]
 
 
 def _single_process_tokens(model_dir: Path) -> list[list[int]]:
-    from loraplex.platform.engine.config import EngineConfig
     from loraplex.platform.engine.engine_core import EngineCore
     from loraplex.platform.engine.sampling_params import SamplingParams
 
@@ -36,30 +33,13 @@ def _single_process_tokens(model_dir: Path) -> list[list[int]]:
 
 def test_engine_cli_with_ep_size_two_serves_like_one_rank(tmp_path: Path) -> None:
     model_dir = save_tiny_qwen2_moe(tmp_path / "qwen2moe")
-    sock = listen_socket()  # the engine serves on it (--fd): no port race
-    port = sock.getsockname()[1]
-    argv = [sys.executable, "-m", "loraplex.platform.cli", "engine", "--model", str(model_dir),
-            "--fd", str(sock.fileno()), "--block-size", "8", "--num-gpu-blocks", "64",
-            "--max-model-len", "64", "--max-loras", "0", "--ep-size", "2"]  # fmt: skip
-    log = tmp_path / "engine.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            argv, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT,
-            pass_fds=(sock.fileno(),),
-        )  # fmt: skip
-    sock.close()  # the child holds its own copy
-    base = f"http://127.0.0.1:{port}"
+    config = EngineConfig(model=model_dir, block_size=8, num_gpu_blocks=64, max_model_len=64,
+                          max_loras=0, ep_size=2)  # fmt: skip
+    # `loraplex engine --model DIR ... --ep-size 2`: the command line EngineConfig generates.
+    base, proc = start_engine_process(
+        config, tmp_path / "engine.log", dict(os.environ), timeout=120
+    )
     try:
-        deadline = time.time() + 120
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(base + "/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.time() < deadline, log.read_text()
-            time.sleep(0.2)
         got = []
         for prompt in PROMPTS:
             body = {"prompt_token_ids": prompt, "max_tokens": 6, "temperature": 0,
@@ -68,6 +48,5 @@ def test_engine_cli_with_ep_size_two_serves_like_one_rank(tmp_path: Path) -> Non
             assert resp.status_code == 200, resp.text
             got.append(resp.json()["token_ids"])
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        proc.stop(timeout=60)
     assert got == _single_process_tokens(model_dir)

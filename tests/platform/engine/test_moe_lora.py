@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "adapters"))
 
-from engine_model_harness import TINY, make_hf_model  # noqa: E402
-from lora_testutil import make_adapter  # noqa: E402
+from support.peft_adapters import make_adapter  # noqa: E402
 
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
+from loraplex.platform.testing.models import hf_config, random_model  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
@@ -29,15 +26,14 @@ ADAPTERS = {
 
 
 def _base(arch: str):
-    base = {**TINY, "intermediate_size": 80, "tie_word_embeddings": False}
     if arch == "mixtral":
-        cfg = transformers.MixtralConfig(**base, num_local_experts=4, num_experts_per_tok=2)
+        cfg = hf_config("mixtral", intermediate_size=80, num_local_experts=4, num_experts_per_tok=2)
     else:
-        cfg = transformers.Qwen3MoeConfig(
-            **base, head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-            norm_topk_prob=True,
+        cfg = hf_config(
+            "qwen3_moe", intermediate_size=80, num_experts=8, num_experts_per_tok=2,
+            moe_intermediate_size=32, norm_topk_prob=True,
         )  # fmt: skip
-    hf = make_hf_model(cfg, seed=4)
+    hf = random_model(cfg, seed=4)
     hf.generation_config.eos_token_id = None
     return hf
 

@@ -5,46 +5,40 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_model_harness import TINY, PagedHarness, make_hf_model, run_mixed_scenario
 from safetensors.torch import save_file
+from support.paged_harness import PagedHarness, run_mixed_scenario
 
 from loraplex.moe.layer import MoEBlock
 from loraplex.moe.stats import ExpertLoadRecorder
 from loraplex.platform.engine.model_loading import load_model
 from loraplex.platform.engine.models.weight_loading import WeightLoadingError
+from loraplex.platform.testing.models import hf_config, random_model
 
 transformers = pytest.importorskip("transformers")
 
 
 def _config(arch: str):
-    base = {**TINY, "intermediate_size": 80, "tie_word_embeddings": False}
     if arch == "mixtral":
-        return transformers.MixtralConfig(**base, num_local_experts=6, num_experts_per_tok=2)
+        return hf_config(
+            "mixtral", intermediate_size=80, num_local_experts=6, num_experts_per_tok=2
+        )
     if arch == "qwen2_moe":
         # layer 1 dense (mlp_only_layers) to cover interleaved dense/sparse layers
-        return transformers.Qwen2MoeConfig(
-            **{**base, "num_hidden_layers": 3},
-            num_experts=8,
-            num_experts_per_tok=3,
-            moe_intermediate_size=24,
-            shared_expert_intermediate_size=48,
-            mlp_only_layers=[1],
-            norm_topk_prob=False,
-        )
+        return hf_config(
+            "qwen2_moe", intermediate_size=80, num_hidden_layers=3, num_experts=8,
+            num_experts_per_tok=3, moe_intermediate_size=24, shared_expert_intermediate_size=48,
+            mlp_only_layers=[1], norm_topk_prob=False,
+        )  # fmt: skip
     if arch == "qwen3_moe":
-        return transformers.Qwen3MoeConfig(
-            **base,
-            head_dim=32,
-            num_experts=8,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            norm_topk_prob=True,
-        )
+        return hf_config(
+            "qwen3_moe", intermediate_size=80, num_experts=8, num_experts_per_tok=2,
+            moe_intermediate_size=32, norm_topk_prob=True,
+        )  # fmt: skip
     raise ValueError(arch)
 
 
 def _save(tmp_path, arch: str, layout: str):
-    hf = make_hf_model(_config(arch), seed=3)
+    hf = random_model(_config(arch), seed=3)
     hf.save_pretrained(str(tmp_path))  # transformers writes the legacy per-expert names
     if layout == "fused":
         _write_state(tmp_path, {k: v.contiguous() for k, v in hf.state_dict().items()})

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from moe_ep_workers import NUM_EXPERTS, ep_rank, run_model, save_tiny_qwen2_moe
+from support.moe_ep_workers import NUM_EXPERTS, ep_rank, run_model, save_tiny_qwen2_moe
 
 from loraplex.moe.ep_launch import run_ep_group
 from loraplex.platform.engine.model_loading import load_model

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gateway_testutil import make_model_dir
+from support.gateway_catalog import make_model_dir
 
 from loraplex.platform.gateway.assets import ModelAssets
 from loraplex.platform.gateway.chat_template import (

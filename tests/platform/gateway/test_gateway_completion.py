@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from gateway_testutil import make_model_dir
+from support.gateway_catalog import make_model_dir
 
 from loraplex.platform.gateway.assets import ModelAssets
 from loraplex.platform.gateway.completion import SEED_MASK, build_chat_job, build_text_job

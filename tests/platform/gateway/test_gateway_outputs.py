@@ -4,7 +4,7 @@ sequence split across tokens is never sent."""
 from __future__ import annotations
 
 import pytest
-from gateway_testutil import make_model_dir
+from support.gateway_catalog import make_model_dir
 
 from loraplex.platform.gateway.assets import Detokenizer, ModelAssets
 from loraplex.platform.gateway.outputs import OutputProcessor

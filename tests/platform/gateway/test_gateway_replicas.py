@@ -11,14 +11,18 @@ from redis.asyncio import Redis
 from loraplex.platform.gateway.replicas import Heartbeat, ReplicaInfo, ReplicaRegistry
 
 
+# Long enough that a beat every 0.1 s cannot miss it on a loaded 2-core machine.
+TTL_S = 2.0
+
+
 def test_heartbeat_registers_and_expires(redis_url: str) -> None:
     prefix = f"test:reps:{uuid.uuid4().hex}"
     a = ReplicaInfo("dep", "http://127.0.0.1:1")
     b = ReplicaInfo("dep", "http://127.0.0.1:2")
     other = ReplicaInfo("dep2", "http://127.0.0.1:3")
-    hb_a = Heartbeat(redis_url, a, ttl_s=0.6, interval_s=0.1, prefix=prefix).start()
-    hb_b = Heartbeat(redis_url, b, ttl_s=0.6, interval_s=0.1, prefix=prefix).start()
-    hb_o = Heartbeat(redis_url, other, ttl_s=0.6, interval_s=0.1, prefix=prefix).start()
+    hb_a = Heartbeat(redis_url, a, ttl_s=TTL_S, interval_s=0.1, prefix=prefix).start()
+    hb_b = Heartbeat(redis_url, b, ttl_s=TTL_S, interval_s=0.1, prefix=prefix).start()
+    hb_o = Heartbeat(redis_url, other, ttl_s=TTL_S, interval_s=0.1, prefix=prefix).start()
 
     async def live() -> set[str]:
         redis = Redis.from_url(redis_url)
@@ -30,7 +34,7 @@ def test_heartbeat_registers_and_expires(redis_url: str) -> None:
     try:
         assert asyncio.run(live()) == {a.url, b.url}
         # Beats keep them alive well past the TTL: checked all along, not after a nap.
-        until = time.monotonic() + 3 * 0.6
+        until = time.monotonic() + 2 * TTL_S
         while time.monotonic() < until:
             assert asyncio.run(live()) == {a.url, b.url}
         hb_b.stop(deregister_now=False)  # a crash: no goodbye; it must expire by itself

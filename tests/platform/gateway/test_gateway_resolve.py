@@ -7,12 +7,14 @@ import asyncio
 
 import pytest
 import redis as sync_redis
-from gateway_testutil import add_adapter_version, fresh_database, seed_catalog
 from redis.asyncio import Redis
+from support.control_plane import fresh_database
+from support.gateway_catalog import add_adapter_version, seed_catalog
 
 from loraplex.platform.db.session import make_sessionmaker
 from loraplex.platform.gateway.errors import GatewayError
-from loraplex.platform.gateway.resolve import ModelResolver, bump_generation, resolve_uncached
+from loraplex.platform.gateway.resolve import ModelResolver, resolve_uncached
+from loraplex.platform.services.resolution_events import bump_generation
 from loraplex.platform.services.tenants import create_tenant
 
 

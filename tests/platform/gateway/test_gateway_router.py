@@ -10,7 +10,7 @@ import uuid
 import httpx
 import pytest
 from redis.asyncio import Redis
-from scripted_replica import ScriptedReplica, refusing_url
+from support.scripted_replica import ScriptedReplica, refusing_url
 
 from loraplex.platform.gateway.errors import GatewayError
 from loraplex.platform.gateway.replica_client import GenerateRequest, ReplicaClient

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cp_support import control_plane
 from fastapi.testclient import TestClient
-from gateway_testutil import make_model_dir, seed_catalog
 from redis.asyncio import Redis
-from scripted_replica import ScriptedReplica
+from support.control_plane import control_plane
+from support.gateway_catalog import make_model_dir, seed_catalog
+from support.scripted_replica import ScriptedReplica
 
 DEFAULT_RPM = 7
 REPLY_TOKENS = [5, 6, 7]

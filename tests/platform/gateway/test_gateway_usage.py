@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from gateway_testutil import add_adapter_version, fresh_database, seed_catalog
+from support.control_plane import fresh_database
+from support.gateway_catalog import add_adapter_version, seed_catalog
 
 from loraplex.platform.db.session import make_sessionmaker
 from loraplex.platform.gateway.usage import Usage, UsageRecorder, usage_report

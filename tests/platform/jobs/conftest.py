@@ -3,32 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from cp_support import adapter_r4, control_plane, tiny_llama
+from support.fixtures import adapter_r4, base_model, cp_settings, tiny_llama
 
-__all__ = ["adapter_r4", "tiny_llama"]
-
-
-@pytest.fixture(scope="module")
-def cp_settings(
-    pg_url: str, settings: Any, s3_client: Any, request: pytest.FixtureRequest
-) -> Iterator[Any]:
-    """Settings over this module's own database, bucket and queue."""
-    with control_plane(pg_url, settings, s3_client, request.module.__name__) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def base_model(cp_settings: Any, tiny_llama: Path) -> str:
-    """The tiny Llama registered as a base model."""
-    from loraplex.platform.services.base_models import register_base_model
-
-    register_base_model(cp_settings, "tiny-llama", tiny_llama)
-    return "tiny-llama"
+__all__ = ["adapter_r4", "base_model", "cp_settings", "tiny_llama"]
 
 
 @pytest.fixture

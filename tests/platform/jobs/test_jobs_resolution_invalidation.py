@@ -6,43 +6,23 @@ refresh it."""
 from __future__ import annotations
 
 import asyncio
-import io
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cp_support import adapter_files
 from redis.asyncio import Redis
 from sqlalchemy import select
+from support.uploads import service_uploader, upload_through_service
 
-from loraplex.platform.db.models import AdapterVersion, Job
+from loraplex.platform.db.models import Job
 from loraplex.platform.db.session import make_sessionmaker, session_scope
 from loraplex.platform.gateway.errors import GatewayError
 from loraplex.platform.gateway.resolve import ModelResolver
-from loraplex.platform.jobs.celery_app import create_celery
-from loraplex.platform.jobs.dispatch import CeleryDispatcher
 from loraplex.platform.jobs.validate import run_validation
 from loraplex.platform.services import adapters as svc
 from loraplex.platform.services import objects
 from loraplex.platform.services.deployments import DeploymentSpec, create_deployment
-
-
-def _uploader(settings: Any, tenant_id: uuid.UUID) -> svc.Uploader:
-    # A queue no worker reads: the test runs each job itself, in order.
-    dispatcher = CeleryDispatcher(create_celery(settings), f"idle-{uuid.uuid4().hex[:8]}")
-    return svc.Uploader(
-        settings=settings,
-        sessions=make_sessionmaker(settings.database_url),
-        dispatcher=dispatcher,
-        tenant_id=tenant_id,
-        actor="test",
-    )
-
-
-def _upload(up: svc.Uploader, name: str, base: str, adapter_dir: Path) -> AdapterVersion:
-    config, weights = adapter_files(adapter_dir)
-    return svc.upload_adapter(up, name, base, config, io.BytesIO(weights), len(weights))
 
 
 def _validate(settings: Any, version_id: uuid.UUID) -> str:
@@ -55,7 +35,7 @@ def test_ready_failed_and_deleted_are_seen_at_once(
     cp_settings: Any, base_model: str, tenant_id: uuid.UUID, adapter_r4: Path
 ) -> None:
     settings = cp_settings
-    up = _uploader(settings, tenant_id)
+    up = service_uploader(settings, tenant_id, queue=f"idle-{uuid.uuid4().hex[:8]}")  # no worker
     sessions = make_sessionmaker(settings.database_url)
     with session_scope(sessions) as s:
         spec = DeploymentSpec(name=f"dep-{uuid.uuid4().hex[:6]}", base_model=base_model)
@@ -70,17 +50,17 @@ def test_ready_failed_and_deleted_are_seen_at_once(
                 return await resolver.resolve(s, tenant_id, model)
 
         try:
-            v1 = await asyncio.to_thread(_upload, up, "bot", base_model, adapter_r4)
+            v1 = await asyncio.to_thread(upload_through_service, up, "bot", base_model, adapter_r4)
             assert await asyncio.to_thread(_validate, settings, v1.id) == "ready"
             assert (await resolve("bot")).adapter_version == 1  # now cached for 10 minutes
 
-            v2 = await asyncio.to_thread(_upload, up, "bot", base_model, adapter_r4)
+            v2 = await asyncio.to_thread(upload_through_service, up, "bot", base_model, adapter_r4)
             assert await asyncio.to_thread(_validate, settings, v2.id) == "ready"
             assert (await resolve("bot")).adapter_version == 2
 
             # A failed version changes no answer, but it is a change: the generation moves.
             gen = await resolver.generation(tenant_id)
-            v3 = await asyncio.to_thread(_upload, up, "bot", base_model, adapter_r4)
+            v3 = await asyncio.to_thread(upload_through_service, up, "bot", base_model, adapter_r4)
             objects.s3_client(settings).delete_object(Bucket=settings.s3_bucket, Key=v3.weights_key)
             assert await asyncio.to_thread(_validate, settings, v3.id) == "failed"
             assert await resolver.generation(tenant_id) != gen

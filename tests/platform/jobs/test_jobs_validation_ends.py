@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cp_support import adapter_files
 from sqlalchemy import select
+from support.uploads import adapter_files
 
 from loraplex.platform.db.models import AdapterVersion, Job
 from loraplex.platform.db.session import make_sessionmaker
-from loraplex.platform.jobs import records
 from loraplex.platform.jobs.recovery import requeue_stale_validations
 from loraplex.platform.jobs.validate import run_validation
 from loraplex.platform.services import adapters as svc
+from loraplex.platform.services import job_records as records
 from loraplex.platform.services import objects
 
 NAME = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"

@@ -5,7 +5,6 @@ abandoned uploads expire, and the jobs are idempotent."""
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import signal
 import socket
@@ -15,35 +14,19 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from cp_support import adapter_files, running_worker, wait_until
 from sqlalchemy import select
+from support.control_plane import running_worker
+from support.uploads import adapter_files, service_uploader, upload_through_service
+from support.waiting import wait_until
 
 from loraplex.platform.db.models import AdapterVersion, Job
 from loraplex.platform.db.session import make_sessionmaker
-from loraplex.platform.jobs import records
-from loraplex.platform.jobs.celery_app import create_celery
 from loraplex.platform.jobs.delete import run_delete
-from loraplex.platform.jobs.dispatch import CeleryDispatcher
 from loraplex.platform.jobs.recovery import expire_abandoned_uploads, recover
 from loraplex.platform.jobs.validate import run_validation
 from loraplex.platform.services import adapters as svc
+from loraplex.platform.services import job_records as records
 from loraplex.platform.services import objects
-
-
-def _uploader(settings: Any, tenant_id: uuid.UUID, queue: str | None = None) -> svc.Uploader:
-    dispatcher = CeleryDispatcher(create_celery(settings), queue or settings.celery_queue)
-    return svc.Uploader(
-        settings=settings,
-        sessions=make_sessionmaker(settings.database_url),
-        dispatcher=dispatcher,
-        tenant_id=tenant_id,
-        actor="test",
-    )
-
-
-def _upload(up: svc.Uploader, name: str, base_model: str, adapter_dir: Path) -> AdapterVersion:
-    config, weights = adapter_files(adapter_dir)
-    return svc.upload_adapter(up, name, base_model, config, io.BytesIO(weights), len(weights))
 
 
 def _version(settings: Any, version_id: uuid.UUID) -> AdapterVersion:
@@ -89,7 +72,9 @@ def test_worker_killed_mid_job_leaves_version_rerunnable(
         stderr=subprocess.STDOUT,
     )
     try:
-        version = _upload(_uploader(cp_settings, tenant_id), "killed", base_model, adapter_r4)
+        version = upload_through_service(
+            service_uploader(cp_settings, tenant_id), "killed", base_model, adapter_r4
+        )
         wait_until(
             lambda: any(j.status == "running" for j in _jobs(cp_settings, version.id)),
             timeout=120,
@@ -107,7 +92,7 @@ def test_worker_killed_mid_job_leaves_version_rerunnable(
     (job,) = _jobs(cp_settings, version.id)
     assert job.status == "running"
 
-    up = _uploader(cp_settings, tenant_id)
+    up = service_uploader(cp_settings, tenant_id)
     with running_worker(cp_settings):
         # not stale yet under the default threshold: nothing is requeued
         assert recover(cp_settings, up.dispatcher).requeued_versions == []
@@ -134,9 +119,9 @@ def test_lost_message_is_resent(
     cp_settings: Any, base_model: str, tenant_id: uuid.UUID, adapter_r4: Path
 ) -> None:
     # the job goes to a queue no worker reads: as if the broker lost the message
-    lost = _uploader(cp_settings, tenant_id, queue=f"nobody-{uuid.uuid4().hex[:6]}")
-    version = _upload(lost, "lost", base_model, adapter_r4)
-    up = _uploader(cp_settings, tenant_id)
+    lost = service_uploader(cp_settings, tenant_id, queue=f"nobody-{uuid.uuid4().hex[:6]}")
+    version = upload_through_service(lost, "lost", base_model, adapter_r4)
+    up = service_uploader(cp_settings, tenant_id)
     with running_worker(cp_settings):
         assert _version(cp_settings, version.id).status == "validating"
         assert recover(cp_settings, up.dispatcher, older_than_s=0).requeued_versions
@@ -150,8 +135,8 @@ def test_lost_message_is_resent(
 def test_a_job_rerun_on_a_finished_version_is_a_no_op(
     cp_settings: Any, base_model: str, tenant_id: uuid.UUID, adapter_r4: Path
 ) -> None:
-    up = _uploader(cp_settings, tenant_id, queue=f"nobody-{uuid.uuid4().hex[:6]}")
-    version = _upload(up, "direct", base_model, adapter_r4)
+    up = service_uploader(cp_settings, tenant_id, queue=f"nobody-{uuid.uuid4().hex[:6]}")
+    version = upload_through_service(up, "direct", base_model, adapter_r4)
     (job,) = _jobs(cp_settings, version.id)
     assert run_validation(cp_settings, job.id) == "ready"  # run in-process, same code path
     before = _version(cp_settings, version.id)
@@ -165,7 +150,7 @@ def test_abandoned_upload_expires_and_leaves_no_objects(
     cp_settings: Any, base_model: str, tenant_id: uuid.UUID, adapter_r4: Path
 ) -> None:
     config, weights = adapter_files(adapter_r4)
-    up = _uploader(cp_settings, tenant_id)
+    up = service_uploader(cp_settings, tenant_id)
     version, _plan = svc.start_presigned_upload(up, "abandoned", base_model, config, len(weights))
     client = objects.s3_client(cp_settings)
     assert objects.list_keys(client, cp_settings.s3_bucket, version.object_prefix)
@@ -186,8 +171,8 @@ def test_abandoned_upload_expires_and_leaves_no_objects(
 def test_delete_job_is_idempotent(
     cp_settings: Any, base_model: str, tenant_id: uuid.UUID, adapter_r4: Path
 ) -> None:
-    up = _uploader(cp_settings, tenant_id, queue=f"nobody-{uuid.uuid4().hex[:6]}")
-    version = _upload(up, "del", base_model, adapter_r4)
+    up = service_uploader(cp_settings, tenant_id, queue=f"nobody-{uuid.uuid4().hex[:6]}")
+    version = upload_through_service(up, "del", base_model, adapter_r4)
     adapter, job_id = svc.delete_adapter(up, "del")
     prefix = svc.adapter_prefix(tenant_id, adapter.id)
     client = objects.s3_client(cp_settings)

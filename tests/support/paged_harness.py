@@ -1,118 +1,16 @@
-"""Test helpers: tiny random-weight HF models saved to disk, and a paged-KV harness that builds
-AttentionMetadata for hand-written (sequence, new tokens) chunks without the scheduler.
-
-Imported by the engine model tests (and usable by other engine tests); not a conftest.
+"""A paged-KV harness for the engine model tests: builds AttentionMetadata for hand-written
+(sequence, new tokens) chunks without the scheduler, and checks logits against transformers.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from loraplex.platform.engine.forward_context import ForwardContext, forward_context  # noqa: E402
-from loraplex.platform.engine.kv_cache import allocate_kv_cache  # noqa: E402
-from loraplex.platform.engine.layers.attention_metadata import AttentionMetadata  # noqa: E402
-
-TINY = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-6,
-)
-
-
-def make_hf_config(arch: str, *, tie: bool = False, rope_scaling: dict | None = None, **kw: Any):
-    """A tiny transformers config of `arch` ("llama", "qwen2", "qwen3") with GQA."""
-    import transformers
-
-    opts = {**TINY, **kw, "tie_word_embeddings": tie}
-    if arch == "llama":
-        if rope_scaling is not None:
-            opts["rope_scaling"] = rope_scaling
-        return transformers.LlamaConfig(**opts)
-    if arch == "qwen2":
-        return transformers.Qwen2Config(**opts)
-    if arch == "qwen3":
-        opts.setdefault("head_dim", 32)
-        return transformers.Qwen3Config(**opts)
-    raise ValueError(arch)
-
-
-def make_hf_model(config: Any, seed: int = 0) -> torch.nn.Module:
-    """A random-weight transformers causal LM with weights big enough for logits of order 1."""
-    import transformers
-
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) * (1.0 / p.shape[-1] ** 0.5))
-    return model.eval()
-
-
-def save_tiny_tokenizer(path: str | Path, vocab_size: int = 128) -> None:
-    """A character-level tokenizer (lowercase, digits, punctuation, space) with <s>, </s>."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-
-    chars = list("abcdefghijklmnopqrstuvwxyz0123456789 .,!?'\n") + list(
-        "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-    )
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for c in chars:
-        if len(vocab) >= vocab_size:
-            break
-        vocab.setdefault(c, len(vocab))
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(["<s>", "</s>"])
-    path = Path(path)
-    tok.save(str(path / "tokenizer.json"))
-    template = (
-        "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}<s>assistant: {% endif %}"
-    )
-    (path / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "chat_template": template})
-    )
-
-
-def save_tiny_model(
-    path: str | Path,
-    arch: str = "llama",
-    *,
-    tie: bool = False,
-    rope_scaling: dict | None = None,
-    seed: int = 0,
-    max_shard_size: str | None = None,
-    with_tokenizer: bool = True,
-    **kw: Any,
-) -> torch.nn.Module:
-    """Save a tiny random model (and tokenizer) to `path`; returns the transformers model."""
-    config = make_hf_config(arch, tie=tie, rope_scaling=rope_scaling, **kw)
-    config.bos_token_id, config.eos_token_id = 1, 2
-    model = make_hf_model(config, seed)
-    extra = {"max_shard_size": max_shard_size} if max_shard_size else {}
-    model.save_pretrained(str(path), **extra)
-    if with_tokenizer:
-        save_tiny_tokenizer(path, config.vocab_size)
-    return model
+from loraplex.platform.engine.forward_context import ForwardContext, forward_context
+from loraplex.platform.engine.kv_cache import allocate_kv_cache
+from loraplex.platform.engine.layers.attention_metadata import AttentionMetadata
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""Helpers for the gateway tests: a tiny real byte-level BPE tokenizer folder built in code."""
+"""Catalog rows and model assets for the gateway tests: a base model + deployment
+(`seed_catalog`), adapter versions (`add_adapter_version`), and a tokenizer-only model
+folder with a tiny real byte-level BPE tokenizer built in code (`make_model_dir`)."""
 
 from __future__ import annotations
 
@@ -41,25 +43,6 @@ def make_model_dir(path: Path, chat_template: str | None = None, context_length:
     return path
 
 
-def fresh_database(pg_url: str, prefix: str = "gw") -> str:
-    """Create an empty database next to `pg_url`'s, migrate it to head, return its URL."""
-    import uuid
-
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    from loraplex.platform.db.migrate import upgrade
-
-    url = make_url(pg_url)
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    admin = url.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    new_url = url.set(database=name).render_as_string(hide_password=False)
-    upgrade(new_url)
-    return new_url
-
-
 def seed_catalog(session, base_name: str = "tiny-base", share_prefix_cache: bool = False):
     """A base model row (files under models/NAME/) and a deployment serving it."""
     import uuid
@@ -92,15 +75,26 @@ def seed_catalog(session, base_name: str = "tiny-base", share_prefix_cache: bool
     return base, dep
 
 
-def add_adapter_version(session, tenant_id, base, name: str, status: str = "ready"):
-    """An adapter NAME (created if needed) with one more version in `status`."""
+def add_adapter_version(
+    session,
+    tenant_id,
+    base,
+    name: str,
+    status: str = "ready",
+    object_prefix: str | None = None,
+    sha256: str | None = None,
+):
+    """An adapter NAME over `base` (a BaseModel row or its name; created if needed) with one
+    more version in `status` (no files behind it unless `object_prefix` has them)."""
     import hashlib
     import uuid
 
     from sqlalchemy import func, select
 
-    from loraplex.platform.db.models import Adapter, AdapterVersion
+    from loraplex.platform.db.models import Adapter, AdapterVersion, BaseModel
 
+    if isinstance(base, str):
+        base = session.execute(select(BaseModel).where(BaseModel.name == base)).scalar_one()
     adapter = session.execute(
         select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.name == name)
     ).scalar_one_or_none()
@@ -114,16 +108,16 @@ def add_adapter_version(session, tenant_id, base, name: str, status: str = "read
         ).scalar()
         or 0
     ) + 1
+    prefix = object_prefix or f"tenants/{tenant_id}/adapters/{adapter.id}/v{n}/"
+    ready = status == "ready"
     version = AdapterVersion(
         id=uuid.uuid4(),
         tenant_id=tenant_id,
         adapter_id=adapter.id,
         n=n,
-        object_prefix=f"tenants/{tenant_id}/adapters/{adapter.id}/v{n}/",
+        object_prefix=prefix,
         status=status,
-        sha256=hashlib.sha256(f"{adapter.id}:{n}".encode()).hexdigest()
-        if status == "ready"
-        else None,
+        sha256=(sha256 or hashlib.sha256(prefix.encode()).hexdigest()) if ready else None,
     )
     session.add(version)
     session.flush()

@@ -4,11 +4,11 @@ rank process imports only torch and loraplex (rank start-up dominates these test
 from __future__ import annotations
 
 import torch
-from engine_model_harness import PagedHarness
 
 from loraplex.moe.layer import MoEBlock
 from loraplex.moe.rebalancer import ExpertRebalancer
 from loraplex.platform.engine.model_loading import load_model
+from support.paged_harness import PagedHarness
 
 REBALANCE_AFTER = 1
 NUM_EXPERTS = 8
@@ -16,23 +16,23 @@ NUM_EXPERTS = 8
 
 def save_tiny_qwen2_moe(path) -> str:
     """A tiny random Qwen2-MoE (one dense layer), routing skewed to expert 0, saved to `path`."""
-    import transformers
-    from engine_model_harness import make_hf_model, save_tiny_tokenizer
+    from loraplex.platform.testing.models import hf_config, random_model, save_char_tokenizer
 
-    config = transformers.Qwen2MoeConfig(
+    config = hf_config(
+        "qwen2_moe", tiny=False,
         vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
         num_experts=NUM_EXPERTS, num_experts_per_tok=2, moe_intermediate_size=32,
         shared_expert_intermediate_size=48, mlp_only_layers=[1], norm_topk_prob=False,
         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
     )  # fmt: skip
-    hf = make_hf_model(config, seed=5)
+    hf = random_model(config, seed=5)
     with torch.no_grad():  # skew routing towards expert 0 so rebalancing has work to do
         for layer in hf.model.layers:
             if hasattr(layer.mlp, "gate"):
                 layer.mlp.gate.weight[0] += 0.3
     hf.save_pretrained(str(path))
-    save_tiny_tokenizer(path, 128)
+    save_char_tokenizer(path, 128)
     return str(path)
 
 

@@ -1,10 +1,15 @@
-"""Job rows: created in the caller's transaction, then moved queued -> running -> done."""
+"""Job rows: created in the caller's transaction, then moved queued -> running -> done; and
+the `JobDispatcher` seam through which a committed job reaches the workers.
+
+Services create jobs and hand them to a dispatcher they are given; the workers (`jobs/`,
+above services) run them and implement the Celery dispatcher.
+"""
 
 from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import update
 from sqlalchemy.orm import Session
@@ -14,6 +19,13 @@ from loraplex.platform.db.models import Job
 VALIDATE = "validate_adapter_version"
 DELETE_OBJECTS = "delete_adapter_objects"
 KINDS = (VALIDATE, DELETE_OBJECTS)
+
+
+class JobDispatcher(Protocol):
+    """Anything that can hand a committed job row to the workers."""
+
+    def send(self, kind: str, job_id: uuid.UUID) -> None:
+        """Enqueue the job; failures are logged, the stale-job recovery re-sends."""
 
 
 def now() -> datetime:

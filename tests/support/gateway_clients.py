@@ -1,15 +1,15 @@
 """Client-side helpers for the gateway end-to-end tests: concurrent stream clients, waiting
-for a replica to go idle, reading its abort counter, and making and uploading adapters."""
+for a replica to go idle, and reading its abort counter."""
 
 from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
-from gateway_stack import Replica
+
+from support.gateway_stack import Replica
 
 MESSAGES = [{"role": "user", "content": "Hello! How are you today?"}]
 
@@ -50,6 +50,8 @@ def stream_worker(url: str, key: str, model: str, mode: str, out: dict[str, Any]
             headers={"Authorization": f"Bearer {key}"},
         ) as r:
             out["status"] = r.status_code
+            if r.status_code != 200:
+                out["body"] = r.read().decode()[:500]
             for line in r.iter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -94,54 +96,3 @@ def aborted_count(replica: Replica) -> float:
         for line in text.splitlines()
         if "request_success_total{" in line and 'finished_reason="abort"' in line
     )
-
-
-def make_peft_adapter(model_dir: Path, out: Path, seed: int, rank: int = 8) -> Path:
-    """A random (non-zero B) PEFT LoRA adapter for the demo model, saved by `peft`."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
-    cfg = LoraConfig(
-        r=rank,
-        lora_alpha=2 * rank,
-        target_modules=["q_proj", "v_proj", "down_proj"],
-        init_lora_weights=False,
-    )
-    peft_model = get_peft_model(model, cfg)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05)
-    peft_model.save_pretrained(str(out))
-    return out
-
-
-def upload_adapter(stack: Any, key: str, name: str, folder: Path, timeout_s: float = 60) -> None:
-    """Upload through the tenant API and wait until the version is ready."""
-    headers = {"Authorization": f"Bearer {key}"}
-    files = {
-        "adapter_config": ("adapter_config.json", (folder / "adapter_config.json").read_bytes()),
-        "adapter_model": (
-            "adapter_model.safetensors",
-            (folder / "adapter_model.safetensors").read_bytes(),
-        ),
-    }
-    r = httpx.post(
-        f"{stack.api.url}/v1/adapters",
-        headers=headers,
-        files=files,
-        data={"name": name, "base_model": stack.base},
-        timeout=60,
-    )
-    assert r.status_code == 202, r.text
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        doc = httpx.get(f"{stack.api.url}/v1/adapters/{name}", headers=headers).json()
-        if doc["status"] == "ready":
-            return
-        assert doc["status"] != "failed", doc
-        time.sleep(0.2)
-    raise AssertionError(f"adapter {name} never became ready")

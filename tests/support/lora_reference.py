@@ -1,64 +1,10 @@
-"""Test helpers shared by the multi-LoRA tests: a tiny random Llama and PEFT adapters over it.
-
-Everything is built in code and saved to tmp dirs; nothing is downloaded.
+"""Synthetic adapters for the kernel and device-pool tests (no peft): LoraLinearSpecs laid out
+as the engine's Llama fuses them, random `LoadedAdapter`s, and the per-token reference delta.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import torch  # noqa: E402
-
-TINY_LLAMA = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-)
-
-
-def tiny_llama(seed: int = 0, **overrides):
-    """A tiny random-weight transformers LlamaForCausalLM in fp32, eval mode."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(**(TINY_LLAMA | overrides))
-    model = LlamaForCausalLM(cfg).float().eval()
-    return model
-
-
-def save_base(model, path: Path) -> Path:
-    """save_pretrained the base model (config.json + model.safetensors) to `path`."""
-    model.save_pretrained(path, safe_serialization=True)
-    return path
-
-
-def make_adapter(base, path: Path, seed: int, **lora_kwargs) -> Path:
-    """Build a PEFT LoRA over a copy of `base` with random nonzero A and B; save it to `path`."""
-    import copy
-
-    from peft import LoraConfig, get_peft_model
-
-    cfg = LoraConfig(**lora_kwargs)
-    model = get_peft_model(copy.deepcopy(base), cfg)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_A" in name or "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    model.save_pretrained(path)
-    return path
-
-
-# -- synthetic adapters for kernel / pool tests (no peft needed) ---------------------------
+import torch
 
 MODULE_DIMS = {
     "q_proj": (64, 64),

@@ -1,0 +1,143 @@
+"""Adapter sources and the background fetcher: references -> version keys -> the host tier.
+
+A request names its adapter by reference (an `AdapterRef` in object storage, or, in-process
+only, a local directory). `resolve` turns it into the version key at once (so the request can
+be keyed before any bytes arrive) and remembers where the bytes come from; `prefetch` then
+reads, checks and parses them on one background thread into the host tier, while the engine
+keeps stepping. A failed fetch is remembered until a new request for the key retries it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from loraplex.adapters.host_cache import HostCache
+from loraplex.adapters.targets import ResolvedTargets
+from loraplex.adapters.weights import LoadedAdapter, load_adapter
+from loraplex.platform.engine.lora.sources import (
+    AdapterRef,
+    DirSource,
+    LocalAdapterRef,
+    ObjectReader,
+    ObjectSource,
+)
+
+
+class AdapterFetcher:
+    """Knows every resolved adapter's source and brings its weights into the host tier."""
+
+    def __init__(
+        self,
+        host: HostCache,
+        hf_config: dict,
+        *,
+        max_lora_rank: int,
+        dtype: torch.dtype,
+        object_store: ObjectReader | None = None,
+        allow_local_paths: bool = True,
+    ) -> None:
+        self.host = host
+        self.hf_config = hf_config
+        self.max_lora_rank = max_lora_rank
+        self.dtype = dtype
+        self.object_store = object_store
+        # A replica serving HTTP must not read paths its callers name: refs only there.
+        self.allow_local_paths = allow_local_paths
+        self.sources: dict[str, ObjectSource | DirSource] = {}
+        self.fetch_seconds: dict[str, float] = {}
+        self._fetches: dict[str, Future] = {}
+        self._failed: dict[str, BaseException] = {}
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lora-fetch")
+
+    def resolve(self, ref: object, resident: Callable[[str], bool]) -> tuple[str, str | None]:
+        """A request's adapter reference -> (version key, tenant).
+
+        A local directory is read and validated now (bad adapters fail the call at once) and
+        lands in the host tier unless `resident(key)` (already on the device); an `AdapterRef`
+        is fetched from object storage in the background when a request first needs it.
+        """
+        if isinstance(ref, dict):
+            try:
+                ref = AdapterRef(**ref)
+            except TypeError as exc:
+                raise ValueError(
+                    "an adapter reference object takes object_prefix, sha256, and optionally "
+                    "config_sha256, tenant and targets"
+                ) from exc
+        if isinstance(ref, AdapterRef):
+            ref.check()
+            if self.object_store is None:
+                raise ValueError("this engine has no object store to fetch adapters from")
+            source = ObjectSource(ref, self.object_store)
+            self.sources.setdefault(source.key, source)
+            self._failed.pop(source.key, None)  # a new request retries a failed fetch
+            return source.key, ref.tenant
+        if isinstance(ref, str | Path | LocalAdapterRef):
+            if not self.allow_local_paths:
+                raise ValueError("this engine takes adapter references to object storage only")
+            path, tenant = (
+                (ref.path, ref.tenant) if isinstance(ref, LocalAdapterRef) else (ref, None)
+            )
+            dir_source, cfg, weights = DirSource.open(path, tenant)
+            if dir_source.key not in self.host and not resident(dir_source.key):
+                self.host.put(self._load(cfg, weights, dir_source.key))
+            self.sources[dir_source.key] = dir_source
+            return dir_source.key, tenant
+        raise TypeError(
+            f"an adapter reference is a directory path, LocalAdapterRef or AdapterRef, not {ref!r}"
+        )
+
+    def _load(
+        self, cfg: bytes, weights: bytes, key: str, targets: ResolvedTargets | None = None
+    ) -> LoadedAdapter:
+        return load_adapter(
+            cfg, weights, self.hf_config, targets=targets, key=key,
+            max_rank=self.max_lora_rank, dtype=self.dtype,
+        )  # fmt: skip
+
+    def _fetch(self, key: str) -> None:
+        t0 = time.perf_counter()
+        source = self.sources[key]
+        cfg, weights = source.fetch()
+        # Object-store versions carry their resolved targets: no tenant pattern runs here.
+        self.host.put(self._load(cfg, weights, key, getattr(source, "targets", None)))
+        self.fetch_seconds[key] = time.perf_counter() - t0
+
+    def prefetch(self, key: str) -> Future | None:
+        """Start bringing `key` into the host tier in the background (no-op when it is there)."""
+        with self._lock:
+            if key in self.host or key in self._fetches:
+                return self._fetches.get(key)
+            if key not in self.sources:
+                raise KeyError(f"unknown adapter {key[:12]}: resolve it first")
+            fut = self._executor.submit(self._fetch, key)
+            self._fetches[key] = fut
+            return fut
+
+    def raise_if_failed(self, key: str) -> None:
+        """Raise the error of `key`'s last fetch if it failed (until a request retries it)."""
+        if key in self._failed:
+            raise self._failed[key]
+
+    def collect(self, key: str) -> bool:
+        """True once `key`'s background fetch has finished well (its weights are on the host);
+        False while none ran or it still runs. Raises (and remembers) the fetch's error."""
+        fut = self._fetches.get(key)
+        if fut is None or not fut.done():
+            return False
+        self._fetches.pop(key, None)
+        if fut.exception() is not None:
+            self._failed[key] = fut.exception()
+            raise self._failed[key]
+        return True
+
+    def close(self) -> None:
+        """Stop the fetch thread (queued fetches are cancelled)."""
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,100 @@
+"""The engine's seams as Protocols: what the core needs from a LoRA runtime, and what the
+replica's server (its engine loop) needs from an engine.
+
+`EngineCore` talks to the multi-LoRA runtime (`lora/runtime.py`) only through
+`LoraRuntimeProtocol`; the server drives an `EngineCore` or an expert-parallel `EPEngine`
+only through `ServedEngine`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from loraplex.adapters.static_meta import StaticLoraMeta
+    from loraplex.platform.engine.metrics import EngineMetrics
+    from loraplex.platform.engine.outputs import RequestDelta
+    from loraplex.platform.engine.request import Request
+    from loraplex.platform.engine.sampling_params import SamplingParams
+    from loraplex.platform.engine.scheduler import AdmissionPolicy
+
+
+class LoraRuntimeProtocol(Protocol):
+    """A multi-LoRA runtime as the engine core sees it."""
+
+    @property
+    def admission_policy(self) -> AdmissionPolicy:
+        """The scheduler's gate on waiting requests (adapter slots, fairness)."""
+        ...
+
+    def resolve_adapter(self, ref: Any) -> tuple[str, object]:
+        """A request's adapter reference -> (version key for caches, handle for the request);
+        ValueError for a reference it refuses."""
+        ...
+
+    def prepare_step(self, requests: list[Request], num_tokens: list[int]) -> object | None:
+        """The step's LoRA metadata (put in `ForwardContext.lora`), None for a base-only step."""
+        ...
+
+    def take_failed_request_ids(self) -> list[str]:
+        """Requests whose adapter failed to load since the last call (the engine aborts them)."""
+        ...
+
+    def static_lora_meta(self, max_batch: int) -> StaticLoraMeta:
+        """Graph-static LoRA buffers for decode graphs of up to `max_batch` rows."""
+        ...
+
+    @property
+    def resident_adapters(self) -> list[str]:
+        """Version keys of adapters in device memory (for /state and the router)."""
+        ...
+
+
+class ServedEngine(Protocol):
+    """What the replica's engine loop and HTTP server drive (one thread steps it)."""
+
+    @property
+    def metrics(self) -> EngineMetrics:
+        """The engine's Prometheus metrics (its own registry)."""
+        ...
+
+    @property
+    def last_num_scheduled_tokens(self) -> int:
+        """Tokens the last step ran (0: it was idle)."""
+        ...
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        adapter: Any | None = None,
+        cache_salt: str | None = None,
+    ) -> Request:
+        """Queue a request."""
+        ...
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request and free its blocks."""
+        ...
+
+    def has_unfinished(self) -> bool:
+        """Requests wait or run (or an abort is not reported yet)."""
+        ...
+
+    def step(self) -> Sequence[RequestDelta]:
+        """One engine step; what changed for each request."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """The /state snapshot."""
+        ...
+
+    def install_lora_runtime(self, runtime: LoraRuntimeProtocol) -> None:
+        """Serve adapters through `runtime`."""
+        ...
+
+    def close(self) -> None:
+        """Release what the engine holds (threads, process groups)."""
+        ...

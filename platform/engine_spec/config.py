@@ -1,0 +1,135 @@
+"""EngineConfig: every knob of one engine replica, with its one default, validated once.
+
+Torch-free on purpose: the control plane (launchers, `up`, deployments) builds and checks an
+EngineConfig without importing the engine. Each field's `metadata["help"]` documents it and
+becomes its command-line help (`engine_spec.cli` generates the options from these fields);
+a field with `metadata["cli"] = False` never goes on a command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from loraplex.loader.storage import StorageConfig
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _opt(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class EngineConfig:
+    """Settings of one engine: model, KV cache sizing, batching, caching, LoRA slots, expert
+    parallelism (see each field's help).
+
+    `num_gpu_blocks` fixes the KV block count; otherwise it comes from
+    `kv_cache_memory_bytes` (or, on a GPU, `gpu_memory_utilization` of free memory).
+    `model` is a local folder or `s3://bucket/prefix` (streamed with `storage`, which the server
+    builds from the environment, never from the command line). `quantization` (fp32 | bf16 |
+    fp16) casts the weights on the way in and sets the dtype the model runs in (it overrides
+    `dtype`); the engine refuses what it cannot serve when it loads the model.
+    """
+
+    model: str = field(metadata={"help": "local HuggingFace folder or s3://BUCKET/PREFIX"})
+    dtype: str = _opt("float32", "compute dtype when no quantization is given")
+    device: str = _opt("cpu", "torch device, e.g. cpu or cuda:0")
+    block_size: int = _opt(16, "tokens per KV-cache block (a power of two)")
+    num_gpu_blocks: int | None = _opt(None, "fixed KV-cache block count (else from memory)")
+    kv_cache_memory_bytes: int | None = _opt(None, "bytes for the KV cache")
+    gpu_memory_utilization: float = _opt(0.9, "share of free GPU memory for the KV cache")
+    max_num_seqs: int = _opt(64, "sequences in one step, at most")
+    max_num_batched_tokens: int = _opt(2048, "tokens in one step, at most")
+    max_model_len: int | None = _opt(None, "context length (default: the model's)")
+    enable_prefix_caching: bool = _opt(True, "share KV blocks of equal prefixes")
+    enable_chunked_prefill: bool = _opt(True, "split long prompts over several steps")
+    seed: int = _opt(0, "sampler seed")
+    model_id: str | None = _opt(None, "model identity in prefix-cache keys and /state")
+    tokenizer: str | None = _opt(None, "tokenizer folder (default: the model's)")
+    max_loras: int = _opt(8, "adapters in one step, at most (0: no multi-LoRA runtime)")
+    max_lora_rank: int = _opt(64, "largest adapter rank served")
+    adapter_memory_bytes: int | None = _opt(
+        None, "device bytes for adapter weights (default: max_loras x max_lora_rank rows)"
+    )
+    quantization: str | None = _opt(
+        None, "weights on load: fp32, bf16 or fp16 (a cast; the model runs in that dtype)"
+    )
+    enforce_eager: bool = _opt(False, "never capture decode CUDA graphs")
+    cuda_graph_sizes: list[int] | None = _opt(
+        None, "decode batch sizes to capture, e.g. 1,2,4,8 (default: 1,2,4,8,16,... max_num_seqs)"
+    )
+    ep_size: int = _opt(1, "expert-parallel ranks (spawned processes; MoE models)")
+    ep_redundant_experts: int = _opt(
+        0, "extra copies of hot experts placed at each rebalance (EPLB)"
+    )
+    eplb_interval: int = _opt(0, "engine steps between expert rebalances (0: never)")
+    storage: StorageConfig | None = field(
+        default=None, repr=False, compare=False, metadata={"cli": False}
+    )
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model must be a path")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
+            raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
+            raise ValueError("kv_cache_memory_bytes must be positive")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError("max_model_len must be >= 2")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.max_loras < 0 or self.max_lora_rank < 0:
+            raise ValueError("max_loras and max_lora_rank must be >= 0")
+        if self.adapter_memory_bytes is not None and self.adapter_memory_bytes < 1:
+            raise ValueError("adapter_memory_bytes must be positive")
+        if self.cuda_graph_sizes is not None and (
+            not self.cuda_graph_sizes or min(self.cuda_graph_sizes) < 1
+        ):
+            raise ValueError("cuda_graph_sizes must be a non-empty list of sizes >= 1")
+        if self.ep_size < 1:
+            raise ValueError(f"ep_size must be >= 1, got {self.ep_size}")
+        if self.ep_redundant_experts < 0 or self.eplb_interval < 0:
+            raise ValueError("ep_redundant_experts and eplb_interval must be >= 0")
+
+    @property
+    def serves_adapters(self) -> bool:
+        """Whether this engine runs the multi-LoRA runtime (adapters need slots)."""
+        return self.max_loras > 0
+
+    def check_model_len(self, model_max_len: int) -> None:
+        """Fill `max_model_len` from the model when unset and check the batching budget fits it."""
+        if self.max_model_len is None:
+            self.max_model_len = model_max_len
+        if self.max_model_len > model_max_len:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} exceeds the model's "
+                f"max_position_embeddings={model_max_len}"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                "with chunked prefill off, max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
+            )
+
+
+def engine_default(name: str) -> Any:
+    """The default of EngineConfig field `name` (the one place engine defaults live)."""
+    for f in dataclasses.fields(EngineConfig):
+        if f.name == name:
+            if f.default is dataclasses.MISSING:
+                raise KeyError(f"EngineConfig.{name} has no default")
+            return f.default
+    raise KeyError(f"EngineConfig has no field {name!r}")

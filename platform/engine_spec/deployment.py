@@ -1,0 +1,105 @@
+"""A deployment row -> the EngineConfig (and `loraplex engine` options) that serves it.
+
+The one place a deployment's choices become engine settings: local (`loraplex up`, the serve
+benchmark) and Kubernetes launchers all call `engine_config_for_deployment` and then
+`engine_args`, so every replica of a deployment runs the same command line. Torch-free and
+database-free: it reads the row's attributes (`platform/db/models.py` `Deployment` and its
+`base_model`), so callers pass a loaded row and this package never imports the database.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from loraplex.platform.engine_spec.cli import ServerOptions, engine_args
+from loraplex.platform.engine_spec.config import EngineConfig
+from loraplex.platform.engine_spec.supported_models import (
+    SERVED_KV_CACHE_DTYPES,
+    SERVED_WEIGHT_QUANTIZATIONS,
+    unserved_kv_cache_message,
+    unserved_quantization_message,
+)
+
+
+class BaseModelRow(Protocol):
+    """What the mapping reads of a base model row."""
+
+    name: str
+    object_prefix: str
+
+
+class DeploymentRow(Protocol):
+    """What the mapping reads of a deployment row (`db.models.Deployment`)."""
+
+    name: str
+    weight_quantization: str
+    kv_cache_dtype: str
+    max_loras: int
+    max_lora_rank: int
+    expert_parallel_size: int
+    base_model: BaseModelRow
+
+
+class UnservableDeploymentError(ValueError):
+    """The deployment asks for something the engine does not implement."""
+
+
+def model_location(base_model: BaseModelRow, bucket: str) -> str:
+    """Where a registered base model's files live: `s3://BUCKET/PREFIX`."""
+    return f"s3://{bucket}/{base_model.object_prefix.strip('/')}"
+
+
+def engine_config_for_deployment(
+    deployment: DeploymentRow,
+    *,
+    bucket: str | None = None,
+    model: str | None = None,
+    **overrides: Any,
+) -> EngineConfig:
+    """The EngineConfig serving `deployment`.
+
+    The model is the base model's objects in `bucket` unless `model` names another copy of
+    the same files (`up` serves its local folder). `model_id` is the base model's name, so
+    every replica (and the router) keys cached prefixes alike. `overrides` set per-launcher
+    fields (device, KV memory). Raises UnservableDeploymentError for a weight quantization or
+    KV-cache dtype the engine does not serve.
+    """
+    quant = deployment.weight_quantization
+    if quant not in SERVED_WEIGHT_QUANTIZATIONS:
+        raise UnservableDeploymentError(
+            f"deployment {deployment.name!r}: {unserved_quantization_message(quant)}"
+        )
+    if deployment.kv_cache_dtype not in SERVED_KV_CACHE_DTYPES:
+        raise UnservableDeploymentError(
+            f"deployment {deployment.name!r}: "
+            f"{unserved_kv_cache_message(deployment.kv_cache_dtype)}"
+        )
+    if model is None:
+        if not bucket:
+            raise ValueError("give the bucket holding the base model (or a model location)")
+        model = model_location(deployment.base_model, bucket)
+    fields: dict[str, Any] = {
+        "model": model,
+        "model_id": deployment.base_model.name,
+        "quantization": quant,
+        "max_loras": deployment.max_loras,
+        "max_lora_rank": deployment.max_lora_rank,
+        "ep_size": deployment.expert_parallel_size,
+    }
+    fields.update(overrides)
+    return EngineConfig(**fields)
+
+
+def engine_args_for_deployment(
+    deployment: DeploymentRow,
+    server: ServerOptions | None = None,
+    *,
+    bucket: str | None = None,
+    model: str | None = None,
+    **overrides: Any,
+) -> list[str]:
+    """The `loraplex engine` options serving `deployment` (see `engine_config_for_deployment`);
+    a launcher puts its program in front (`loraplex engine`, or `python -m loraplex.platform.cli
+    engine`) and the storage settings in the environment."""
+    config = engine_config_for_deployment(deployment, bucket=bucket, model=model, **overrides)
+    return engine_args(config, server)

@@ -1,0 +1,60 @@
+"""Adapter versions from the real S3: `ObjectSource` (the one adapter fetch) returns both files
+only when they match the version's identity, and refuses oversized objects."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+from safetensors.torch import save
+
+from loraplex.adapters.peft_format import AdapterFormatError
+from loraplex.loader.object_store import ObjectStore
+from loraplex.platform.engine.lora.sources import AdapterRef, ObjectSource
+
+
+def _weights() -> bytes:
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    for i in range(2):
+        p = f"base_model.model.model.layers.{i}.self_attn.q_proj"
+        out[f"{p}.lora_A.weight"] = torch.randn(8, 64, generator=gen)
+        out[f"{p}.lora_B.weight"] = torch.randn(64, 8, generator=gen)
+    return save(out)
+
+
+@pytest.fixture
+def stored(s3_storage, s3_client, s3_bucket, s3_prefix) -> tuple[ObjectStore, bytes, bytes]:
+    cfg, weights = json.dumps({"r": 8, "lora_alpha": 16}).encode(), _weights()
+    s3_client.put_object(Bucket=s3_bucket, Key=s3_prefix + "adapter_config.json", Body=cfg)
+    s3_client.put_object(
+        Bucket=s3_bucket, Key=s3_prefix + "adapter_model.safetensors", Body=weights
+    )
+    return ObjectStore(s3_storage), cfg, weights
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_fetch_returns_both_files_checked(stored, s3_prefix) -> None:
+    store, cfg, weights = stored
+    ref = AdapterRef(s3_prefix, _sha(weights), _sha(cfg))
+    assert ObjectSource(ref, store).fetch() == (cfg, weights)
+
+
+def test_other_bytes_are_never_served_under_a_version(stored, s3_prefix) -> None:
+    store, cfg, weights = stored
+    with pytest.raises(AdapterFormatError, match="does not match version sha256"):
+        ObjectSource(AdapterRef(s3_prefix, _sha(b"x")), store).fetch()
+    with pytest.raises(AdapterFormatError, match="config sha256"):
+        ObjectSource(AdapterRef(s3_prefix, _sha(weights), _sha(b"{}")), store).fetch()
+
+
+def test_oversized_objects_are_refused_before_reading(stored, s3_prefix) -> None:
+    store, _, weights = stored
+    source = ObjectSource(AdapterRef(s3_prefix, _sha(weights)), store, max_bytes=1000)
+    with pytest.raises(AdapterFormatError, match="over the limit of 1000"):
+        source.fetch()

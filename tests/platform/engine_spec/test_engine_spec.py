@@ -1,0 +1,113 @@
+"""EngineConfig <-> `loraplex engine` options <-> deployment rows: one path, torch-free.
+
+The command line is generated from EngineConfig's fields and parsed back to the same config;
+a deployment row maps to a config (and so to a command line) in one function."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from loraplex.loader.storage import StorageConfig
+from loraplex.platform.engine_spec import (
+    EngineConfig,
+    ServerOptions,
+    UnservableDeploymentError,
+    build_engine_parser,
+    engine_args,
+    engine_args_for_deployment,
+    engine_config_for_deployment,
+    parse_engine_args,
+)
+
+
+def _row(**kw):
+    base = SimpleNamespace(name="llama-8b", object_prefix="models/llama-8b/")
+    fields = dict(
+        name="dep", weight_quantization="bf16", kv_cache_dtype="auto", max_loras=12,
+        max_lora_rank=32, expert_parallel_size=1, base_model=base,
+    )  # fmt: skip
+    return SimpleNamespace(**(fields | kw))
+
+
+def test_config_to_argv_and_back_is_identity() -> None:
+    config = EngineConfig(
+        model="s3://bucket/models/moe",
+        quantization="bf16",
+        max_loras=3,
+        max_lora_rank=16,
+        ep_size=4,
+        ep_redundant_experts=2,
+        eplb_interval=100,
+        enable_prefix_caching=False,
+        cuda_graph_sizes=[1, 2, 8],
+        kv_cache_memory_bytes=1 << 28,
+        gpu_memory_utilization=0.75,
+        model_id="moe",
+    )
+    server = ServerOptions(host="0.0.0.0", port=9001, log_level="warning")
+    argv = engine_args(config, server)
+    assert argv[argv.index("--max-loras") + 1] == "3"
+    assert argv[argv.index("--ep-size") + 1] == "4"
+    assert "--no-enable-prefix-caching" in argv
+    assert parse_engine_args(argv) == (config, server)
+
+
+def test_defaults_give_the_shortest_command_line() -> None:
+    assert engine_args(EngineConfig(model="/m")) == ["--model", "/m"]
+    config, server = parse_engine_args(["--model", "/m"])
+    assert config == EngineConfig(model="/m") and server == ServerOptions()
+
+
+def test_every_field_but_storage_is_an_option() -> None:
+    dests = {a.dest for a in build_engine_parser()._actions}
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    assert fields - dests == {"storage"}
+    storage = StorageConfig(endpoint_url="http://s3", bucket="b", secret_key="never-on-argv")
+    config = EngineConfig(model="/m", storage=storage)
+    assert engine_args(config) == ["--model", "/m"]  # secrets travel in the environment
+    assert parse_engine_args(["--model", "/m"], storage=storage)[0].storage is storage
+
+
+def test_bad_values_are_refused_by_the_config() -> None:
+    with pytest.raises(ValueError, match="block_size"):
+        parse_engine_args(["--model", "/m", "--block-size", "12"])
+    with pytest.raises(ValueError, match="ep_size"):
+        EngineConfig(model="/m", ep_size=0)
+
+
+def test_deployment_row_maps_to_one_config_and_command_line() -> None:
+    row = _row(expert_parallel_size=2)
+    config = engine_config_for_deployment(row, bucket="lpx", device="cuda:0")
+    assert (config.model, config.model_id) == ("s3://lpx/models/llama-8b", "llama-8b")
+    assert (config.quantization, config.max_loras, config.max_lora_rank, config.ep_size) == (
+        "bf16", 12, 32, 2,
+    )  # fmt: skip
+    assert config.device == "cuda:0"
+    argv = engine_args_for_deployment(row, ServerOptions(port=8200), bucket="lpx", device="cuda:0")
+    assert parse_engine_args(argv) == (config, ServerOptions(port=8200))
+    local = engine_config_for_deployment(row, model="/data/llama")
+    assert local.model == "/data/llama" and local.model_id == "llama-8b"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [("weight_quantization", "int4", "'int4' is not implemented"),
+     ("kv_cache_dtype", "fp8", "'fp8' is not implemented")],
+)  # fmt: skip
+def test_unservable_deployments_are_refused(field: str, value: str, match: str) -> None:
+    with pytest.raises(UnservableDeploymentError, match=match):
+        engine_config_for_deployment(_row(**{field: value}), bucket="lpx")
+
+
+def test_engine_spec_and_settings_import_without_torch() -> None:
+    code = (
+        "import sys, loraplex.platform.engine_spec, loraplex.platform.settings;"
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr

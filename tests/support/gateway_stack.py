@@ -1,0 +1,66 @@
+"""A running stack for the gateway end-to-end tests: the API app and engine replicas as real
+subprocesses on free ports (started by `platform/local_processes.py`, as `loraplex up` and
+the serve benchmark start theirs), each replica kept registered for its deployment by a
+health-gated heartbeat."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from loraplex.platform.child_env import child_env
+from loraplex.platform.engine_spec import parse_engine_args
+from loraplex.platform.gateway.replica_agent import register_replica
+from loraplex.platform.local_processes import start_api_process, start_engine_process
+
+
+def settings_env(settings: Any, role: str = "api", **overrides: Any) -> dict[str, str]:
+    """The process environment that rebuilds `settings` (LORAPLEX_* variables) for a child of
+    `role` (api, worker or engine: each sees only its own secrets), offline."""
+    return {**child_env(settings.model_copy(update=overrides), role), "HF_HUB_OFFLINE": "1"}
+
+
+class Replica:
+    """An engine replica subprocess (`--model model_dir` plus `extra_args`, parsed by the
+    engine's own options) and its registration heartbeat."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        deployment: str,
+        redis_url: str,
+        workdir: Path,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        config, _ = parse_engine_args(["--model", str(model_dir), *(extra_args or [])])
+        log = workdir / f"replica-{os.urandom(4).hex()}.log"
+        self.url, self.proc = start_engine_process(
+            config, log, env or dict(os.environ), log_level="warning", timeout=90
+        )
+        # The default TTL: a busy CI machine may answer /health late under 20 streams, and a
+        # 3 s TTL then drops a live replica (503s); a dead one is marked down by the router.
+        self.heartbeat = register_replica(redis_url, deployment, self.url)
+
+    def state(self) -> dict[str, Any]:
+        """The replica's /state."""
+        return httpx.get(f"{self.url}/state", timeout=5).json()
+
+    def stop(self) -> None:
+        """Deregister and stop."""
+        self.heartbeat.stop()
+        self.proc.stop()
+
+
+class Api:
+    """The API app (`loraplex.api.app:create_app`) under uvicorn."""
+
+    def __init__(self, env: dict[str, str], workdir: Path) -> None:
+        self.url, self.proc = start_api_process(env, workdir / f"api-{os.urandom(4).hex()}.log")
+
+    def stop(self) -> None:
+        """Stop the server."""
+        self.proc.stop()

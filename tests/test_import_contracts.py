@@ -1,0 +1,86 @@
+"""The dependency direction holds: import-linter's contracts (pyproject.toml
+`[tool.importlinter]`) pass on the project, and the same contracts fail on a throwaway copy of
+the layout that imports the wrong way, so they can fail at all."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from support.import_tree import REPO, lint_imports, loraplex_tree, package_tree
+
+FIXTURE = "lpxfixture"
+# One module per layer the contracts name (optional layers left out, as on a branch without them).
+FIXTURE_MODULES = [
+    "api/app.py", "migrations/env.py", "adapters/weights.py", "moe/layer.py",
+    "loader/stream.py", "platform/cli.py", "platform/bench/run.py", "platform/up.py",
+    "platform/up_replica.py", "platform/gateway/router.py", "platform/jobs/tasks.py",
+    "platform/engine/core.py", "platform/services/adapters.py", "platform/db/models.py",
+    "platform/settings.py", "platform/embedded/process.py", "platform/demo_model.py",
+    "platform/engine_spec/config.py", "platform/testing/models.py", "platform/bench/common.py",
+    "platform/local_processes.py",
+]  # fmt: skip
+# Imports that follow the direction: the fixture passes with these alone.
+GOOD = {
+    "api/app.py": ["platform.services.adapters", "platform.gateway.router"],
+    "platform/gateway/router.py": ["platform.services.adapters", "platform.engine_spec.config"],
+    "platform/engine/core.py": ["platform.engine_spec.config", "adapters.weights", "moe.layer"],
+    "platform/services/adapters.py": ["platform.db.models", "platform.settings"],
+    "adapters/weights.py": ["loader.stream"],
+    "platform/bench/run.py": ["platform.bench.common", "platform.up"],
+}
+
+
+def _contracts_config(dest: Path) -> Path:
+    """This project's contracts, aimed at the fixture package."""
+    text = (REPO / "pyproject.toml").read_text()
+    section = text[text.index("[tool.importlinter]") :]
+    tomllib.loads(section)  # the contracts are the file's last tables
+    dest.write_text(re.sub(r"\bloraplex\b", FIXTURE, section))
+    return dest
+
+
+def _fixture(tmp_path: Path, wrong: tuple[str, str] | None) -> Path:
+    src = tmp_path / "src"
+    for rel in FIXTURE_MODULES:
+        path = src / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for parent in path.relative_to(src).parents[:-1]:
+            if parent.parts[0] != "platform" or len(parent.parts) > 1:
+                (src / parent / "__init__.py").touch()
+        imports = list(GOOD.get(rel, []))
+        if wrong is not None and wrong[0] == rel:
+            imports.append(wrong[1])
+        path.write_text("".join(f"import {FIXTURE}.{m}\n" for m in imports))
+    folders = {p.name: p for p in src.iterdir()}
+    return package_tree(tmp_path / "tree", FIXTURE, folders)
+
+
+def test_the_project_keeps_every_contract(tmp_path: Path) -> None:
+    out = lint_imports(loraplex_tree(tmp_path), REPO / "pyproject.toml")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(r"Contracts: \d+ kept, 0 broken", out.stdout), out.stdout
+
+
+def test_the_contracts_pass_a_layout_that_imports_the_right_way(tmp_path: Path) -> None:
+    out = lint_imports(_fixture(tmp_path, None), _contracts_config(tmp_path / "c.toml"))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    ("wrong", "broken"),
+    [
+        (("platform/engine/core.py", "platform.db.models"), "the engine never imports"),
+        (("platform/services/adapters.py", "platform.jobs.tasks"), "platform: launchers"),
+        (("loader/stream.py", "platform.settings"), "api -> platform"),
+        (("platform/gateway/router.py", "platform.engine.core"), "control plane and gateway"),
+        (("platform/bench/common.py", "platform.bench.run"), "no import cycles"),
+    ],
+)
+def test_a_wrong_import_breaks_a_contract(tmp_path: Path, wrong, broken: str) -> None:
+    out = lint_imports(_fixture(tmp_path, wrong), _contracts_config(tmp_path / "c.toml"))
+    assert out.returncode != 0, out.stdout
+    found = out.stdout.split("Broken contracts")[-1]
+    assert broken in found and wrong[1].rpartition(".")[2] in found, out.stdout
