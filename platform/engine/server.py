@@ -1,17 +1,17 @@
 """The replica's internal HTTP API: stream generations, abort, health, state, metrics.
 
-An `EngineLoop` (engine_loop.py) drives the engine between steps and hands each delta to its
-request's stream. A client that disconnects aborts its request at once (a watcher reads the
-ASGI `http.disconnect`, streamed or not), which frees its KV blocks before the next step.
+It speaks the wire format of `loraplex.platform.wire` (one versioned definition the gateway
+imports too). An `EngineLoop` (engine_loop.py) drives the engine between steps and hands each
+delta to its request's stream; `wire_mapping.py` turns requests and deltas into engine objects
+and wire events. A client that disconnects aborts its request at once (a watcher reads the
+ASGI `http.disconnect`), which frees its KV blocks before the next step.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,89 +19,71 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraplex.platform.engine.engine_core import EngineCore
 from loraplex.platform.engine.engine_loop import EngineLoop, PendingAdd
 from loraplex.platform.engine.ep_engine import add_ep_arguments, build_engine
 from loraplex.platform.engine.load_args import add_load_arguments, load_options
 from loraplex.platform.engine.metrics import CONTENT_TYPE_LATEST
-from loraplex.platform.engine.outputs import RequestDelta
-from loraplex.platform.engine.sampling_params import SamplingParams
+from loraplex.platform.engine.wire_mapping import EventWriter, adapter_reference, sampling_params
+from loraplex.platform.wire import (
+    WIRE_VERSION,
+    WIRE_VERSION_HEADER,
+    AbortResult,
+    ErrorBody,
+    ErrorEvent,
+    ErrorInfo,
+    GenerateRequest,
+    encode_event,
+)
 
 log = logging.getLogger(__name__)
-MAX_PROMPT_TOKENS = 1_000_000
+_VERSION = str(WIRE_VERSION).encode()
 
 
-def error_response(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:
-    """An OpenAI-shaped error body with its status code."""
-    body = {"error": {"message": message, "type": type_, "param": param, "code": status}}
-    return JSONResponse(body, status_code=status)
+def error_response(
+    status: int, message: str, type_: str, code: str, param: str | None = None
+) -> JSONResponse:
+    """An `ErrorBody` with its status code."""
+    body = ErrorBody(error=ErrorInfo(message=message, type=type_, param=param, code=code))
+    return JSONResponse(body.model_dump(), status_code=status)
 
 
-class GenerateRequest(BaseModel):
-    """POST /generate body: a prompt (text or token ids), sampling settings, routing keys."""
+class WireVersionMiddleware:
+    """Stamps `x-loraplex-wire` on every answer and refuses a request of another version
+    (`/health` and `/metrics` are read by probes and scrapers, which send none)."""
 
-    model_config = ConfigDict(extra="forbid")
+    OPEN = ("/health", "/metrics")
 
-    prompt: str | None = None
-    prompt_token_ids: list[int] | None = Field(default=None, max_length=MAX_PROMPT_TOKENS)
-    request_id: str | None = Field(default=None, max_length=256)
-    adapter: Any | None = None
-    cache_salt: str | None = Field(default=None, max_length=256)
-    stream: bool = True
-    n: int = 1
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    stop: list[str] | str | None = None
-    stop_token_ids: list[int] | None = None
-    include_stop_str_in_output: bool = False
-    max_tokens: int = 16
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None
-    skip_special_tokens: bool = True
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
 
-    def sampling_params(self) -> SamplingParams:
-        """The SamplingParams this body asks for (raises ValueError when invalid)."""
-        fields = self.model_dump(
-            exclude={"prompt", "prompt_token_ids", "request_id", "adapter", "cache_salt", "stream"}
-        )
-        return SamplingParams(**fields)
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
 
+        async def stamped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (WIRE_VERSION_HEADER.encode(), _VERSION)]
+            await send(message)
 
-def _lp_json(lps: list[dict[int, float] | None] | None) -> list | None:
-    if lps is None:
-        return None
-    return [
-        None if d is None else [{"token_id": t, "logprob": v} for t, v in d.items()] for d in lps
-    ]
-
-
-def delta_json(d: RequestDelta) -> dict[str, Any]:
-    """A delta as JSON (logprob dicts become lists, since JSON keys are strings)."""
-    out: dict[str, Any] = {
-        "request_id": d.request_id,
-        "token_ids": d.new_token_ids,
-        "text": d.new_text,
-        "finished": d.finished,
-        "finish_reason": d.finish_reason,
-    }
-    if d.new_logprobs:
-        out["logprobs"] = _lp_json(d.new_logprobs)
-    if d.prompt_logprobs is not None:
-        out["prompt_logprobs"] = _lp_json(d.prompt_logprobs)
-    if d.finished or d.prompt_logprobs is not None:
-        out["num_prompt_tokens"] = d.num_prompt_tokens
-        out["num_cached_tokens"] = d.num_cached_tokens
-    return out
+        if scope["path"] not in self.OPEN:
+            sent = dict(scope.get("headers", [])).get(WIRE_VERSION_HEADER.encode())
+            if sent != _VERSION:
+                got = sent.decode(errors="replace") if sent is not None else "none"
+                response = error_response(
+                    400,
+                    f"wire version mismatch: this replica speaks {WIRE_VERSION}, the caller {got}",
+                    "invalid_request_error",
+                    "wire_version_mismatch",
+                )
+                await response(scope, receive, stamped)
+                return
+        await self.app(scope, receive, stamped)
 
 
 def create_app(core: EngineCore) -> FastAPI:
@@ -118,61 +100,64 @@ def create_app(core: EngineCore) -> FastAPI:
         await loop.stop()
 
     app = FastAPI(title="loraplex engine", lifespan=lifespan)
+    app.add_middleware(WireVersionMiddleware)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
-        param = ".".join(str(p) for p in first.get("loc", [])[1:]) or None
-        return error_response(
-            400, first.get("msg", "invalid request"), "invalid_request_error", param
-        )
+        param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        message = first.get("msg", "invalid request")
+        return error_response(422, message, "invalid_request_error", "invalid_request", param)
 
     @app.post("/generate")
-    async def generate(body: GenerateRequest, request: Request) -> Response:
+    async def generate(request: Request) -> Response:
         loop = holder["loop"]
-        if (body.prompt is None) == (body.prompt_token_ids is None):
-            return error_response(400, "give exactly one of prompt or prompt_token_ids",
-                                  "invalid_request_error", "prompt")  # fmt: skip
         try:
-            params = body.sampling_params()
+            body = GenerateRequest.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+        try:
+            params = sampling_params(body.sampling)
         except ValueError as exc:
-            return error_response(400, str(exc), "invalid_request_error")
-        if params.n != 1:
-            return error_response(400, "n must be 1 here", "invalid_request_error", "n")
-        rid = body.request_id or f"gen-{uuid.uuid4().hex}"
-        prompt = body.prompt if body.prompt is not None else body.prompt_token_ids
+            return error_response(400, str(exc), "invalid_request_error", "invalid_value")
+        rid = body.request_id
+        add = PendingAdd(
+            body.prompt_token_ids, params, rid, adapter_reference(body.adapter), body.cache_salt
+        )
         try:
-            queue = await loop.add(PendingAdd(prompt, params, rid, body.adapter, body.cache_salt))
+            queue = await loop.add(add)
         except KeyError:
-            return error_response(409, f"request id {rid!r} is in use", "conflict", "request_id")
+            return error_response(409, f"request id {rid!r} is in use", "invalid_request_error",
+                                  "request_id_in_use", "request_id")  # fmt: skip
         except NotImplementedError as exc:
-            return error_response(501, str(exc), "not_implemented", "adapter")
+            return error_response(501, str(exc), "invalid_request_error", "not_implemented",
+                                  "adapter")  # fmt: skip
         except ValueError as exc:
-            return error_response(400, str(exc), "invalid_request_error")
+            return error_response(400, str(exc), "invalid_request_error", "invalid_value")
         watcher = asyncio.create_task(_abort_on_disconnect(request, loop, rid))
-        if body.stream:
-            return _AbortingStream(watcher, _sse(loop, rid, queue), media_type="text/event-stream")
-        try:
-            return JSONResponse(await _collect(loop, rid, queue))
-        finally:
-            watcher.cancel()
+        writer = EventWriter(core.tokenizer, params.logprobs)
+        return _AbortingStream(
+            watcher, _sse(loop, rid, queue, writer), media_type="text/event-stream"
+        )
 
     @app.post("/abort/{request_id}")
     async def abort(request_id: str) -> Response:
         if not holder["loop"].abort(request_id):
-            return error_response(404, f"no running request {request_id!r}", "not_found")
-        return JSONResponse({"request_id": request_id, "aborted": True})
+            return error_response(404, f"no running request {request_id!r}",
+                                  "invalid_request_error", "not_found")  # fmt: skip
+        return JSONResponse(AbortResult(request_id=request_id, aborted=True).model_dump())
 
     @app.get("/health")
     async def health() -> Response:
         loop = holder.get("loop")
         if loop is None or not loop.alive:
-            return error_response(503, "engine loop is not running", "unavailable")
-        return JSONResponse({"status": "ok", "last_error": loop.error})
+            return error_response(503, "engine loop is not running", "server_error",
+                                  "engine_unavailable")  # fmt: skip
+        return JSONResponse({"status": "ok"})
 
     @app.get("/state")
     async def state() -> Response:
-        return JSONResponse(core.state())
+        return Response(core.state().model_dump_json(), media_type="application/json")
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -195,7 +180,7 @@ class _AbortingStream(StreamingResponse):
     """A stream whose disconnect watcher stops, and whose body generator is closed (running
     its abort), when the response ends for any reason."""
 
-    def __init__(self, watcher: asyncio.Task, body: AsyncIterator[str], **kw: Any) -> None:
+    def __init__(self, watcher: asyncio.Task, body: AsyncIterator[bytes], **kw: Any) -> None:
         super().__init__(body, **kw)
         self._watcher = watcher
 
@@ -207,50 +192,25 @@ class _AbortingStream(StreamingResponse):
             await asyncio.shield(self.body_iterator.aclose())  # type: ignore[attr-defined]
 
 
-async def _next(queue: asyncio.Queue) -> RequestDelta:
-    item = await queue.get()
-    if isinstance(item, Exception):
-        raise item
-    return item
-
-
-async def _sse(loop: EngineLoop, rid: str, queue: asyncio.Queue) -> AsyncIterator[str]:
+async def _sse(
+    loop: EngineLoop, rid: str, queue: asyncio.Queue, writer: EventWriter
+) -> AsyncIterator[bytes]:
+    """The `/generate` stream: delta frames, then a finish frame (or an error frame)."""
     finished = False
     try:
         while not finished:
-            try:
-                d = await _next(queue)
-            except Exception as exc:
-                err = {"message": str(exc), "type": "server_error", "param": None, "code": 500}
-                yield f"data: {json.dumps({'error': err})}\n\n"
+            item = await queue.get()
+            if isinstance(item, Exception):
+                info = ErrorInfo(message=f"engine step failed: {item}", type="server_error",
+                                 code="engine_error")  # fmt: skip
+                yield encode_event(ErrorEvent(error=info))
                 return
-            finished = d.finished
-            yield f"data: {json.dumps(delta_json(d))}\n\n"
-        yield "data: [DONE]\n\n"
+            finished = item.finished
+            for frame in writer.frames(item):
+                yield frame
     finally:
         if not finished:
             loop.abort(rid)
-
-
-async def _collect(loop: EngineLoop, rid: str, queue: asyncio.Queue) -> dict[str, Any]:
-    out: dict[str, Any] = {"request_id": rid, "token_ids": [], "text": "", "logprobs": []}
-    finished = False
-    try:
-        while not finished:
-            d = await _next(queue)
-            j = delta_json(d)
-            out["token_ids"] += j["token_ids"]
-            out["text"] += j["text"]
-            out["logprobs"] += j.get("logprobs") or []
-            for key in ("prompt_logprobs", "num_prompt_tokens", "num_cached_tokens"):
-                if key in j:
-                    out[key] = j[key]
-            finished = d.finished
-            out["finish_reason"] = d.finish_reason
-    finally:
-        if not finished:
-            loop.abort(rid)
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:

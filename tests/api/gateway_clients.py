@@ -22,7 +22,7 @@ def wait_idle(replica: Replica, timeout_s: float = 20.0) -> dict[str, Any]:
         if (
             state["num_requests_running"] == 0
             and state["num_requests_waiting"] == 0
-            and state["kv_cache_usage_perc"] == 0
+            and state["kv_cache_usage"] == 0
         ):
             return state
         time.sleep(0.1)

@@ -16,6 +16,9 @@ from typing import Any
 import httpx
 
 from loraplex.platform.gateway.replica_agent import register_replica
+from loraplex.platform.wire import WIRE_VERSION, WIRE_VERSION_HEADER, ReplicaState
+
+WIRE_HEADERS = {WIRE_VERSION_HEADER: str(WIRE_VERSION)}
 
 
 def free_port() -> int:
@@ -112,8 +115,9 @@ class Replica:
         self.heartbeat = register_replica(redis_url, deployment, self.url, ttl_s=3.0)
 
     def state(self) -> dict[str, Any]:
-        """The replica's /state."""
-        return httpx.get(f"{self.url}/state", timeout=5).json()
+        """The replica's /state (checked against the wire format)."""
+        resp = httpx.get(f"{self.url}/state", headers=WIRE_HEADERS, timeout=5)
+        return ReplicaState.model_validate_json(resp.content).model_dump()
 
     def stop(self) -> None:
         """Deregister and stop."""

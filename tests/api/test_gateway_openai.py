@@ -8,6 +8,7 @@ Tests that need adapters uploaded, validated and served by a replica are marked
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 import time
@@ -27,16 +28,22 @@ from gateway_clients import (
     wait_idle,
 )
 from gateway_stack import Api, Replica, fresh_database, settings_env
+from redis.asyncio import Redis
 
 from loraplex.platform.db.session import make_sessionmaker, session_scope
 from loraplex.platform.demo_model import make_demo_model
 from loraplex.platform.engine.llm import LLM
 from loraplex.platform.engine.sampling_params import SamplingParams
 from loraplex.platform.gateway.assets import ModelAssets
+from loraplex.platform.gateway.replica_client import ReplicaClient
+from loraplex.platform.gateway.replicas import ReplicaRegistry
+from loraplex.platform.gateway.router import Dispatch, Router
 from loraplex.platform.services.api_keys import create_api_key, revoke_api_key
 from loraplex.platform.services.base_models import register_base_model
 from loraplex.platform.services.deployments import DeploymentSpec, create_deployment
 from loraplex.platform.services.tenants import create_tenant
+from loraplex.platform.wire import FinishEvent, GenerateRequest, SamplingOptions
+from loraplex.platform.wire.prefix_hash import max_cached_blocks
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -382,14 +389,80 @@ def test_non_streamed_request_is_aborted_when_the_client_leaves(stack: Stack) ->
     assert aborted_count(stack.replica) == before + 1
 
 
-def test_killed_replica_does_not_hang_clients(stack: Stack) -> None:
-    second = Replica(
+@pytest.fixture(scope="module")
+def second(stack: Stack) -> Any:
+    """A second replica of the stack's deployment (the last test using it kills it)."""
+    replica = Replica(
         stack.model_dir,
         stack.deployment,
         stack.redis_url,
         stack.work,
         env=settings_env(stack.settings),
     )
+    yield replica
+    replica.stop()
+
+
+def test_cached_prefix_is_routed_to_its_replica_as_predicted(stack: Stack, second: Any) -> None:
+    """Two real replicas, the gateway's real router: a prompt that went to replica B (A was
+    busy) goes back to B when both are idle, and B's cached-token count is the router's
+    prediction, computed with the engine's hash and the block size B reports."""
+    first = stack.replica
+    prompt = stack.assets.encode("The train left the station on time, crossed the river, " * 3)
+    salt = f"salt-{uuid.uuid4().hex}"
+
+    async def run() -> tuple[list[Dispatch], list[FinishEvent], dict[str, Any]]:
+        redis = Redis.from_url(stack.redis_url)
+        http = httpx.AsyncClient()
+        client = ReplicaClient(http)
+        router = Router(ReplicaRegistry(redis), client, state_ttl_s=0.0)
+        dispatches: list[Dispatch] = []
+        finishes: list[FinishEvent] = []
+
+        async def routed(rid: str) -> None:
+            req = GenerateRequest(
+                request_id=rid,
+                prompt_token_ids=prompt,
+                sampling=SamplingOptions(max_tokens=2, temperature=0),
+                cache_salt=salt,
+            )
+            async for event in router.generate(stack.deployment, req, None, dispatches.append):
+                if isinstance(event, FinishEvent):
+                    finishes.append(event)
+
+        # Keep the first replica busy (called directly, not through the router).
+        long = GenerateRequest(
+            request_id=f"busy-{uuid.uuid4().hex}",
+            prompt_token_ids=[5, 6, 7],
+            sampling=SamplingOptions(max_tokens=1900, ignore_eos=True),
+        )
+        busy = client.generate(first.url, long)
+        await anext(busy)  # it runs
+        await routed(f"p1-{uuid.uuid4().hex}")
+        await client.abort(first.url, long.request_id)
+        await busy.aclose()
+        await asyncio.to_thread(wait_idle, first)
+        before = await client.state(first.url)
+        await routed(f"p2-{uuid.uuid4().hex}")
+        after = await client.state(first.url)
+        await http.aclose()
+        await redis.aclose()
+        moved = after.prefix_cache_queries - before.prefix_cache_queries
+        return dispatches, finishes, {"first_queries": moved}
+
+    dispatches, finishes, seen = asyncio.run(run())
+    urls = [d.replica.url for d in dispatches]
+    assert urls == [second.url, second.url], "a cached prefix must pull the request back"
+    assert seen["first_queries"] == 0
+    block = second.state()["block_size"]
+    assert dispatches[0].predicted_cached_tokens == finishes[0].usage.cached_tokens == 0
+    expected = max_cached_blocks(len(prompt), block) * block
+    assert expected >= 2 * block
+    assert dispatches[1].predicted_cached_tokens == expected
+    assert finishes[1].usage.cached_tokens == expected
+
+
+def test_killed_replica_does_not_hang_clients(stack: Stack, second: Any) -> None:
     results: list[str] = []
 
     def client(i: int) -> None:
@@ -410,6 +483,7 @@ def test_killed_replica_does_not_hang_clients(stack: Stack) -> None:
         except openai.APIError as exc:
             results.append(f"error:{type(exc).__name__}")
 
+    wait_idle(second)
     try:
         threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
         for t in threads:

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from moe_ep_workers import save_tiny_qwen2_moe
+from replica_wire import body, generate
 
 pytest.importorskip("transformers")
 
@@ -62,11 +63,8 @@ def test_engine_cli_with_ep_size_two_serves_like_one_rank(tmp_path: Path) -> Non
             time.sleep(0.2)
         got = []
         for prompt in PROMPTS:
-            body = {"prompt_token_ids": prompt, "max_tokens": 6, "temperature": 0,
-                    "ignore_eos": True, "stream": False}  # fmt: skip
-            resp = httpx.post(base + "/generate", json=body, timeout=60)
-            assert resp.status_code == 200, resp.text
-            got.append(resp.json()["token_ids"])
+            req = body(prompt, max_tokens=6, temperature=0, ignore_eos=True)
+            got.append(generate(base, req).token_ids)
     finally:
         proc.terminate()
         proc.wait(timeout=60)

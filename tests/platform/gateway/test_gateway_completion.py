@@ -13,6 +13,7 @@ from loraplex.platform.gateway.completion import SEED_MASK, build_chat_job, buil
 from loraplex.platform.gateway.errors import GatewayError
 from loraplex.platform.gateway.openai_schemas import parse_chat_request, parse_completion_request
 from loraplex.platform.gateway.resolve import ResolvedModel
+from loraplex.platform.wire import AdapterRef
 
 TENANT = uuid.uuid4()
 
@@ -58,8 +59,9 @@ def test_chat_job(assets: ModelAssets) -> None:
     assert job.prompt_ids == assets.encode(text, add_special_tokens=False)
     assert job.max_tokens == 5 and job.n == 2 and job.top_n == 3
     s = job.sampling
-    assert s["temperature"] == 0.5 and s["stop"] == ["END"] and s["logprobs"] == 3
-    assert s["seed"] == -1 & SEED_MASK and s["seed"] >= 0 and s["n"] == 1
+    assert s.temperature == 0.5 and s.stop == ["END"] and s.logprobs == 3
+    assert s.seed == -1 & SEED_MASK and s.seed >= 0
+    assert s.top_p is None and s.max_tokens == 5  # left out: the engine's default
     assert job.cid.startswith("chatcmpl-")
 
 
@@ -92,12 +94,12 @@ def test_adapter_reference_and_salt() -> None:
     from loraplex.platform.gateway.completion import _adapter_ref
 
     r = _resolved(adapter=True)
-    assert _adapter_ref(r, TENANT) == {
-        "object_prefix": "tenants/t/adapters/a/v3/",
-        "sha256": "ab" * 32,
-        "config_sha256": "cd" * 32,
-        "tenant": str(TENANT),
-    }
+    assert _adapter_ref(r, TENANT) == AdapterRef(
+        object_prefix="tenants/t/adapters/a/v3/",
+        sha256="ab" * 32,
+        config_sha256="cd" * 32,
+        tenant=str(TENANT),
+    )
     assert _adapter_ref(_resolved(), TENANT) is None
     assert r.cache_salt(TENANT) == f"tenant:{TENANT}"
     assert _resolved(share=True).cache_salt(TENANT) is None

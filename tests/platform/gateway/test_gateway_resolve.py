@@ -125,7 +125,7 @@ def test_adapter_key_and_ref_cover_the_config() -> None:
     tenant = uuid.uuid4()
     for resolved in (one, two):
         ref = _adapter_ref(resolved, tenant)
-        assert ref is not None and ref["config_sha256"] == resolved.adapter_config_sha256
-        assert AdapterRef(**ref).key == resolved.adapter_key
+        assert ref is not None and ref.config_sha256 == resolved.adapter_config_sha256
+        assert AdapterRef(**ref.model_dump()).key == resolved.adapter_key
     legacy = ResolvedModel(**common)  # a version validated before config_sha256 was recorded
-    assert legacy.adapter_key == w == AdapterRef(**_adapter_ref(legacy, tenant)).key
+    assert legacy.adapter_key == w == AdapterRef(**_adapter_ref(legacy, tenant).model_dump()).key
