@@ -17,7 +17,6 @@ from loraplex.platform.engine.block_pool import BlockPool
 from loraplex.platform.engine.cold_start import finish_cold_start
 from loraplex.platform.engine.config import EngineConfig
 from loraplex.platform.engine.decode_graphs import recapture_decode_graphs, setup_decode_graphs
-from loraplex.platform.engine.detokenizer import IncrementalDetokenizer
 from loraplex.platform.engine.kv_cache import kv_cache_bytes_per_block
 from loraplex.platform.engine.metrics import EngineMetrics
 from loraplex.platform.engine.model_runner import ModelRunner
@@ -27,6 +26,7 @@ from loraplex.platform.engine.prefix_cache import KVCacheManager
 from loraplex.platform.engine.request import Request, RequestStatus
 from loraplex.platform.engine.sampling_params import SamplingParams
 from loraplex.platform.engine.scheduler import Scheduler
+from loraplex.platform.tokenizing import IncrementalDetokenizer
 from loraplex.platform.wire import WIRE_VERSION, ReplicaState
 
 CPU_KV_BUDGET = 256 * 1024 * 1024

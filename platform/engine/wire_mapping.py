@@ -12,6 +12,7 @@ from typing import Any
 
 from loraplex.platform.engine.outputs import RequestDelta
 from loraplex.platform.engine.sampling_params import SamplingParams
+from loraplex.platform.tokenizing import token_text
 from loraplex.platform.wire import (
     AdapterRef,
     DeltaEvent,
@@ -47,7 +48,7 @@ class EventWriter:
         self.num_output_tokens = 0
 
     def _text(self, token_id: int) -> str:
-        return "" if self._tok is None else self._tok.decode([token_id], skip_special_tokens=False)
+        return "" if self._tok is None else token_text(self._tok, token_id)
 
     def _top(self, entry: dict[int, float], n: int) -> list[TopLogprob]:
         best = sorted(entry.items(), key=lambda kv: kv[1], reverse=True)[:n]

@@ -24,6 +24,7 @@ from loraplex.platform.gateway.router import Dispatch
 from loraplex.platform.gateway.service import Gateway
 from loraplex.platform.gateway.streaming import spawn
 from loraplex.platform.gateway.usage import Usage
+from loraplex.platform.tokenizing import TemplateRenderError
 from loraplex.platform.wire import AdapterRef, FinishEvent, GenerateRequest, SamplingOptions
 
 SEED_MASK = 2**63 - 1
@@ -101,8 +102,11 @@ def build_chat_job(
 ) -> Job:
     """Render the conversation, tokenize it and check limits."""
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    text = assets.template.render(messages, add_generation_prompt=True)
-    ids = assets.encode(text, add_special_tokens=False)
+    try:
+        text = assets.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except TemplateRenderError as exc:
+        raise bad_request(exc.message, param="messages") from None
+    ids = assets.tokenizer.encode(text, add_special_tokens=False)
     if not ids:
         raise bad_request("The rendered conversation is empty.", param="messages")
     max_tokens = _max_tokens(
@@ -139,11 +143,11 @@ def build_text_job(
     """Tokenize the prompt (or check the given ids) and check limits."""
     prompt = body.prompt_text_or_ids()
     if isinstance(prompt, str):
-        ids = assets.encode(prompt, add_special_tokens=True)
+        ids = assets.tokenizer.encode(prompt, add_special_tokens=True)
         if not ids:
             raise bad_request("The prompt is empty.", param="prompt")
     else:
-        vocab = assets.tokenizer.get_vocab_size(with_added_tokens=True)
+        vocab = assets.tokenizer.vocab_size
         if any(t < 0 or t >= vocab for t in prompt):
             raise bad_request(f"Prompt token ids must be in [0, {vocab}).", param="prompt")
         ids = prompt

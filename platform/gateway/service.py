@@ -25,15 +25,9 @@ from loraplex.platform.gateway.resolve import ModelResolver, ResolvedModel
 from loraplex.platform.gateway.router import Router
 from loraplex.platform.gateway.usage import UsageRecorder
 from loraplex.platform.settings import Settings
+from loraplex.platform.tokenizing import TOKENIZER_FILES
 
-ASSET_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "config.json",
-    "generation_config.json",
-    "chat_template.jinja",
-    "special_tokens_map.json",
-)
+ASSET_FILES = (*TOKENIZER_FILES, "config.json")  # config: the context length and eos ids
 
 
 def fetch_model_assets(s3: Any, bucket: str, prefix: str, dest: Path) -> Path:

@@ -129,8 +129,8 @@ def offline(stack: Stack) -> LLM:
 
 
 def _chat_prompt_ids(stack: Stack, messages: list[dict[str, str]]) -> list[int]:
-    text = stack.assets.template.render(messages, add_generation_prompt=True)
-    return stack.assets.encode(text, add_special_tokens=False)
+    text = stack.assets.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    return stack.assets.tokenizer.encode(text, add_special_tokens=False)
 
 
 def test_chat_matches_offline_engine_with_logprobs(stack: Stack, offline: LLM) -> None:
@@ -192,7 +192,7 @@ def test_completions_stream_and_not_with_logprobs(stack: Stack, offline: LLM) ->
     resp = client.completions.create(
         model=stack.base, prompt=prompt, max_tokens=8, temperature=0, logprobs=2
     )
-    ids = stack.assets.encode(prompt)
+    ids = stack.assets.tokenizer.encode(prompt)
     ref = offline.generate([ids], SamplingParams(temperature=0, max_tokens=8))[0]
     assert resp.choices[0].text == stack.assets.tokenizer.decode(ref.token_ids)
     assert (
@@ -408,7 +408,9 @@ def test_cached_prefix_is_routed_to_its_replica_as_predicted(stack: Stack, secon
     busy) goes back to B when both are idle, and B's cached-token count is the router's
     prediction, computed with the engine's hash and the block size B reports."""
     first = stack.replica
-    prompt = stack.assets.encode("The train left the station on time, crossed the river, " * 3)
+    prompt = stack.assets.tokenizer.encode(
+        "The train left the station on time, crossed the river, " * 3
+    )
     salt = f"salt-{uuid.uuid4().hex}"
 
     async def run() -> tuple[list[Dispatch], list[FinishEvent], dict[str, Any]]:

@@ -55,8 +55,8 @@ def test_chat_job(assets: ModelAssets) -> None:
         }
     )
     job = build_chat_job(body, _resolved(), assets, TENANT, None, 1024)
-    text = assets.template.render([{"role": "user", "content": "Hello"}])
-    assert job.prompt_ids == assets.encode(text, add_special_tokens=False)
+    text = assets.tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}])
+    assert job.prompt_ids == assets.tokenizer.encode(text, add_special_tokens=False)
     assert job.max_tokens == 5 and job.n == 2 and job.top_n == 3
     s = job.sampling
     assert s.temperature == 0.5 and s.stop == ["END"] and s.logprobs == 3
