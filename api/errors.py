@@ -1,59 +1,14 @@
-"""OpenAI-shaped errors everywhere: `{"error": {"message", "type", "param", "code"}}`.
-
-Service errors, HTTP errors, request validation errors, bodies over the size limit and
-unhandled exceptions all answer in this shape with the right status.
-"""
+"""The API's request-body limit. Errors become OpenAI-shaped responses through the
+platform's one mapping (`loraplex.platform.http_errors.install_error_handlers`)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
-from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from loraplex.platform.services.errors import ServiceError
-
-log = logging.getLogger(__name__)
-
-TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    409: "invalid_request_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-}
-
-
-class ApiError(Exception):
-    """An error the API answers directly with a status and an OpenAI-shaped body."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        code: str | None = None,
-        param: str | None = None,
-        type: str | None = None,
-        headers: dict[str, str] | None = None,
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.param = param
-        self.type = type or error_type(status)
-        self.headers = headers or {}
+from loraplex.platform.http_errors import error_response
 
 
 class BodyTooLarge(StarletteHTTPException):
@@ -62,84 +17,6 @@ class BodyTooLarge(StarletteHTTPException):
     def __init__(self, limit: int):
         super().__init__(413, f"The request body is larger than {limit} bytes.")
         self.limit = limit
-
-
-def error_type(status: int) -> str:
-    """The OpenAI error type for an HTTP status."""
-    return TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-
-
-def error_body(
-    message: str, *, type: str, code: str | None = None, param: str | None = None
-) -> dict[str, Any]:
-    """The OpenAI error object."""
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
-def error_response(
-    status: int,
-    message: str,
-    *,
-    code: str | None = None,
-    param: str | None = None,
-    type: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    """A JSONResponse carrying an OpenAI-shaped error."""
-    body = error_body(message, type=type or error_type(status), code=code, param=param)
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def _loc_param(loc: tuple | list) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
-    return ".".join(parts) or None
-
-
-async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-    return error_response(
-        exc.status, exc.message, code=exc.code, param=exc.param, type=exc.type, headers=exc.headers
-    )
-
-
-async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
-    return error_response(exc.status, exc.message, code=exc.code, param=exc.param)
-
-
-async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-    code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(
-        exc.status_code
-    )
-    message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-    if exc.status_code == 404 and message == "Not Found":
-        message = "No such route or resource."
-    return error_response(
-        exc.status_code, message, code=code, headers=getattr(exc, "headers", None)
-    )
-
-
-async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = exc.errors()
-    first = errors[0] if errors else {}
-    param = _loc_param(first.get("loc", ()))
-    msg = first.get("msg", "invalid request")
-    message = f"{param}: {msg}" if param else str(msg)
-    return error_response(422, message, code="invalid_request", param=param)
-
-
-async def _unhandled(_: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error", exc_info=exc)
-    return error_response(
-        500, "The server had an error while processing your request.", code="internal_error"
-    )
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """Register the handlers that turn every error into the OpenAI shape."""
-    app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
-    app.add_exception_handler(ServiceError, _service_error)  # type: ignore[arg-type]
-    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
-    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
-    app.add_exception_handler(Exception, _unhandled)
 
 
 class BodyLimitMiddleware:

@@ -28,11 +28,12 @@ from loraplex.platform.engine.ep_engine import add_ep_arguments, build_engine
 from loraplex.platform.engine.load_args import add_load_arguments, load_options
 from loraplex.platform.engine.metrics import CONTENT_TYPE_LATEST
 from loraplex.platform.engine.wire_mapping import EventWriter, adapter_reference, sampling_params
+from loraplex.platform.errors import HttpError
+from loraplex.platform.http_errors import error_response, install_error_handlers
 from loraplex.platform.wire import (
     WIRE_VERSION,
     WIRE_VERSION_HEADER,
     AbortResult,
-    ErrorBody,
     ErrorEvent,
     ErrorInfo,
     GenerateRequest,
@@ -41,14 +42,6 @@ from loraplex.platform.wire import (
 
 log = logging.getLogger(__name__)
 _VERSION = str(WIRE_VERSION).encode()
-
-
-def error_response(
-    status: int, message: str, type_: str, code: str, param: str | None = None
-) -> JSONResponse:
-    """An `ErrorBody` with its status code."""
-    body = ErrorBody(error=ErrorInfo(message=message, type=type_, param=param, code=code))
-    return JSONResponse(body.model_dump(), status_code=status)
 
 
 class WireVersionMiddleware:
@@ -78,8 +71,7 @@ class WireVersionMiddleware:
                 response = error_response(
                     400,
                     f"wire version mismatch: this replica speaks {WIRE_VERSION}, the caller {got}",
-                    "invalid_request_error",
-                    "wire_version_mismatch",
+                    code="wire_version_mismatch",
                 )
                 await response(scope, receive, stamped)
                 return
@@ -101,13 +93,8 @@ def create_app(core: EngineCore) -> FastAPI:
 
     app = FastAPI(title="loraplex engine", lifespan=lifespan)
     app.add_middleware(WireVersionMiddleware)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-        message = first.get("msg", "invalid request")
-        return error_response(422, message, "invalid_request_error", "invalid_request", param)
+    # The platform's one error mapping; the request id is the gateway's, for joint logs.
+    install_error_handlers(app, trust_incoming_request_id=True)
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
@@ -119,7 +106,7 @@ def create_app(core: EngineCore) -> FastAPI:
         try:
             params = sampling_params(body.sampling)
         except ValueError as exc:
-            return error_response(400, str(exc), "invalid_request_error", "invalid_value")
+            raise HttpError(400, str(exc), code="invalid_value") from None
         rid = body.request_id
         add = PendingAdd(
             body.prompt_token_ids, params, rid, adapter_reference(body.adapter), body.cache_salt
@@ -127,13 +114,13 @@ def create_app(core: EngineCore) -> FastAPI:
         try:
             queue = await loop.add(add)
         except KeyError:
-            return error_response(409, f"request id {rid!r} is in use", "invalid_request_error",
-                                  "request_id_in_use", "request_id")  # fmt: skip
+            raise HttpError(409, f"request id {rid!r} is in use", code="request_id_in_use",
+                            param="request_id") from None  # fmt: skip
         except NotImplementedError as exc:
-            return error_response(501, str(exc), "invalid_request_error", "not_implemented",
-                                  "adapter")  # fmt: skip
+            raise HttpError(501, str(exc), type="invalid_request_error", code="not_implemented",
+                            param="adapter") from None  # fmt: skip
         except ValueError as exc:
-            return error_response(400, str(exc), "invalid_request_error", "invalid_value")
+            raise HttpError(400, str(exc), code="invalid_value") from None
         watcher = asyncio.create_task(_abort_on_disconnect(request, loop, rid))
         writer = EventWriter(core.tokenizer, params.logprobs)
         return _AbortingStream(
@@ -143,16 +130,14 @@ def create_app(core: EngineCore) -> FastAPI:
     @app.post("/abort/{request_id}")
     async def abort(request_id: str) -> Response:
         if not holder["loop"].abort(request_id):
-            return error_response(404, f"no running request {request_id!r}",
-                                  "invalid_request_error", "not_found")  # fmt: skip
+            raise HttpError(404, f"no running request {request_id!r}", code="not_found")
         return JSONResponse(AbortResult(request_id=request_id, aborted=True).model_dump())
 
     @app.get("/health")
     async def health() -> Response:
         loop = holder.get("loop")
         if loop is None or not loop.alive:
-            return error_response(503, "engine loop is not running", "server_error",
-                                  "engine_unavailable")  # fmt: skip
+            raise HttpError(503, "engine loop is not running", code="engine_unavailable")
         return JSONResponse({"status": "ok"})
 
     @app.get("/state")

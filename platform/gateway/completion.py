@@ -14,9 +14,10 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
+from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway import openai_schemas as oa
 from loraplex.platform.gateway.assets import ModelAssets
-from loraplex.platform.gateway.errors import GatewayError, bad_request
+from loraplex.platform.gateway.errors import bad_request
 from loraplex.platform.gateway.outputs import ChoiceEvent, choice_event
 from loraplex.platform.gateway.ratelimit import RateLimitResult
 from loraplex.platform.gateway.resolve import ResolvedModel
@@ -57,7 +58,7 @@ class Job:
 def _max_tokens(requested: int | None, prompt_len: int, ctx: int, default: int, param: str) -> int:
     room = ctx - prompt_len
     if room < 1:
-        raise GatewayError(
+        raise HttpError(
             400,
             f"This model's maximum context length is {ctx} tokens; the prompt has {prompt_len}.",
             param=param,
@@ -66,7 +67,7 @@ def _max_tokens(requested: int | None, prompt_len: int, ctx: int, default: int, 
     if requested is None:
         return min(default, room)
     if prompt_len + requested > ctx:
-        raise GatewayError(
+        raise HttpError(
             400,
             f"This model's maximum context length is {ctx} tokens. However, you requested "
             f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the "

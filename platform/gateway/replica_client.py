@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 import httpx
 from pydantic import ValidationError
 
-from loraplex.platform.gateway.errors import GatewayError
+from loraplex.platform.errors import GENERIC_MESSAGE, LoraplexError
 from loraplex.platform.wire import (
     WIRE_VERSION,
     WIRE_VERSION_HEADER,
@@ -39,20 +39,23 @@ class ReplicaUnavailable(Exception):
     """The replica could not take or finish the request (dead, overloaded, broken stream)."""
 
 
-class ReplicaRejected(GatewayError):
+class ReplicaRejected(LoraplexError):
     """The replica refused the request (a 4xx). The gateway validates everything a tenant
-    controls first, so this is the platform's fault: the tenant gets a generic error (501 when
-    the replica cannot serve the feature asked for), the replica's words go to the log."""
+    controls first, so this is the platform's fault: the tenant gets the generic message (a
+    501 when the replica cannot serve the feature asked for), the replica's words are logged."""
 
-    def __init__(self, status: int, error: str) -> None:
+    def __init__(self, status: int, detail: str) -> None:
         if status == 501:
-            super().__init__(501, "This model's deployment cannot serve this request.",
-                             type="invalid_request_error", code="not_implemented")  # fmt: skip
+            super().__init__(
+                "This model's deployment cannot serve this request.",
+                status=501,
+                type="invalid_request_error",
+                code="not_implemented",
+                detail=detail,
+            )
         else:
-            super().__init__(500, "The server had an error while processing your request.",
-                             type="server_error", code="internal_error")  # fmt: skip
+            super().__init__(GENERIC_MESSAGE, status=500, code="internal_error", detail=detail)
         self.replica_status = status
-        self.replica_error = error
 
 
 def _protocol_error(url: str, what: str) -> ReplicaUnavailable:
@@ -71,9 +74,8 @@ def _rejection(url: str, status: int, raw: bytes) -> ReplicaRejected:
         body = ErrorBody.model_validate_json(raw)
     except ValidationError as exc:
         raise _protocol_error(url, f"error body of a {status}: {exc}") from None
-    detail = f"{body.error.code}: {body.error.message}"
-    log.error("replica %s refused a request with %s (%s)", url, status, detail)
-    return ReplicaRejected(status, detail)
+    return ReplicaRejected(status, f"replica {url} refused it ({status} {body.error.code}): "
+                                   f"{body.error.message}")  # fmt: skip
 
 
 class ReplicaClient:

@@ -24,11 +24,12 @@ from typing import Any
 import redis as sync_redis
 from redis.asyncio import Redis
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from loraplex.adapters.identity import adapter_ref_key
 from loraplex.platform.db.models import Adapter, AdapterVersion, BaseModel, Deployment
-from loraplex.platform.gateway.errors import GatewayError, model_not_found
+from loraplex.platform.errors import HttpError
+from loraplex.platform.gateway.errors import model_not_found
 
 GEN_KEY = "loraplex:resolve:gen:{tenant}"
 _VERSIONED = re.compile(r"^(?P<name>.+):(?P<n>[1-9][0-9]{0,8})$")
@@ -52,6 +53,7 @@ class ResolvedModel:
     adapter_sha256: str | None = None
     adapter_config_sha256: str | None = None
     adapter_object_prefix: str | None = None
+    base_created: int = 0  # the base model row's creation time (epoch seconds)
 
     @property
     def adapter_key(self) -> str | None:
@@ -75,8 +77,12 @@ def _deployment_for(session: Session, base_model_id: uuid.UUID) -> Deployment | 
     return session.execute(stmt).scalars().first()
 
 
-def _no_deployment(model: str) -> GatewayError:
-    return GatewayError(
+class NoDeployment(HttpError):
+    """The model exists but no deployment serves its base model (a 503)."""
+
+
+def _no_deployment(model: str) -> HttpError:
+    return NoDeployment(
         503,
         f"No deployment serves the base model of `{model}`.",
         type="service_unavailable",
@@ -119,6 +125,7 @@ def _resolved(session: Session, model: str, base: BaseModel, **adapter: Any) -> 
         deployment_id=dep.id,
         deployment_name=dep.name,
         share_prefix_cache=bool(dep.share_prefix_cache),
+        base_created=int(base.created_at.timestamp()),
         **adapter,
     )
 
@@ -196,12 +203,22 @@ class ModelResolver:
                 self._cache.clear()
             self._cache[(str(tenant_id), model)] = (gen, time.monotonic() + self._ttl, resolved)
 
-    async def resolve(self, session: Session, tenant_id: uuid.UUID, model: str) -> ResolvedModel:
-        """Resolve through the cache; the SQL runs on the caller's (sync) session."""
+    async def resolve(
+        self, sessions: sessionmaker[Session], tenant_id: uuid.UUID, model: str
+    ) -> ResolvedModel:
+        """Resolve through the cache; a miss runs its SQL in a worker thread, in a session of
+        its own (never on the event loop)."""
         gen = await self.generation(tenant_id)
         hit = self.cached(tenant_id, model, gen)
         if hit is not None:
             return hit
-        resolved = await asyncio.to_thread(resolve_uncached, session, tenant_id, model)
+        resolved = await asyncio.to_thread(_resolve_in_session, sessions, tenant_id, model)
         self.store(tenant_id, model, gen, resolved)
         return resolved
+
+
+def _resolve_in_session(
+    sessions: sessionmaker[Session], tenant_id: uuid.UUID, model: str
+) -> ResolvedModel:
+    with sessions() as session:
+        return resolve_uncached(session, tenant_id, model)

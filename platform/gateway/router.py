@@ -19,18 +19,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from loraplex.platform.gateway.errors import GatewayError, no_replica
+from loraplex.platform.errors import GENERIC_MESSAGE, LoraplexError
+from loraplex.platform.gateway.errors import no_replica
 from loraplex.platform.gateway.replica_client import ReplicaClient, ReplicaUnavailable
 from loraplex.platform.gateway.replicas import ReplicaInfo, ReplicaRegistry
 from loraplex.platform.wire import DeltaEvent, FinishEvent, GenerateRequest, ReplicaState
 from loraplex.platform.wire.prefix_hash import block_hashes, max_cached_blocks
 
 W_LORA, W_PREFIX, W_KV, W_QUEUE = 2.0, 1.5, 1.0, 1.0
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -161,8 +164,12 @@ def score(load: ReplicaLoad, adapter_key: str | None, prefix: float, max_queue: 
     return W_LORA * affinity + W_PREFIX * prefix + W_KV * (1.0 - load.kv_usage) - W_QUEUE * queue
 
 
-class ReplicaLost(Exception):
-    """The replica died after tokens were already sent: the client gets an error event."""
+class ReplicaLost(LoraplexError):
+    """The replica died after tokens were already sent: a 502 (an error event in a stream)
+    with the generic message; what happened (`detail`) is logged."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(GENERIC_MESSAGE, status=502, code="replica_lost", detail=detail)
 
 
 class Router:
@@ -200,7 +207,8 @@ class Router:
             return cached[1]
         try:
             load = ReplicaLoad.from_state(await self.client.state(replica.url))
-        except ReplicaUnavailable:
+        except ReplicaUnavailable as exc:
+            log.warning("replica %s skipped for %gs: %s", replica.replica_id, self._cooldown, exc)
             self.mark_down(replica)
             return None
         self._states[replica.replica_id] = (now + self._state_ttl, load)
@@ -298,7 +306,7 @@ class Router:
                 last_error = str(exc)
             finally:
                 self.inflight[chosen.replica_id] -= 1
-        raise no_replica(f"No replica could serve the request ({last_error}).")
+        raise no_replica(f"no replica could serve the request: {last_error}")
 
 
-__all__ = ["Dispatch", "GatewayError", "ReplicaLost", "Router", "Scored", "score"]
+__all__ = ["Dispatch", "ReplicaLost", "Router", "Scored", "score"]

@@ -23,6 +23,7 @@ from loraplex.platform.gateway.replica_client import ReplicaClient
 from loraplex.platform.gateway.replicas import ReplicaRegistry
 from loraplex.platform.gateway.resolve import ModelResolver, ResolvedModel
 from loraplex.platform.gateway.router import Router
+from loraplex.platform.gateway.streaming import drain_background
 from loraplex.platform.gateway.usage import UsageRecorder
 from loraplex.platform.settings import Settings
 from loraplex.platform.tokenizing import TOKENIZER_FILES
@@ -100,8 +101,9 @@ class Gateway:
         self.usage.start()
 
     async def close(self) -> None:
-        """Flush usage and close connections."""
+        """Flush usage, let pending replica aborts go out, and close connections."""
         await self.usage.stop()
+        await drain_background()
         await self.http.aclose()
         await self.redis.aclose()
 

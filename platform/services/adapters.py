@@ -8,6 +8,7 @@ its objects and its row, so nothing half-written stays behind.
 
 from __future__ import annotations
 
+import logging
 import math
 import uuid
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from .errors import Conflict, InvalidInput, NotFound, TooLarge, Unavailable
 from .names import check_name
 from .resolution_events import adapters_changed
 
+log = logging.getLogger(__name__)
 MIN_PART = 8 << 20
 MAX_PARTS = 10_000
 
@@ -117,15 +119,23 @@ def _reserve(up: Uploader, name: str, base_model: str) -> AdapterVersion:
 
 
 def _discard(up: Uploader, version: AdapterVersion) -> None:
-    """Undo a reserved version: its objects, its row, and the adapter if it has no other."""
+    """Undo a reserved version: its objects, its row, and the adapter if it has no other.
+
+    A failure to delete the objects is logged, not raised: the caller is already reporting
+    the error that made it discard (usually the same storage failing)."""
     try:
         objects.delete_prefix(
             objects.s3_client(up.settings), up.settings.s3_bucket, version.object_prefix
         )
+    except Exception:
+        log.exception("could not delete the objects under %s", version.object_prefix)
     finally:
         with session_scope(up.sessions) as session:
             session.execute(delete(AdapterVersion).where(AdapterVersion.id == version.id))
-            adapter = session.get(Adapter, version.adapter_id, with_for_update=True)
+            # FOR UPDATE of the adapter row only: its eager-joined base model may not be locked.
+            adapter = session.scalars(
+                select(Adapter).where(Adapter.id == version.adapter_id).with_for_update(of=Adapter)
+            ).one_or_none()
             if adapter is not None:
                 left = session.execute(
                     select(func.count())
@@ -192,7 +202,7 @@ def upload_adapter(
         objects.put_file(client, up.settings.s3_bucket, version.weights_key, weights)
     except Exception as exc:
         _discard(up, version)
-        raise Unavailable(f"object storage failed: {exc}", code="storage_unavailable") from exc
+        raise storage_unavailable(exc) from exc
     try:
         return _start_validation(up, version, "adapter_version.upload")
     except NotFound:
@@ -200,6 +210,15 @@ def upload_adapter(
             objects.s3_client(up.settings), up.settings.s3_bucket, version.object_prefix
         )
         raise
+
+
+def storage_unavailable(exc: BaseException) -> Unavailable:
+    """A 503 for a failed object-storage call; the storage error itself is only logged."""
+    return Unavailable(
+        "Object storage is unavailable right now; retry later.",
+        code="storage_unavailable",
+        detail=f"object storage: {type(exc).__name__}: {exc}",
+    )
 
 
 def part_plan(size: int) -> tuple[int, int]:
@@ -242,7 +261,7 @@ def start_presigned_upload(
             )
     except Exception as exc:
         _discard(up, version)
-        raise Unavailable(f"object storage failed: {exc}", code="storage_unavailable") from exc
+        raise storage_unavailable(exc) from exc
     plan = {"part_size": part_size, "parts": parts, "expires_in": up.settings.presign_expiry_s}
     return version, plan
 
@@ -270,7 +289,11 @@ def complete_presigned_upload(
                 "the multipart upload is gone (expired or completed)", code="invalid_state"
             ) from None
         raise InvalidInput(
-            f"could not complete the multipart upload: {exc}", code="invalid_parts", param="parts"
+            "could not complete the multipart upload with these parts: give every uploaded "
+            "part's number and ETag, in order",
+            code="invalid_parts",
+            param="parts",
+            detail=f"complete_multipart: {type(exc).__name__}: {exc}",
         ) from None
     size = objects.object_size(client, bucket, version.weights_key) or 0
     if size > up.settings.max_adapter_bytes:

@@ -8,9 +8,9 @@ import uuid
 import pytest
 from gateway_testutil import make_model_dir
 
+from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.assets import ModelAssets
 from loraplex.platform.gateway.completion import SEED_MASK, build_chat_job, build_text_job
-from loraplex.platform.gateway.errors import GatewayError
 from loraplex.platform.gateway.openai_schemas import parse_chat_request, parse_completion_request
 from loraplex.platform.gateway.resolve import ResolvedModel
 from loraplex.platform.wire import AdapterRef
@@ -77,15 +77,15 @@ def test_default_max_tokens_fills_the_context(assets: ModelAssets) -> None:
 
 def test_context_length_is_a_400(assets: ModelAssets) -> None:
     long = parse_completion_request({"model": "m", "prompt": "Hello world " * 40})
-    with pytest.raises(GatewayError) as info:
+    with pytest.raises(HttpError) as info:
         build_text_job(long, _resolved(), assets, TENANT, None, 1024)
     assert info.value.status == 400 and info.value.code == "context_length_exceeded"
     over = parse_completion_request({"model": "m", "prompt": "Hi", "max_tokens": 64})
-    with pytest.raises(GatewayError) as info:
+    with pytest.raises(HttpError) as info:
         build_text_job(over, _resolved(), assets, TENANT, None, 1024)
     assert info.value.param == "max_tokens"
     bad_ids = parse_completion_request({"model": "m", "prompt": [1, 2, 10_000]})
-    with pytest.raises(GatewayError) as info:
+    with pytest.raises(HttpError) as info:
         build_text_job(bad_ids, _resolved(), assets, TENANT, None, 1024)
     assert info.value.param == "prompt"
 

@@ -11,7 +11,7 @@ from gateway_testutil import add_adapter_version, fresh_database, seed_catalog
 from redis.asyncio import Redis
 
 from loraplex.platform.db.session import make_sessionmaker
-from loraplex.platform.gateway.errors import GatewayError
+from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.resolve import ModelResolver, bump_generation, resolve_uncached
 from loraplex.platform.services.tenants import create_tenant
 
@@ -43,7 +43,7 @@ def test_resolution_rules(world) -> None:
         b = resolve_uncached(s, t1, base.name)
         assert b.adapter_id is None and b.base_model_name == base.name
         for model in ("sql:3", "sql:9", "draft", "nope"):
-            with pytest.raises(GatewayError) as info:
+            with pytest.raises(HttpError) as info:
                 resolve_uncached(s, t1, model)
             assert info.value.status == 404 and info.value.code == "model_not_found"
 
@@ -52,10 +52,10 @@ def test_other_tenants_adapter_is_404(world) -> None:
     factory, (t1, t2, _, _) = world
     with factory() as s:
         assert resolve_uncached(s, t2, "secret").adapter_name == "secret"
-        with pytest.raises(GatewayError) as info:
+        with pytest.raises(HttpError) as info:
             resolve_uncached(s, t1, "secret")
         assert info.value.status == 404 and info.value.code == "model_not_found"
-        with pytest.raises(GatewayError):
+        with pytest.raises(HttpError):
             resolve_uncached(s, t2, "sql")
 
 
@@ -66,17 +66,14 @@ def test_cache_is_invalidated_on_change(world, redis_url: str) -> None:
         redis = Redis.from_url(redis_url)
         resolver = ModelResolver(redis)
         try:
-            with factory() as s:
-                first = await resolver.resolve(s, t1, "sql")
+            first = await resolver.resolve(factory, t1, "sql")
             with factory() as s, s.begin():
                 add_adapter_version(s, t1, base, "sql")  # v4 ready
-            with factory() as s:
-                stale = await resolver.resolve(s, t1, "sql")  # cached until told
+            stale = await resolver.resolve(factory, t1, "sql")  # cached until told
             client = sync_redis.Redis.from_url(redis_url)
             bump_generation(client, t1)
             client.close()
-            with factory() as s:
-                fresh = await resolver.resolve(s, t1, "sql")
+            fresh = await resolver.resolve(factory, t1, "sql")
             return first, stale, fresh
         finally:
             await redis.aclose()
@@ -93,12 +90,11 @@ def test_misses_are_not_cached(world, redis_url: str) -> None:
         redis = Redis.from_url(redis_url)
         resolver = ModelResolver(redis)
         try:
-            with factory() as s, pytest.raises(GatewayError):
-                await resolver.resolve(s, t1, "late")
+            with pytest.raises(HttpError):
+                await resolver.resolve(factory, t1, "late")
             with factory() as s, s.begin():
                 add_adapter_version(s, t1, base, "late")
-            with factory() as s:
-                return await resolver.resolve(s, t1, "late")
+            return await resolver.resolve(factory, t1, "late")
         finally:
             await redis.aclose()
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 from scripted_replica import ScriptedReplica, free_port, replica_state
 
-from loraplex.platform.gateway.errors import GatewayError
+from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.replica_client import ReplicaClient, ReplicaUnavailable
 from loraplex.platform.gateway.replicas import ReplicaInfo, ReplicaRegistry
 from loraplex.platform.gateway.router import (
@@ -175,7 +175,7 @@ def test_replica_lost_after_first_token(redis_url: str) -> None:
 
 def test_no_replica_is_503(redis_url: str) -> None:
     async def body(router: Router, dep: str):
-        with pytest.raises(GatewayError) as info:
+        with pytest.raises(HttpError) as info:
             async for _ in router.generate(dep, _req(), None):
                 pass
         return info.value

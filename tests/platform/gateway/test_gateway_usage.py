@@ -9,8 +9,9 @@ import pytest
 from gateway_testutil import add_adapter_version, fresh_database, seed_catalog
 
 from loraplex.platform.db.session import make_sessionmaker
-from loraplex.platform.gateway.usage import Usage, UsageRecorder, usage_report
+from loraplex.platform.gateway.usage import Usage, UsageRecorder
 from loraplex.platform.services.tenants import create_tenant
+from loraplex.platform.services.usage_report import usage_report
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from loraplex.platform.db.models import AdapterVersion, Job
 from loraplex.platform.db.session import make_sessionmaker, session_scope
-from loraplex.platform.gateway.errors import GatewayError
+from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.resolve import ModelResolver
 from loraplex.platform.jobs.celery_app import create_celery
 from loraplex.platform.jobs.dispatch import CeleryDispatcher
@@ -66,8 +66,7 @@ def test_ready_failed_and_deleted_are_seen_at_once(
         resolver = ModelResolver(redis, ttl_s=600.0)
 
         async def resolve(model: str) -> Any:
-            with sessions() as s:
-                return await resolver.resolve(s, tenant_id, model)
+            return await resolver.resolve(sessions, tenant_id, model)
 
         try:
             v1 = await asyncio.to_thread(_upload, up, "bot", base_model, adapter_r4)
@@ -87,7 +86,7 @@ def test_ready_failed_and_deleted_are_seen_at_once(
             assert (await resolve("bot")).adapter_version == 2
 
             await asyncio.to_thread(svc.delete_adapter, up, "bot")
-            with pytest.raises(GatewayError) as info:
+            with pytest.raises(HttpError) as info:
                 await resolve("bot")
             assert info.value.status == 404
         finally:
