@@ -34,6 +34,7 @@ from loraplex.platform.embedded.process import (
     port_is_free,
     stop_together,
 )
+from loraplex.platform.replica_secret import ensure_replica_secret
 from loraplex.platform.settings import Settings
 
 DEMO_MODEL_NAME = "demo"
@@ -233,6 +234,7 @@ def start_all(
     name = model_name or (DEMO_MODEL_NAME if model is None else default_model_name(folder))
     updates = start_services(settings, stack, data_dir)
     updates |= {"data_dir": data_dir, "admin_key": admin_key(settings, data_dir)}
+    updates["replica_secret"] = ensure_replica_secret(settings, data_dir)
     settings = settings.model_copy(update=updates)
     if settings.database_url is None:  # only if a start above silently gave nothing
         raise UpError("no database URL")

@@ -77,7 +77,7 @@ def engine_argv(
             "(create a deployment with a served quantization)"
         )
     argv = [sys.executable, "-m", "loraplex.platform.cli", "engine", "--model", str(model_dir)]
-    argv += ["--host", settings.host, "--port", str(port)]
+    argv += ["--host", settings.replica_host, "--port", str(port)]  # internal, not the API's
     argv += ["--max-loras", str(deployment.max_loras)]
     argv += ["--max-lora-rank", str(deployment.max_lora_rank)]
     argv += ["--quantization", quant]
@@ -98,8 +98,8 @@ def start_replica(
     Returns the replica URL, its process, and a function that deregisters it."""
     from loraplex.platform.gateway.replica_agent import register_replica
 
-    port = free_port(settings.host)
-    url = f"http://{settings.host}:{port}"
+    port = free_port(settings.replica_host)
+    url = f"http://{settings.replica_host}:{port}"
     argv = engine_argv(settings, deployment, model_dir, port)
     proc = ServiceProcess("engine", log)
     proc.start(argv, env=env, cwd=log.parent)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
@@ -32,6 +33,7 @@ from loraplex.platform.services import model_catalog
 from loraplex.platform.services.api_keys import use_api_key
 from loraplex.platform.services.usage_report import usage_report_for
 
+log = logging.getLogger(__name__)
 INFERENCE_SCOPE = "inference"
 MAX_JSON_DEPTH = 32
 DISCONNECT_POLL_S = 0.25
@@ -47,10 +49,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         and settings is not None
         and settings.database_url
         and settings.gateway_redis_url()
+        and settings.replica_secret
     ):
         gw = Gateway.from_settings(settings)
         app.state.gateway = gw
         owned = True
+    elif gw is None and settings is not None and not settings.replica_secret:
+        log.warning("inference is off: LORAPLEX_REPLICA_SECRET (the replicas' secret) is unset")
     if gw is not None:
         await gw.start()
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import socket
 import sys
 import tempfile
@@ -152,6 +153,7 @@ def local_stack(num_adapters: int) -> Iterator[tuple[str, str]]:
                 "s3_bucket": "loraplex-bench",
                 "broker_url": redis_url,
                 "admin_key": "lpx-admin-bench",
+                "replica_secret": "lpx-replica-" + secrets.token_urlsafe(32),
                 "rate_limit_rpm": 1_000_000,
                 "rate_limit_tpm": 1_000_000_000,
             }

@@ -39,19 +39,29 @@ from loraplex.platform.wire import (
     GenerateRequest,
     encode_event,
 )
+from loraplex.platform.wire.auth import authorized
 
 log = logging.getLogger(__name__)
 _VERSION = str(WIRE_VERSION).encode()
+_HEADER = WIRE_VERSION_HEADER.encode()
 
 
-class WireVersionMiddleware:
-    """Stamps `x-loraplex-wire` on every answer and refuses a request of another version
-    (`/health` and `/metrics` are read by probes and scrapers, which send none)."""
+class ReplicaGuard:
+    """In front of every route but `/health`: the caller must hold the replica secret (else
+    401), and speak this wire version (else 400; `/metrics` is exempt from the version, as
+    scrapers send none). Every answer carries `x-loraplex-wire`.
 
-    OPEN = ("/health", "/metrics")
+    `/health` stays open: liveness probes and the registration heartbeat read it, and it says
+    only whether the engine loop runs."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    OPEN = "/health"
+    UNVERSIONED = "/metrics"
+
+    def __init__(self, app: ASGIApp, secret: str) -> None:
+        if not secret:
+            raise ValueError("a replica needs a secret (LORAPLEX_REPLICA_SECRET)")
         self.app = app
+        self.secret = secret
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -60,26 +70,39 @@ class WireVersionMiddleware:
 
         async def stamped(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message.setdefault("headers", [])
-                message["headers"] = [*message["headers"], (WIRE_VERSION_HEADER.encode(), _VERSION)]
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (WIRE_VERSION_HEADER.encode(), _VERSION),
+                ]
             await send(message)
 
-        if scope["path"] not in self.OPEN:
-            sent = dict(scope.get("headers", [])).get(WIRE_VERSION_HEADER.encode())
-            if sent != _VERSION:
-                got = sent.decode(errors="replace") if sent is not None else "none"
-                response = error_response(
+        path = scope["path"]
+        if path != self.OPEN:
+            headers = dict(scope.get("headers", []))
+            given = headers.get(b"authorization", b"").decode("latin-1")
+            refusal = None
+            if not authorized(given, self.secret):
+                refusal = error_response(
+                    401,
+                    "This replica takes requests from the gateway only (replica secret).",
+                    code="invalid_replica_secret",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+            elif path != self.UNVERSIONED and headers.get(_HEADER) != _VERSION:
+                got = (headers.get(_HEADER) or b"none").decode(errors="replace")
+                refusal = error_response(
                     400,
                     f"wire version mismatch: this replica speaks {WIRE_VERSION}, the caller {got}",
                     code="wire_version_mismatch",
                 )
-                await response(scope, receive, stamped)
+            if refusal is not None:
+                await refusal(scope, receive, stamped)
                 return
         await self.app(scope, receive, stamped)
 
 
-def create_app(core: EngineCore) -> FastAPI:
-    """The FastAPI app serving `core`."""
+def create_app(core: EngineCore, secret: str) -> FastAPI:
+    """The FastAPI app serving `core` to holders of `secret` (the gateway)."""
     holder: dict[str, EngineLoop] = {}
 
     @asynccontextmanager
@@ -92,7 +115,7 @@ def create_app(core: EngineCore) -> FastAPI:
         await loop.stop()
 
     app = FastAPI(title="loraplex engine", lifespan=lifespan)
-    app.add_middleware(WireVersionMiddleware)
+    app.add_middleware(ReplicaGuard, secret=secret)
     # The platform's one error mapping; the request id is the gateway's, for joint logs.
     install_error_handlers(app, trust_incoming_request_id=True)
 
@@ -202,7 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The `loraplex engine` command line."""
     p = argparse.ArgumentParser(prog="loraplex engine", description="Run one engine replica.")
     p.add_argument("--model", required=True, help="local HuggingFace folder or s3://BUCKET/PREFIX")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument(
+        "--host",
+        default=None,
+        help="internal address to listen on (default: LORAPLEX_REPLICA_HOST, 127.0.0.1); "
+        "the replica API is for the gateway, never the public address",
+    )
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu")
@@ -259,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     level = getattr(logging, args.log_level.upper(), logging.INFO)
     logging.basicConfig(level=level)  # so the cold-start timeline is logged
     settings = Settings()
+    if not settings.replica_secret:
+        raise SystemExit(
+            "loraplex engine: set LORAPLEX_REPLICA_SECRET (the gateway's shared secret; "
+            "`loraplex up` keeps one in its data dir)"
+        )
     core = build_engine(config_from_args(args, settings), args)
     if args.ep_size > 1 and args.max_loras > 0:
         logging.getLogger(__name__).warning(
@@ -273,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
             LoraRuntime.for_engine(core, object_store=store, allow_local_paths=False)
         )
     try:
-        uvicorn.run(create_app(core), host=args.host, port=args.port, log_level=args.log_level)
+        app = create_app(core, settings.replica_secret)
+        host = args.host or settings.replica_host
+        uvicorn.run(app, host=host, port=args.port, log_level=args.log_level)
     finally:
         if hasattr(core, "close"):
             core.close()

@@ -198,7 +198,7 @@ async def _choice_events(gw: Gateway, job: Job, index: int) -> AsyncGenerator[Ch
         prompt_token_ids=job.prompt_ids,
         sampling=sampling,
         adapter=_adapter_ref(job.resolved, job.tenant_id),
-        cache_salt=job.resolved.cache_salt(job.tenant_id),
+        cache_salt=job.resolved.cache_salt(job.tenant_id, gw.replica_secret),
     )
     where: list[Dispatch] = []
     events = gw.router.generate(

@@ -19,6 +19,7 @@ import httpx
 from pydantic import ValidationError
 
 from loraplex.platform.errors import GENERIC_MESSAGE, LoraplexError
+from loraplex.platform.http_errors import REQUEST_ID_HEADER, current_request_id
 from loraplex.platform.wire import (
     WIRE_VERSION,
     WIRE_VERSION_HEADER,
@@ -30,6 +31,7 @@ from loraplex.platform.wire import (
     ReplicaState,
     decode_event,
 )
+from loraplex.platform.wire.auth import bearer
 
 log = logging.getLogger(__name__)
 _VERSION = str(WIRE_VERSION)
@@ -81,16 +83,22 @@ def _rejection(url: str, status: int, raw: bytes) -> ReplicaRejected:
 class ReplicaClient:
     """Talks to replicas over one shared `httpx.AsyncClient`."""
 
-    def __init__(self, http: httpx.AsyncClient, read_timeout_s: float = 120.0) -> None:
+    def __init__(self, http: httpx.AsyncClient, secret: str, read_timeout_s: float = 120.0) -> None:
         self._http = http
         self._timeout = httpx.Timeout(connect=2.0, read=read_timeout_s, write=10.0, pool=10.0)
-        self._headers = {WIRE_VERSION_HEADER: _VERSION}
+        self._base_headers = {WIRE_VERSION_HEADER: _VERSION, "authorization": bearer(secret)}
+
+    def _headers(self, **extra: str) -> dict[str, str]:
+        """The replica secret, the wire version, and this request's id (for joint logs)."""
+        rid = current_request_id()
+        ids = {REQUEST_ID_HEADER: rid} if rid else {}
+        return {**self._base_headers, **ids, **extra}
 
     async def generate(
         self, url: str, req: GenerateRequest
     ) -> AsyncIterator[DeltaEvent | FinishEvent]:
         """Stream `req` from the replica at `url`: delta events, then its finish event."""
-        headers = {**self._headers, "content-type": "application/json"}
+        headers = self._headers(**{"content-type": "application/json"})
         try:
             async with self._http.stream(
                 "POST",
@@ -131,12 +139,12 @@ class ReplicaClient:
         """Ask the replica to drop `request_id` now (frees its KV blocks and adapter ref)."""
         # A dead replica has nothing left to free; an unknown id has already finished.
         with contextlib.suppress(httpx.HTTPError):
-            await self._http.post(f"{url}/abort/{request_id}", headers=self._headers, timeout=2.0)
+            await self._http.post(f"{url}/abort/{request_id}", headers=self._headers(), timeout=2.0)
 
     async def state(self, url: str, timeout_s: float = 1.0) -> ReplicaState:
         """The replica's `/state`; `ReplicaUnavailable` when it does not answer in the format."""
         try:
-            resp = await self._http.get(f"{url}/state", headers=self._headers, timeout=timeout_s)
+            resp = await self._http.get(f"{url}/state", headers=self._headers(), timeout=timeout_s)
         except httpx.HTTPError as exc:
             raise ReplicaUnavailable(f"replica {url} state: {exc}") from exc
         if resp.status_code != 200:

@@ -30,6 +30,7 @@ from loraplex.adapters.identity import adapter_ref_key
 from loraplex.platform.db.models import Adapter, AdapterVersion, BaseModel, Deployment
 from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.errors import model_not_found
+from loraplex.platform.wire.auth import cache_salt
 
 GEN_KEY = "loraplex:resolve:gen:{tenant}"
 _VERSIONED = re.compile(r"^(?P<name>.+):(?P<n>[1-9][0-9]{0,8})$")
@@ -62,9 +63,10 @@ class ResolvedModel:
             return None
         return adapter_ref_key(self.adapter_sha256, self.adapter_config_sha256)
 
-    def cache_salt(self, tenant_id: uuid.UUID | str) -> str | None:
-        """Prefix-cache salt: per tenant unless the deployment opts into sharing."""
-        return None if self.share_prefix_cache else f"tenant:{tenant_id}"
+    def cache_salt(self, tenant_id: uuid.UUID | str, secret: str) -> str | None:
+        """Prefix-cache salt: per tenant (an HMAC of its id under the replica secret, so it
+        cannot be derived from the id alone) unless the deployment opts into sharing."""
+        return None if self.share_prefix_cache else cache_salt(secret, str(tenant_id))
 
 
 def _deployment_for(session: Session, base_model_id: uuid.UUID) -> Deployment | None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -71,7 +70,12 @@ class Gateway:
         self.resolver = ModelResolver(redis, ttl_s=settings.resolve_cache_ttl_s)
         self.limiter = RateLimiter(redis)
         self.registry = ReplicaRegistry(redis)
-        self.client = ReplicaClient(self.http, read_timeout_s=settings.replica_read_timeout_s)
+        if not settings.replica_secret:
+            raise RuntimeError("the gateway needs LORAPLEX_REPLICA_SECRET to reach replicas")
+        self.replica_secret = settings.replica_secret
+        self.client = ReplicaClient(
+            self.http, settings.replica_secret, read_timeout_s=settings.replica_read_timeout_s
+        )
         self.router = Router(self.registry, self.client)
         self.usage = UsageRecorder(
             session_factory,
@@ -120,8 +124,3 @@ class Gateway:
         return await asyncio.to_thread(
             self.assets.get, str(resolved.base_model_id), lambda: self._locate(resolved)
         )
-
-    @staticmethod
-    def request_id() -> str:
-        """A fresh id for one sequence on a replica."""
-        return uuid.uuid4().hex

@@ -10,6 +10,8 @@ of being guessed around.
   `GET /state` (`ReplicaState`).
 - `prefix_hash.py`: the KV block hashes the replica's prefix cache keys by; the router
   computes the same ones to predict what each replica holds.
+- `auth.py`: the shared replica secret (bearer header, constant-time check) and the
+  per-tenant prefix-cache salt (an HMAC of the tenant id under that secret).
 
 `WIRE_VERSION` travels in the `x-loraplex-wire` header of every request and response (and
 in `/state`); a replica refuses a request of another version, and the gateway refuses a

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from gateway_stack import Replica
+from gateway_stack import WIRE_HEADERS, Replica
 
 MESSAGES = [{"role": "user", "content": "Hello! How are you today?"}]
 
@@ -88,7 +88,7 @@ def run_clients(stack: Any, models: list[str]) -> list[dict[str, Any]]:
 
 
 def aborted_count(replica: Replica) -> float:
-    text = httpx.get(f"{replica.url}/metrics", timeout=10).text
+    text = httpx.get(f"{replica.url}/metrics", headers=WIRE_HEADERS, timeout=10).text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()

@@ -17,8 +17,12 @@ import httpx
 
 from loraplex.platform.gateway.replica_agent import register_replica
 from loraplex.platform.wire import WIRE_VERSION, WIRE_VERSION_HEADER, ReplicaState
+from loraplex.platform.wire.auth import bearer
 
-WIRE_HEADERS = {WIRE_VERSION_HEADER: str(WIRE_VERSION)}
+WIRE_HEADERS = {
+    WIRE_VERSION_HEADER: str(WIRE_VERSION),
+    "authorization": bearer(os.environ["LORAPLEX_REPLICA_SECRET"]),  # tests/conftest.py
+}
 
 
 def free_port() -> int:

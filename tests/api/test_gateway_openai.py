@@ -9,6 +9,8 @@ Tests that need adapters uploaded, validated and served by a replica are marked
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import sys
 import threading
 import time
@@ -27,7 +29,7 @@ from gateway_clients import (
     upload_adapter,
     wait_idle,
 )
-from gateway_stack import Api, Replica, fresh_database, settings_env
+from gateway_stack import WIRE_HEADERS, Api, Replica, fresh_database, settings_env
 from redis.asyncio import Redis
 
 from loraplex.platform.db.session import make_sessionmaker, session_scope
@@ -231,6 +233,18 @@ def test_prefix_cache_is_salted_per_tenant(stack: Stack) -> None:
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert again.usage.prompt_tokens_details.cached_tokens >= 32  # same tenant: KV reused
     assert other.usage.prompt_tokens_details.cached_tokens == 0  # another tenant: never shared
+    # Nobody but the gateway can name tenant A's cache partition on the replica: without the
+    # replica secret the replica refuses; with it, the guessable `tenant:<id>` salt of old
+    # finds nothing, since the salt is an HMAC of the id under the secret.
+    ids = _chat_prompt_ids(stack, long)
+    probe = {"request_id": f"probe-{uuid.uuid4().hex}", "prompt_token_ids": ids,
+             "sampling": {"max_tokens": 1}, "cache_salt": f"tenant:{stack.tenant_a}"}  # fmt: skip
+    url = f"{stack.replica.url}/generate"
+    version = {k: v for k, v in WIRE_HEADERS.items() if k != "authorization"}
+    assert httpx.post(url, json=probe, headers=version, timeout=30).status_code == 401
+    with httpx.stream("POST", url, json=probe, headers=WIRE_HEADERS, timeout=30) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line]
+    assert events[-1]["usage"]["cached_tokens"] == 0
 
 
 def test_stop_sequences_and_rate_limit_headers(stack: Stack) -> None:
@@ -416,7 +430,7 @@ def test_cached_prefix_is_routed_to_its_replica_as_predicted(stack: Stack, secon
     async def run() -> tuple[list[Dispatch], list[FinishEvent], dict[str, Any]]:
         redis = Redis.from_url(stack.redis_url)
         http = httpx.AsyncClient()
-        client = ReplicaClient(http)
+        client = ReplicaClient(http, os.environ["LORAPLEX_REPLICA_SECRET"])
         router = Router(ReplicaRegistry(redis), client, state_ttl_s=0.0)
         dispatches: list[Dispatch] = []
         finishes: list[FinishEvent] = []
@@ -574,7 +588,7 @@ def test_20_streams_over_5_adapters_leave_replica_idle(
     run_clients(stack, sorted(adapters))
     state = wait_idle(stack.replica, timeout_s=10.0)
     assert state["resident_adapters"], "the adapters were loaded into device slots"
-    metrics = httpx.get(f"{stack.replica.url}/metrics", timeout=10).text
+    metrics = httpx.get(f"{stack.replica.url}/metrics", headers=WIRE_HEADERS, timeout=10).text
     running = [
         float(line.rsplit(" ", 1)[1])
         for line in metrics.splitlines()

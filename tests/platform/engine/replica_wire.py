@@ -1,8 +1,10 @@
-"""Calling a replica directly in tests, in the wire format: the headers it requires and a
-blocking `/generate` that returns the whole stream."""
+"""Calling a replica directly in tests, in the wire format: the headers it requires (the
+replica secret the test session shares, the wire version) and a blocking `/generate` that
+returns the whole stream."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,8 +17,10 @@ from loraplex.platform.wire import (
     FinishEvent,
     decode_event,
 )
+from loraplex.platform.wire.auth import bearer
 
-HEADERS = {WIRE_VERSION_HEADER: str(WIRE_VERSION)}
+SECRET = os.environ["LORAPLEX_REPLICA_SECRET"]  # set by tests/conftest.py
+HEADERS = {WIRE_VERSION_HEADER: str(WIRE_VERSION), "authorization": bearer(SECRET)}
 
 
 def body(ids: list[int], rid: str = "r", **sampling: Any) -> dict[str, Any]:

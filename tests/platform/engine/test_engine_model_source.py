@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from replica_wire import body, generate
+from replica_wire import HEADERS, body, generate
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -219,7 +219,7 @@ def test_server_on_s3_model_serves_and_exports_cold_start(
     expected = offline.generate([ids], GREEDY)[0].outputs[0]
     assert got.token_ids == expected.token_ids
     assert got.text == expected.text
-    metrics = httpx.get(s3_server + "/metrics").text
+    metrics = httpx.get(s3_server + "/metrics", headers=HEADERS).text
 
     def samples(name: str) -> dict[str, float]:
         out = {}

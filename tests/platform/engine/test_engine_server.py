@@ -16,7 +16,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from engine_model_harness import save_tiny_model  # noqa: E402
-from replica_wire import HEADERS, body, generate  # noqa: E402
+from replica_wire import HEADERS, SECRET, body, generate  # noqa: E402
 
 from loraplex.platform.engine.config import EngineConfig  # noqa: E402
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
@@ -45,7 +45,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Engi
     save_tiny_model(path, "llama", max_position_embeddings=4096)
     core = EngineCore(EngineConfig(str(path), block_size=8, max_num_batched_tokens=64))
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(core), port=port, log_level="warning"))
+    srv = uvicorn.Server(uvicorn.Config(create_app(core, SECRET), port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
@@ -103,7 +103,7 @@ def test_client_disconnect_aborts_and_frees_blocks(server: tuple[str, EngineCore
         assert state(url).num_requests_running == 1
     s = wait_idle(url)
     assert s.num_free_blocks == s.num_blocks
-    metrics = httpx.get(url + "/metrics").text
+    metrics = httpx.get(url + "/metrics", headers=HEADERS).text
     assert 'finished_reason="abort"' in metrics
     assert core.scheduler.requests == {}
 
@@ -150,9 +150,30 @@ def test_bad_requests_get_openai_errors(
         assert err["param"] == param
 
 
+def test_only_the_gateway_is_served(server: tuple[str, EngineCore]) -> None:
+    """Without the replica secret (or with another) every route but /health is refused."""
+    url, _ = server
+    version = {WIRE_VERSION_HEADER: str(WIRE_VERSION)}
+    for headers in (version, {**version, "authorization": "Bearer not-the-secret"},
+                    {**version, "authorization": SECRET}):  # fmt: skip
+        for resp in (
+            httpx.post(url + "/generate", json=body([1, 2, 3], max_tokens=2), headers=headers),
+            httpx.post(url + "/abort/x", headers=headers),
+            httpx.get(url + "/state", headers=headers),
+            httpx.get(url + "/metrics", headers=headers),
+        ):
+            assert resp.status_code == 401, (resp.request.url, resp.text)
+            assert resp.json()["error"]["code"] == "invalid_replica_secret"
+    assert httpx.get(url + "/health").status_code == 200  # probes need no secret
+    assert httpx.get(
+        url + "/metrics", headers={"authorization": HEADERS["authorization"]}
+    ).is_success
+
+
 def test_another_wire_version_is_refused(server: tuple[str, EngineCore]) -> None:
     url, _ = server
-    for headers in ({}, {WIRE_VERSION_HEADER: str(WIRE_VERSION + 1)}):
+    auth = {"authorization": HEADERS["authorization"]}
+    for headers in (auth, {**auth, WIRE_VERSION_HEADER: str(WIRE_VERSION + 1)}):
         for resp in (
             httpx.post(url + "/generate", json=body([1]), headers=headers),
             httpx.get(url + "/state", headers=headers),
@@ -168,7 +189,7 @@ def test_health_state_and_metrics_names(server: tuple[str, EngineCore]) -> None:
     assert s.block_size == 8 and s.model_id == core.model_id and s.prefix_caching
     assert 0.0 <= s.kv_cache_usage <= 1.0
     generate(url, body([3, 4, 5], max_tokens=3))
-    text = httpx.get(url + "/metrics").text
+    text = httpx.get(url + "/metrics", headers=HEADERS).text
     for name in (
         "loraplex:time_to_first_token_seconds_bucket",
         "loraplex:inter_token_latency_seconds_bucket",
@@ -241,7 +262,7 @@ def test_gateway_client_round_trip(server: tuple[str, EngineCore]) -> None:
 
     async def run() -> tuple[ReplicaState, list[DeltaEvent | FinishEvent]]:
         async with httpx.AsyncClient() as http:
-            client = ReplicaClient(http)
+            client = ReplicaClient(http, os.environ["LORAPLEX_REPLICA_SECRET"])
             events = [e async for e in client.generate(url, req)]
             await client.abort(url, "round-trip")  # already finished: a 404, ignored
             return await client.state(url), events

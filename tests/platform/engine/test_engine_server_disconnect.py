@@ -17,14 +17,13 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from engine_model_harness import save_tiny_model  # noqa: E402
+from replica_wire import HEADERS, SECRET  # noqa: E402
 
 from loraplex.platform.engine.config import EngineConfig  # noqa: E402
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
 from loraplex.platform.engine.server import create_app  # noqa: E402
-from loraplex.platform.wire import WIRE_VERSION, WIRE_VERSION_HEADER  # noqa: E402
 
 LONG = 4000  # tokens: far more than the test waits for
-HEADERS = {WIRE_VERSION_HEADER: str(WIRE_VERSION)}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +36,7 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(create_app(core), port=port, log_level="warning"))
+    srv = uvicorn.Server(uvicorn.Config(create_app(core, SECRET), port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
@@ -53,7 +52,7 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def _aborted(url: str) -> float:
     return sum(
         float(line.rsplit(" ", 1)[1])
-        for line in httpx.get(url + "/metrics").text.splitlines()
+        for line in httpx.get(url + "/metrics", headers=HEADERS).text.splitlines()
         if "request_success_total{" in line and 'finished_reason="abort"' in line
     )
 

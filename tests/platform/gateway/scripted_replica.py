@@ -6,6 +6,7 @@ exercised end to end in tests/api."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -27,6 +28,7 @@ from loraplex.platform.wire import (
     Usage,
     encode_event,
 )
+from loraplex.platform.wire.auth import authorized
 
 
 def replica_state(**fields: Any) -> ReplicaState:
@@ -84,7 +86,16 @@ class ScriptedReplica:
         )
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
+    def _refused(self, request: Request) -> Response | None:
+        if authorized(request.headers.get("authorization"), os.environ["LORAPLEX_REPLICA_SECRET"]):
+            return None
+        return JSONResponse({"error": {"message": "no", "type": "x", "param": None,
+                                       "code": "invalid_replica_secret"}},
+                            status_code=401, headers=self.headers)  # fmt: skip
+
     async def _generate(self, request: Request) -> Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
         body = GenerateRequest.model_validate_json(await request.body())
         self.requests.append(body)
         if self.fail == "before":
@@ -110,11 +121,15 @@ class ScriptedReplica:
         return StreamingResponse(stream(), media_type="text/event-stream", headers=self.headers)
 
     async def _abort(self, request: Request) -> Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
         self.aborted.append(request.path_params["rid"])
         return JSONResponse({"request_id": request.path_params["rid"], "aborted": True},
                             headers=self.headers)  # fmt: skip
 
     async def _state(self, request: Request) -> Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
         return Response(self.state_doc.model_dump_json(), media_type="application/json",
                         headers=self.headers)  # fmt: skip
 

@@ -14,6 +14,7 @@ from loraplex.platform.gateway.completion import SEED_MASK, build_chat_job, buil
 from loraplex.platform.gateway.openai_schemas import parse_chat_request, parse_completion_request
 from loraplex.platform.gateway.resolve import ResolvedModel
 from loraplex.platform.wire import AdapterRef
+from loraplex.platform.wire.auth import cache_salt
 
 TENANT = uuid.uuid4()
 
@@ -101,5 +102,7 @@ def test_adapter_reference_and_salt() -> None:
         tenant=str(TENANT),
     )
     assert _adapter_ref(_resolved(), TENANT) is None
-    assert r.cache_salt(TENANT) == f"tenant:{TENANT}"
-    assert _resolved(share=True).cache_salt(TENANT) is None
+    salt = r.cache_salt(TENANT, "secret-1")
+    assert salt == cache_salt("secret-1", str(TENANT)) and str(TENANT) not in salt
+    assert salt != r.cache_salt(TENANT, "secret-2") != r.cache_salt(uuid.uuid4(), "secret-1")
+    assert _resolved(share=True).cache_salt(TENANT, "secret-1") is None

@@ -14,6 +14,7 @@ from loraplex.platform.db.session import make_sessionmaker
 from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.resolve import ModelResolver, bump_generation, resolve_uncached
 from loraplex.platform.services.tenants import create_tenant
+from loraplex.platform.wire.auth import cache_salt
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def test_resolution_rules(world) -> None:
         assert latest.adapter_version == 2 and latest.deployment_name == dep.name
         assert latest.adapter_key is not None and len(latest.adapter_key) == 64
         assert resolve_uncached(s, t1, "sql:1").adapter_version == 1
-        assert latest.cache_salt(t1) == f"tenant:{t1}"
+        assert latest.cache_salt(t1, "s") == cache_salt("s", str(t1))
         b = resolve_uncached(s, t1, base.name)
         assert b.adapter_id is None and b.base_model_name == base.name
         for model in ("sql:3", "sql:9", "draft", "nope"):

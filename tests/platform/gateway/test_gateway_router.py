@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
 
 import httpx
@@ -103,7 +104,9 @@ async def _with_router(redis_url: str, replicas: list[tuple[str, str]], fn):
         dep = "dep"
         for rid, url in replicas:
             await registry.register(ReplicaInfo(dep, url, replica_id=rid))
-        return await fn(Router(registry, ReplicaClient(http)), dep)
+        return await fn(
+            Router(registry, ReplicaClient(http, os.environ["LORAPLEX_REPLICA_SECRET"])), dep
+        )
     finally:
         await http.aclose()
         await redis.aclose()
@@ -193,11 +196,16 @@ def test_client_refuses_answers_outside_the_wire(redis_url: str) -> None:
 
     async def stream(url: str) -> list[object]:
         async with httpx.AsyncClient() as http:
-            return [e async for e in ReplicaClient(http).generate(url, _req())]
+            return [
+                e
+                async for e in ReplicaClient(http, os.environ["LORAPLEX_REPLICA_SECRET"]).generate(
+                    url, _req()
+                )
+            ]
 
     async def state(url: str) -> object:
         async with httpx.AsyncClient() as http:
-            return await ReplicaClient(http).state(url)
+            return await ReplicaClient(http, os.environ["LORAPLEX_REPLICA_SECRET"]).state(url)
 
     with (
         ScriptedReplica([1, 2], version="2") as newer,
