@@ -116,8 +116,8 @@ def _upload(url: str, key: str, base: str, name: str, folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def local_stack(num_adapters: int) -> Iterator[tuple[str, str]]:
-    """Start everything; yields (API URL, tenant API key)."""
+def local_stack(num_adapters: int) -> Iterator[tuple[str, str, str, str]]:
+    """Start everything; yields (API URL, tenant API key, replica URL, replica secret)."""
     from loraplex.platform.db.migrate import upgrade
     from loraplex.platform.db.session import make_sessionmaker, session_scope
     from loraplex.platform.demo_model import make_demo_model
@@ -228,7 +228,8 @@ def local_stack(num_adapters: int) -> Iterator[tuple[str, str]]:
                         timeout=120,
                     )
             if name == "replica":
-                hb = register_replica(redis_url, "demo-dep", f"http://127.0.0.1:{port}")
+                replica_url = f"http://127.0.0.1:{port}"
+                hb = register_replica(redis_url, "demo-dep", replica_url)
                 stack.callback(hb.stop)
             if name == "api":
                 api_url = f"http://127.0.0.1:{port}"
@@ -236,4 +237,4 @@ def local_stack(num_adapters: int) -> Iterator[tuple[str, str]]:
             for i in range(num_adapters):
                 folder = random_peft_adapter(model_dir, root / f"adapter{i}", seed=i)
                 _upload(api_url, key, "demo", f"bench-{i}", folder)
-        yield api_url, key
+        yield api_url, key, replica_url, settings.replica_secret
