@@ -110,3 +110,29 @@ def test_source_failure_becomes_error_event(caplog: pytest.LogCaptureFixture) ->
     err = json.loads(frames[-1][6:])["error"]
     assert err["code"] == "stream_failed" and "replica went away" not in err["message"]
     assert "replica went away" in caplog.text
+
+
+def test_gateway_shutdown_sends_pending_aborts(settings, pg_url: str, redis_url: str) -> None:
+    """Aborts run detached; closing the gateway waits for them before its HTTP client goes, so
+    a replica hears about a client that left just before shutdown."""
+    from redis.asyncio import Redis
+    from scripted_replica import ScriptedReplica
+
+    from loraplex.platform.db.session import make_sessionmaker
+    from loraplex.platform.gateway.service import Gateway
+    from loraplex.platform.gateway.streaming import spawn
+
+    async def main(url: str) -> None:
+        gw = Gateway(settings, Redis.from_url(redis_url), make_sessionmaker(pg_url))
+        await gw.start()
+
+        async def late_abort() -> None:
+            await asyncio.sleep(0.2)  # still in flight when close() begins
+            await gw.client.abort(url, "left-early")
+
+        spawn(late_abort())
+        await gw.close()
+
+    with ScriptedReplica([1]) as replica:
+        asyncio.run(main(replica.url))
+        assert replica.aborted == ["left-early"]
