@@ -70,10 +70,7 @@ class ReplicaGuard:
 
         async def stamped(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [
-                    *message.get("headers", []),
-                    (WIRE_VERSION_HEADER.encode(), _VERSION),
-                ]
+                message["headers"] = [*message.get("headers", []), (_HEADER, _VERSION)]
             await send(message)
 
         path = scope["path"]

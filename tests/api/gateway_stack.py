@@ -116,7 +116,9 @@ class Replica:
         log = workdir / f"replica-{self.port}.log"
         self.proc = Proc(args, env or dict(os.environ), log)
         _wait_http(f"{self.url}/health", self.proc.popen, log)
-        self.heartbeat = register_replica(redis_url, deployment, self.url, ttl_s=3.0)
+        # A loaded CI machine can starve the health-gated beat for seconds: a short TTL would
+        # expire a live replica mid-test (a dead one is skipped by the router anyway).
+        self.heartbeat = register_replica(redis_url, deployment, self.url, ttl_s=15.0)
 
     def state(self) -> dict[str, Any]:
         """The replica's /state (checked against the wire format)."""
