@@ -39,7 +39,6 @@ class Job:
     kind: str  # "chat" or "text"
     model: str
     resolved: ResolvedModel
-    assets: ModelAssets
     prompt_ids: list[int]
     max_tokens: int
     n: int
@@ -118,7 +117,6 @@ def build_chat_job(
         "chat",
         body.model,
         resolved,
-        assets,
         ids,
         max_tokens,
         body.n,
@@ -159,7 +157,6 @@ def build_text_job(
         "text",
         body.model,
         resolved,
-        assets,
         ids,
         max_tokens,
         body.n,
