@@ -7,11 +7,12 @@ from collections.abc import Callable
 from fastapi import FastAPI
 
 from loraplex.platform.db.session import make_sessionmaker
+from loraplex.platform.http_errors import install_error_handlers
 from loraplex.platform.jobs.celery_app import create_celery
 from loraplex.platform.jobs.dispatch import CeleryDispatcher
 from loraplex.platform.settings import Settings
 
-from .errors import BodyLimitMiddleware, install_error_handlers
+from .errors import BodyLimitMiddleware, install_backend_down_handlers
 from .routes import adapters, admin, health, openai
 
 JSON_BODY_LIMIT = 1 << 20
@@ -48,8 +49,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.broker_url
         else None
     )
-    install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limit(settings))
+    install_error_handlers(app)  # after: request ids cover the body limit's answers too
+    install_backend_down_handlers(app)
     app.include_router(health.router)
     app.include_router(admin.router)
     app.include_router(adapters.router)

@@ -11,12 +11,11 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
 from loraplex.platform.db.session import session_scope
+from loraplex.platform.errors import HttpError
 from loraplex.platform.services import audit
 from loraplex.platform.services.api_keys import touch_last_used, verify_api_key
 from loraplex.platform.services.job_records import JobDispatcher
 from loraplex.platform.settings import Settings
-
-from .errors import ApiError
 
 ADAPTERS_SCOPE = "adapters"
 
@@ -43,7 +42,7 @@ def get_sessions(request: Request) -> sessionmaker[Session]:
     """The app's session factory (503 when no database is configured)."""
     sessions = getattr(request.app.state, "sessions", None)
     if sessions is None:
-        raise ApiError(
+        raise HttpError(
             503, "No database is configured (LORAPLEX_DATABASE_URL).", code="database_unavailable"
         )
     return sessions
@@ -59,7 +58,7 @@ def get_dispatcher(request: Request) -> JobDispatcher:
     """The job dispatcher (503 when no broker is configured)."""
     dispatcher = getattr(request.app.state, "dispatcher", None)
     if dispatcher is None:
-        raise ApiError(
+        raise HttpError(
             503, "No job broker is configured (LORAPLEX_BROKER_URL).", code="broker_unavailable"
         )
     return dispatcher
@@ -69,7 +68,7 @@ def _bearer(request: Request) -> str:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
-        raise ApiError(
+        raise HttpError(
             401,
             "You didn't provide an API key. Pass it as `Authorization: Bearer KEY`.",
             code="missing_api_key",
@@ -83,11 +82,11 @@ def require_admin(request: Request) -> str:
     token = _bearer(request)
     admin_key = get_settings(request).admin_key
     if not admin_key:
-        raise ApiError(
+        raise HttpError(
             403, "The admin API is disabled: no admin key is configured.", code="admin_disabled"
         )
     if not hmac.compare_digest(token.encode(), admin_key.encode()):
-        raise ApiError(
+        raise HttpError(
             401,
             "Incorrect admin key provided.",
             code="invalid_api_key",
@@ -104,13 +103,13 @@ def require_tenant(
     with sessions() as session, session.begin():
         key = verify_api_key(session, token)
         if key is None:
-            raise ApiError(
+            raise HttpError(
                 401,
                 "Incorrect or revoked API key provided.",
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
         if ADAPTERS_SCOPE not in (key.scopes or []):
-            raise ApiError(403, "This API key has no `adapters` scope.", code="insufficient_scope")
+            raise HttpError(403, "This API key has no `adapters` scope.", code="insufficient_scope")
         touch_last_used(session, key)
         return TenantCaller(tenant_id=key.tenant_id, api_key_id=key.id)

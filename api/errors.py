@@ -1,61 +1,21 @@
-"""OpenAI-shaped errors everywhere: `{"error": {"message", "type", "param", "code"}}`.
-
-Service errors, HTTP errors, request validation errors, bodies over the size limit and
-unhandled exceptions all answer in this shape with the right status.
-"""
+"""The API's request-body limit, and its 503 while the database or Redis is down. Errors become
+OpenAI-shaped responses through the platform's one mapping (`platform/http_errors.py`)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from loraplex.platform.services.errors import ServiceError
+from loraplex.platform.http_errors import REQUEST_ID_HEADER, current_request_id, error_response
 
 log = logging.getLogger(__name__)
-
-TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    409: "invalid_request_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-}
-
-
-class ApiError(Exception):
-    """An error the API answers directly with a status and an OpenAI-shaped body."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        code: str | None = None,
-        param: str | None = None,
-        type: str | None = None,
-        headers: dict[str, str] | None = None,
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.param = param
-        self.type = type or error_type(status)
-        self.headers = headers or {}
 
 
 class BodyTooLarge(StarletteHTTPException):
@@ -66,99 +26,29 @@ class BodyTooLarge(StarletteHTTPException):
         self.limit = limit
 
 
-def error_type(status: int) -> str:
-    """The OpenAI error type for an HTTP status."""
-    return TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-
-
-def error_body(
-    message: str, *, type: str, code: str | None = None, param: str | None = None
-) -> dict[str, Any]:
-    """The OpenAI error object."""
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
-def error_response(
-    status: int,
-    message: str,
-    *,
-    code: str | None = None,
-    param: str | None = None,
-    type: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    """A JSONResponse carrying an OpenAI-shaped error."""
-    body = error_body(message, type=type or error_type(status), code=code, param=param)
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def _loc_param(loc: tuple | list) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
-    return ".".join(parts) or None
-
-
-async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-    return error_response(
-        exc.status, exc.message, code=exc.code, param=exc.param, type=exc.type, headers=exc.headers
-    )
-
-
-async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
-    return error_response(exc.status, exc.message, code=exc.code, param=exc.param)
-
-
-async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-    code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(
-        exc.status_code
-    )
-    message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-    if exc.status_code == 404 and message == "Not Found":
-        message = "No such route or resource."
-    return error_response(
-        exc.status_code, message, code=code, headers=getattr(exc, "headers", None)
-    )
-
-
-async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = exc.errors()
-    first = errors[0] if errors else {}
-    param = _loc_param(first.get("loc", ()))
-    msg = first.get("msg", "invalid request")
-    message = f"{param}: {msg}" if param else str(msg)
-    return error_response(422, message, code="invalid_request", param=param)
-
-
-async def _backend_down(_: Request, exc: Exception) -> JSONResponse:
+async def _backend_down(request: Request, exc: Exception) -> JSONResponse:
     """The database (or Redis) is unreachable, e.g. restarting under `loraplex up`: a 503 the
     client can retry, not a 500."""
     what = "database" if isinstance(exc, DBAPIError) else "Redis"
-    log.warning("%s unavailable: %s", what, type(exc).__name__)
+    log.warning("request %s: %s unavailable: %s", current_request_id(), what, type(exc).__name__)
+    headers = {"retry-after": "5"}
+    rid = current_request_id()
+    if rid:
+        headers[REQUEST_ID_HEADER] = rid
     return error_response(
         503,
         f"The platform's {what} is unavailable right now; retry shortly.",
         code=f"{what.lower()}_unavailable",
         type="service_unavailable",
-        headers={"retry-after": "5"},
+        headers=headers,
     )
 
 
-async def _unhandled(_: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error", exc_info=exc)
-    return error_response(
-        500, "The server had an error while processing your request.", code="internal_error"
-    )
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """Register the handlers that turn every error into the OpenAI shape."""
-    app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
-    app.add_exception_handler(ServiceError, _service_error)  # type: ignore[arg-type]
-    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
-    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
-    app.add_exception_handler(OperationalError, _backend_down)
-    app.add_exception_handler(InterfaceError, _backend_down)
-    app.add_exception_handler(RedisConnectionError, _backend_down)
-    app.add_exception_handler(Exception, _unhandled)
+def install_backend_down_handlers(app: FastAPI) -> None:
+    """Answer 503 + Retry-After while the database or Redis is down (the API's own backends;
+    the replica has none), on top of the platform's one mapping."""
+    for exc in (OperationalError, InterfaceError, RedisConnectionError):
+        app.add_exception_handler(exc, _backend_down)
 
 
 class BodyLimitMiddleware:

@@ -47,6 +47,13 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
 
+    # Engine replicas (their internal API, see loraplex.platform.wire). They listen on
+    # `replica_host` (loopback, or a private address: never the public `host`) and take
+    # requests only with `replica_secret` (`loraplex up` keeps one per data dir); the
+    # prefix-cache salt of each tenant is an HMAC of its id under the same secret.
+    replica_host: str = "127.0.0.1"
+    replica_secret: str | None = None
+
     # Limits on what clients send.
     max_adapter_bytes: int = 512 * 1024 * 1024
     max_config_bytes: int = 64 * 1024

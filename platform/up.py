@@ -33,6 +33,7 @@ from loraplex.platform.embedded.process import (
     stop_together,
 )
 from loraplex.platform.engine_spec import UnservableDeploymentError
+from loraplex.platform.replica_secret import ensure_replica_secret
 from loraplex.platform.secret_files import read_or_create_secret, token
 from loraplex.platform.settings import Settings
 from loraplex.platform.supervisor import Supervised, Supervisor
@@ -226,6 +227,7 @@ def start_all(
     updates = start_services(settings, stack, data_dir, watch)
     updates["port"] = api_sock.getsockname()[1]
     updates |= {"data_dir": data_dir, "admin_key": admin_key(settings, data_dir)}
+    updates["replica_secret"] = ensure_replica_secret(settings, data_dir)
     settings = settings.model_copy(update=updates)
     if settings.database_url is None:  # only if a start above silently gave nothing
         raise UpError("no database URL")

@@ -72,6 +72,12 @@ class LocalReplica:
         self.process.wait_ready(lambda: http_ok(self.url + "/health"), self.timeout)
 
 
+def replica_socket(settings: Settings) -> socket.socket:
+    """A listening socket for a replica on the internal address (`replica_host`), never the
+    API's public `host`: the replica API is for the gateway only."""
+    return listen_socket(settings.replica_host, 0)
+
+
 def start_replica(
     settings: Settings,
     deployment: LocalDeployment,
@@ -84,7 +90,7 @@ def start_replica(
     URL), wait for /health, and register it for the gateway."""
     from loraplex.platform.gateway.replica_agent import register_replica
 
-    sock = listen_socket(settings.host, 0)
+    sock = replica_socket(settings)
     try:
         url, proc = start_engine_process(deployment.config, log, env, sock=sock, timeout=timeout)
     except BaseException:

@@ -21,6 +21,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The gateway <-> replica secret every test stack shares (replica subprocesses inherit it).
+os.environ.setdefault("LORAPLEX_REPLICA_SECRET", "lpx-replica-test-secret-0123456789")
 
 TEST_ADMIN_KEY = "lpx-admin-test-key-0123456789abcdef"
 TEST_BUCKET = "loraplex-test"

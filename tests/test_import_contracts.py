@@ -20,7 +20,10 @@ FIXTURE_MODULES = [
     "platform/engine/core.py", "platform/services/adapters.py", "platform/db/models.py",
     "platform/settings.py", "platform/embedded/process.py", "platform/demo_model.py",
     "platform/engine_spec/config.py", "platform/testing/models.py", "platform/bench/common.py",
-    "platform/local_processes.py",
+    "platform/local_processes.py", "platform/supervisor.py", "platform/child_env.py",
+    "platform/replica_secret.py", "platform/wire/messages.py", "platform/tokenizing/chat.py",
+    "platform/http_errors.py", "platform/object_keys.py", "platform/secret_files.py",
+    "platform/errors.py",
 ]  # fmt: skip
 # Imports that follow the direction: the fixture passes with these alone.
 GOOD = {

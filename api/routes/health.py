@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
-from ..errors import error_response
+from loraplex.platform.http_errors import error_response
 
 router = APIRouter(tags=["health"])
 

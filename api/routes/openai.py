@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
@@ -19,18 +20,21 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from sqlalchemy import select
 
-from loraplex.platform.db.models import Adapter, AdapterVersion, BaseModel
+from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway import completion, responses
-from loraplex.platform.gateway.errors import GatewayError, model_not_found
+from loraplex.platform.gateway.errors import model_not_found
 from loraplex.platform.gateway.openai_schemas import parse_chat_request, parse_completion_request
 from loraplex.platform.gateway.ratelimit import TenantLimits, tenant_limits
+from loraplex.platform.gateway.resolve import NoDeployment
 from loraplex.platform.gateway.service import Gateway
 from loraplex.platform.gateway.streaming import bounded_relay
-from loraplex.platform.gateway.usage import usage_report
-from loraplex.platform.services.api_keys import touch_last_used, verify_api_key
+from loraplex.platform.services import model_catalog
+from loraplex.platform.services.api_keys import use_api_key
+from loraplex.platform.services.upload_limits import limits_view_for
+from loraplex.platform.services.usage_report import usage_report_for
 
+log = logging.getLogger(__name__)
 INFERENCE_SCOPE = "inference"
 MAX_JSON_DEPTH = 32
 DISCONNECT_POLL_S = 0.25
@@ -46,10 +50,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         and settings is not None
         and settings.database_url
         and settings.gateway_redis_url()
+        and settings.replica_secret
     ):
         gw = Gateway.from_settings(settings)
         app.state.gateway = gw
         owned = True
+    elif gw is None and settings is not None and not settings.replica_secret:
+        log.warning("inference is off: LORAPLEX_REPLICA_SECRET (the replicas' secret) is unset")
     if gw is not None:
         await gw.start()
     try:
@@ -77,17 +84,13 @@ class ClosingStreamingResponse(StreamingResponse):
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
-def _error(exc: GatewayError, extra_headers: dict[str, str] | None = None) -> JSONResponse:
-    headers = {**exc.headers, **(extra_headers or {})}
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
-
-
 def _gateway(request: Request) -> Gateway:
     gw = getattr(request.app.state, "gateway", None)
     if gw is None:
-        raise GatewayError(
+        raise HttpError(
             503,
-            "The inference gateway is not configured (database and Redis are required).",
+            "The inference gateway is not configured (database, Redis and the replica secret "
+            "are required).",
             type="service_unavailable",
             code="gateway_unavailable",
         )
@@ -103,32 +106,34 @@ class Caller:
     limits: TenantLimits
 
 
-def _authenticate(gw: Gateway, request: Request) -> Caller:
+async def _authenticate(gw: Gateway, request: Request) -> Caller:
     """The caller (its limits come with the key, in the same query); 401 for a missing,
-    unknown or revoked key."""
+    unknown or revoked key, 403 without the `inference` scope."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise GatewayError(
+        raise HttpError(
             401,
             "You didn't provide an API key. Pass it as `Authorization: Bearer KEY`.",
+            type="invalid_request_error",
             code="invalid_api_key",
         )
-    with gw.session_factory() as session, session.begin():
-        key = verify_api_key(session, token.strip())
-        if key is None:
-            raise GatewayError(
-                401, "Incorrect or revoked API key provided.", code="invalid_api_key"
-            )
-        if INFERENCE_SCOPE not in (key.scopes or []):
-            raise GatewayError(
-                403,
-                "This API key has no `inference` scope.",
-                type="permission_error",
-                code="insufficient_scope",
-            )
-        touch_last_used(session, key)
-        return Caller(key.tenant_id, key.id, tenant_limits(key.tenant, gw.settings))
+    use = await asyncio.to_thread(use_api_key, gw.session_factory, token.strip())
+    if use is None:
+        raise HttpError(
+            401,
+            "Incorrect or revoked API key provided.",
+            type="invalid_request_error",
+            code="invalid_api_key",
+        )
+    if INFERENCE_SCOPE not in use.scopes:
+        raise HttpError(
+            403,
+            "This API key has no `inference` scope.",
+            type="permission_error",
+            code="insufficient_scope",
+        )
+    return Caller(use.tenant_id, use.key_id, tenant_limits(use, gw.settings))
 
 
 def _depth(value: Any, limit: int) -> int:
@@ -149,7 +154,7 @@ def _depth(value: Any, limit: int) -> int:
 async def _json_body(gw: Gateway, request: Request) -> Any:
     raw = await request.body()
     if len(raw) > gw.settings.max_request_bytes:
-        raise GatewayError(
+        raise HttpError(
             413,
             f"The request body is larger than {gw.settings.max_request_bytes} bytes.",
             code="request_too_large",
@@ -157,11 +162,11 @@ async def _json_body(gw: Gateway, request: Request) -> Any:
     try:
         body = json.loads(raw)
     except ValueError as exc:
-        raise GatewayError(
+        raise HttpError(
             400, f"The request body is not valid JSON: {exc}", code="invalid_json"
         ) from None
     if _depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
-        raise GatewayError(400, "The request body is nested too deeply.", code="invalid_json")
+        raise HttpError(400, "The request body is nested too deeply.", code="invalid_json")
     return body
 
 
@@ -177,57 +182,51 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, Any])
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-                raise GatewayError(499, "The client closed the request.", code="client_closed")
+                raise HttpError(499, "The client closed the request.", code="client_closed")
     finally:
         if not task.done():
             task.cancel()
 
 
 async def _run(request: Request, kind: str, adapter: str | None) -> Response:
-    headers: dict[str, str] = {}
+    gw = _gateway(request)
+    caller = await _authenticate(gw, request)
+    tenant_id, key_id, limits = caller.tenant_id, caller.key_id, caller.limits
+    body = await _json_body(gw, request)
+    if adapter is not None and isinstance(body, dict):
+        body = {**body, "model": body.get("model") or adapter}
+    parsed = parse_chat_request(body) if kind == "chat" else parse_completion_request(body)
+    model = adapter if adapter is not None else parsed.model
+    resolved = await gw.resolver.resolve(gw.session_factory, tenant_id, model)
+    assets = await gw.model_assets(resolved)
+    build = completion.build_chat_job if kind == "chat" else completion.build_text_job
+    job = build(parsed, resolved, assets, tenant_id, key_id, gw.settings.default_max_tokens)  # type: ignore[arg-type]
+    job.model = model
+    job.limit = await gw.limiter.acquire(
+        str(tenant_id),
+        len(job.prompt_ids) + job.n * job.max_tokens,
+        limits.requests_per_minute,
+        limits.tokens_per_minute,
+        limits.monthly_token_quota,
+    )
+    headers = job.limit.headers()
+    request.state.response_headers = headers  # errors from here on carry them too
+    if not job.stream:
+        body = await _unless_disconnected(request, responses.complete(gw, job))
+        return JSONResponse(body, headers=headers)
     try:
-        gw = _gateway(request)
-        caller = await asyncio.to_thread(_authenticate, gw, request)
-        tenant_id, key_id, limits = caller.tenant_id, caller.key_id, caller.limits
-        body = await _json_body(gw, request)
-        if adapter is not None and isinstance(body, dict):
-            body = {**body, "model": body.get("model") or adapter}
-        parsed = parse_chat_request(body) if kind == "chat" else parse_completion_request(body)
-        model = adapter if adapter is not None else parsed.model
-        with gw.session_factory() as session:
-            resolved = await gw.resolver.resolve(session, tenant_id, model)
-        assets = await gw.model_assets(resolved)
-        build = completion.build_chat_job if kind == "chat" else completion.build_text_job
-        job = build(parsed, resolved, assets, tenant_id, key_id, gw.settings.default_max_tokens)  # type: ignore[arg-type]
-        job.model = model
-        job.limit = await gw.limiter.acquire(
-            str(tenant_id),
-            len(job.prompt_ids) + job.n * job.max_tokens,
-            limits.requests_per_minute,
-            limits.tokens_per_minute,
-            limits.monthly_token_quota,
-        )
-        headers = job.limit.headers()
-        if not job.stream:
-            body = await _unless_disconnected(request, responses.complete(gw, job))
-            return JSONResponse(body, headers=headers)
-        try:
-            first, rest = await responses.primed(gw, job)
-        except BaseException:
-            completion.release_job(gw, job)
-            raise
-        frames = responses.sse_frames(gw, job, first, rest)
-        relay = bounded_relay(
-            frames,
-            max_buffer=gw.settings.stream_buffer_frames,
-            stall_timeout_s=gw.settings.stream_stall_timeout_s,
-        )
-        stream_headers = {**headers, "cache-control": "no-cache", "x-accel-buffering": "no"}
-        return ClosingStreamingResponse(
-            relay, media_type="text/event-stream", headers=stream_headers
-        )
-    except GatewayError as exc:
-        return _error(exc, headers)
+        first, rest = await responses.primed(gw, job)
+    except BaseException:
+        completion.release_job(gw, job)
+        raise
+    frames = responses.sse_frames(gw, job, first, rest)
+    relay = bounded_relay(
+        frames,
+        max_buffer=gw.settings.stream_buffer_frames,
+        stall_timeout_s=gw.settings.stream_stall_timeout_s,
+    )
+    stream_headers = {**headers, "cache-control": "no-cache", "x-accel-buffering": "no"}
+    return ClosingStreamingResponse(relay, media_type="text/event-stream", headers=stream_headers)
 
 
 @router.post("/v1/chat/completions")
@@ -254,88 +253,31 @@ async def adapter_completions(name: str, request: Request) -> Response:
     return await _run(request, "text", name)
 
 
-def _model_entries(session: Any, tenant_id: uuid.UUID) -> list[dict[str, Any]]:
-    bases = session.execute(select(BaseModel).order_by(BaseModel.name)).scalars().all()
-    out = [
-        {
-            "id": b.name,
-            "object": "model",
-            "created": int(b.created_at.timestamp()),
-            "owned_by": "loraplex",
-            "root": b.name,
-            "parent": None,
-        }
-        for b in bases
-    ]
-    ready = (
-        select(Adapter)
-        .where(Adapter.tenant_id == tenant_id)
-        .where(
-            select(AdapterVersion.id)
-            .where(AdapterVersion.adapter_id == Adapter.id, AdapterVersion.status == "ready")
-            .exists()
-        )
-        .order_by(Adapter.name)
-    )
-    for a in session.execute(ready).scalars().all():
-        out.append(
-            {
-                "id": a.name,
-                "object": "model",
-                "created": int(a.created_at.timestamp()),
-                "owned_by": str(tenant_id),
-                "root": a.base_model.name,
-                "parent": a.base_model.name,
-            }
-        )
-    return out
-
-
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     """Base models and the caller's adapters that have a ready version."""
-    try:
-        gw = _gateway(request)
-        tenant_id = (await asyncio.to_thread(_authenticate, gw, request)).tenant_id
-        with gw.session_factory() as session:
-            return JSONResponse({"object": "list", "data": _model_entries(session, tenant_id)})
-    except GatewayError as exc:
-        return _error(exc)
+    gw = _gateway(request)
+    tenant_id = (await _authenticate(gw, request)).tenant_id
+    data = await asyncio.to_thread(model_catalog.list_models, gw.session_factory, tenant_id)
+    return JSONResponse({"object": "list", "data": data})
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> Response:
     """One model: a base model, an adapter `NAME` or a version `NAME:N` the caller can use."""
+    gw = _gateway(request)
+    tenant_id = (await _authenticate(gw, request)).tenant_id
     try:
-        gw = _gateway(request)
-        tenant_id = (await asyncio.to_thread(_authenticate, gw, request)).tenant_id
-        with gw.session_factory() as session:
-            resolved = await gw.resolver.resolve(session, tenant_id, model_id)
-            base = session.get(BaseModel, resolved.base_model_id)
-            created = int(base.created_at.timestamp()) if base is not None else 0
-        if resolved.adapter_id is None:
-            entry = {
-                "id": model_id,
-                "object": "model",
-                "created": created,
-                "owned_by": "loraplex",
-                "root": model_id,
-                "parent": None,
-            }
-        else:
-            entry = {
-                "id": model_id,
-                "object": "model",
-                "created": created,
-                "owned_by": str(tenant_id),
-                "root": resolved.base_model_name,
-                "parent": resolved.base_model_name,
-            }
-        return JSONResponse(entry)
-    except GatewayError as exc:
-        if exc.status == 503 and exc.code == "no_deployment":
-            return _error(model_not_found(model_id))
-        return _error(exc)
+        resolved = await gw.resolver.resolve(gw.session_factory, tenant_id, model_id)
+    except NoDeployment:  # it exists, but nothing serves it: not a model one can use
+        raise model_not_found(model_id) from None
+    if resolved.adapter_id is None:
+        entry = model_catalog.model_object(model_id, resolved.base_created, "loraplex", None)
+    else:
+        entry = model_catalog.model_object(
+            model_id, resolved.base_created, str(tenant_id), resolved.base_model_name
+        )
+    return JSONResponse(entry)
 
 
 @router.get("/v1/usage")
@@ -343,33 +285,19 @@ async def get_usage(
     request: Request, start: date | None = None, end: date | None = None
 ) -> Response:
     """The caller's usage per day and per adapter (or base model)."""
-    try:
-        gw = _gateway(request)
-        tenant_id = (await asyncio.to_thread(_authenticate, gw, request)).tenant_id
-        with gw.session_factory() as session:
-            rows = usage_report(session, tenant_id, start, end)
-        return JSONResponse({"object": "list", "data": rows})
-    except GatewayError as exc:
-        return _error(exc)
-
-
-def _upload_limits(gw: Gateway, tenant_id: uuid.UUID) -> dict[str, Any]:
-    from loraplex.platform.db.models import Tenant
-    from loraplex.platform.services.upload_limits import limits_view
-
-    with gw.session_factory() as session:
-        tenant = session.get(Tenant, tenant_id)
-        return {} if tenant is None else limits_view(session, tenant, gw.settings)
+    gw = _gateway(request)
+    tenant_id = (await _authenticate(gw, request)).tenant_id
+    rows = await asyncio.to_thread(usage_report_for, gw.session_factory, tenant_id, start, end)
+    return JSONResponse({"object": "list", "data": rows})
 
 
 @router.get("/v1/limits")
 async def get_limits(request: Request) -> Response:
     """The caller's rate limits and monthly token quota, and what remains of each now."""
-    try:
-        gw = _gateway(request)
-        caller = await asyncio.to_thread(_authenticate, gw, request)
-        body = await gw.limiter.snapshot(str(caller.tenant_id), caller.limits)
-        body |= await asyncio.to_thread(_upload_limits, gw, caller.tenant_id)
-        return JSONResponse(body)
-    except GatewayError as exc:
-        return _error(exc)
+    gw = _gateway(request)
+    caller = await _authenticate(gw, request)
+    body = await gw.limiter.snapshot(str(caller.tenant_id), caller.limits)
+    body |= await asyncio.to_thread(
+        limits_view_for, gw.session_factory, caller.tenant_id, gw.settings
+    )
+    return JSONResponse(body)

@@ -7,6 +7,11 @@ token) and the inter-token latencies (gaps between later content chunks). Goodpu
 share of requests whose TTFT and mean ITL both meet the targets given on the command line.
 
     loraplex bench serve --url http://127.0.0.1:8000 --api-key lp_... [--adapters a,b,c]
+        [--replica-url http://10.0.0.5:8100]   # with LORAPLEX_REPLICA_SECRET set
+
+With a replica to call directly, it also measures what the gateway adds per streamed chunk
+over that replica, in the same run (`serve.gateway_overhead_ms_p50`, baseline
+`serve.direct_chunk_ms_p50`; see `_gateway_overhead.py`).
 
 Without `--url`, an in-process stack is started (embedded services, the demo model, one
 replica, K uploaded random adapters): see `loraplex.platform.bench.serve_stack`.
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import time
@@ -238,11 +244,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--itl-target-ms", type=float, default=200.0)
     p.add_argument("--warmup", type=int, default=4, help="requests sent before measuring")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--replica-url",
+        help="a replica of the base model's deployment, called "
+        "directly for the gateway-overhead baseline (secret: LORAPLEX_REPLICA_SECRET)",
+    )
+    p.add_argument("--overhead-runs", type=int, default=12, help="paired runs; 0 skips it")
     return p
 
 
-def run(url: str, key: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """Warm up, then the adapter workload and the base-model baseline; returns both summaries."""
+def run(
+    url: str,
+    key: str,
+    args: argparse.Namespace,
+    replica: tuple[str, str] | None = None,
+) -> dict[str, dict[str, float]]:
+    """Warm up, then the adapter workload and the base-model baseline; returns both summaries.
+
+    With `replica` (its URL and secret), the gateway's per-chunk overhead over it as well."""
     names = [n for n in (args.adapters or "").split(",") if n] or None
     adapters, base = discover(url, key, args.num_adapters, names)
     console.print(f"adapters: {', '.join(adapters)} over base model {base}")
@@ -259,6 +278,11 @@ def run(url: str, key: str, args: argparse.Namespace) -> dict[str, dict[str, flo
         errors = [o.error for o in outcomes if not o.ok]
         if errors:
             console.print(f"[yellow]{label}: {len(errors)} failed requests, e.g. {errors[0]}[/]")
+    if replica is not None and args.overhead_runs > 0:
+        from loraplex.platform.bench._gateway_overhead import measure
+
+        with console.status("gateway overhead: gateway vs replica, paired runs…"):
+            results["serve"].update(measure(url, key, base, *replica, runs=args.overhead_runs))
     return results
 
 
@@ -275,10 +299,16 @@ def main(argv: list[str]) -> int:
     if args.url:
         if not args.api_key:
             raise SystemExit("--api-key is required with --url")
-        print_results(run(args.url.rstrip("/"), args.api_key, args))
+        secret = os.environ.get("LORAPLEX_REPLICA_SECRET")
+        replica = None
+        if args.replica_url:
+            if not secret:
+                raise SystemExit("--replica-url needs LORAPLEX_REPLICA_SECRET")
+            replica = (args.replica_url.rstrip("/"), secret)
+        print_results(run(args.url.rstrip("/"), args.api_key, args, replica))
         return 0
     from loraplex.platform.bench.serve_stack import local_stack
 
-    with local_stack(args.num_adapters) as (url, key):
-        print_results(run(url, key, args))
+    with local_stack(args.num_adapters) as (url, key, replica_url, secret):
+        print_results(run(url, key, args, (replica_url, secret)))
     return 0

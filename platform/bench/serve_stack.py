@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import tempfile
 import time
 from collections.abc import Iterator
@@ -68,8 +69,8 @@ def upload_and_wait(
 
 
 @contextlib.contextmanager
-def local_stack(num_adapters: int) -> Iterator[tuple[str, str]]:
-    """Start everything; yields (API URL, tenant API key)."""
+def local_stack(num_adapters: int) -> Iterator[tuple[str, str, str, str]]:
+    """Start everything; yields (API URL, tenant API key, replica URL, replica secret)."""
     from loraplex.platform.db.migrate import upgrade
     from loraplex.platform.db.session import make_sessionmaker, session_scope
     from loraplex.platform.demo_model import make_demo_model
@@ -105,6 +106,7 @@ def local_stack(num_adapters: int) -> Iterator[tuple[str, str]]:
                 "s3_bucket": "loraplex-bench",
                 "broker_url": redis_url,
                 "admin_key": "lpx-admin-bench",
+                "replica_secret": "lpx-replica-" + secrets.token_urlsafe(32),
                 "rate_limit_rpm": 1_000_000,
                 "rate_limit_tpm": 1_000_000_000,
             }
@@ -151,4 +153,4 @@ def local_stack(num_adapters: int) -> Iterator[tuple[str, str]]:
                     root / f"adapter{i}", hf_config, 8, seed=i, targets=TARGETS, std=0.05
                 )
                 upload_and_wait(api_url, key, "demo", f"bench-{i}", folder)
-        yield api_url, key
+        yield api_url, key, replica_url, settings.replica_secret

@@ -17,7 +17,6 @@ from loraplex.loader.timeline import Timeline
 from loraplex.platform.engine.block_pool import BlockPool
 from loraplex.platform.engine.cold_start import finish_cold_start
 from loraplex.platform.engine.decode_graphs import recapture_decode_graphs, setup_decode_graphs
-from loraplex.platform.engine.detokenizer import IncrementalDetokenizer
 from loraplex.platform.engine.kv_cache import kv_cache_bytes_per_block
 from loraplex.platform.engine.metrics import EngineMetrics
 from loraplex.platform.engine.model_runner import ModelRunner
@@ -29,6 +28,8 @@ from loraplex.platform.engine.request import Request, RequestStatus
 from loraplex.platform.engine.sampling_params import SamplingParams
 from loraplex.platform.engine.scheduler import Scheduler, SchedulerOutput
 from loraplex.platform.engine_spec.config import EngineConfig
+from loraplex.platform.tokenizing import IncrementalDetokenizer
+from loraplex.platform.wire import WIRE_VERSION, ReplicaState
 
 CPU_KV_BUDGET = 256 * 1024 * 1024
 
@@ -292,24 +293,25 @@ class EngineCore:
         m.label(m.kv_usage).set(self.pool.usage())
         m.update_totals(self.kv.queries, self.kv.hits, self.scheduler.num_preemptions)
 
-    def state(self) -> dict[str, Any]:
-        """A snapshot for the router and operators: load, KV use, cache counters."""
-        return {
-            "model": self.model_id,
-            "num_requests_running": self.scheduler.num_running,
-            "num_requests_waiting": self.scheduler.num_waiting,
-            "kv_cache_usage_perc": self.pool.usage(),
-            "num_free_blocks": self.pool.num_free_blocks,
-            "num_blocks": self.pool.num_blocks,
-            "block_size": self.config.block_size,
-            "prefix_cache_queries": self.kv.queries,
-            "prefix_cache_hits": self.kv.hits,
-            "num_preemptions": self.scheduler.num_preemptions,
-            "resident_adapters": (
-                [] if self.lora_runtime is None else list(self.lora_runtime.resident_adapters)
-            ),
-            "max_loras": self.config.max_loras,
-        }
+    def state(self) -> ReplicaState:
+        """A snapshot for the router and operators (the replica's `/state`, wire format)."""
+        resident = [] if self.lora_runtime is None else self.lora_runtime.resident_adapters
+        return ReplicaState(
+            wire_version=WIRE_VERSION,
+            model_id=self.model_id,
+            block_size=self.config.block_size,
+            prefix_caching=self.config.enable_prefix_caching,
+            num_blocks=self.pool.num_blocks,
+            num_free_blocks=self.pool.num_free_blocks,
+            kv_cache_usage=self.pool.usage(),
+            num_requests_running=self.scheduler.num_running,
+            num_requests_waiting=self.scheduler.num_waiting,
+            resident_adapters=list(resident),
+            max_loras=self.config.max_loras,
+            prefix_cache_queries=self.kv.queries,
+            prefix_cache_hits=self.kv.hits,
+            num_preemptions=self.scheduler.num_preemptions,
+        )
 
     def close(self) -> None:
         """Nothing to release on one process (an `EPEngine` stops its ranks here)."""

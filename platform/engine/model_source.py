@@ -30,11 +30,11 @@ from loraplex.loader.select import ExpertShare
 from loraplex.loader.stream_reader import LoadPlan, StreamLoader, narrow_plan, open_loader
 from loraplex.loader.timeline import Timeline
 from loraplex.platform.engine.hf_folder import iter_weights, read_config, safetensors_files
-from loraplex.platform.engine.hf_tokenizer import HFTokenizer, load_tokenizer
 from loraplex.platform.engine.model_loading import resolve_dtype
 from loraplex.platform.engine.models.registry import resolve_model_class
 from loraplex.platform.engine.rank_weights import expert_share
 from loraplex.platform.engine.weight_quantization import resolve_weight_quantization
+from loraplex.platform.tokenizing import TOKENIZER_FILES, ModelTokenizer, load_tokenizer
 
 if TYPE_CHECKING:
     from loraplex.loader.storage import StorageConfig
@@ -44,13 +44,6 @@ log = logging.getLogger(__name__)
 
 S3_SCHEME = "s3://"
 CONFIG_FILE = "config.json"
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "generation_config.json",
-    "chat_template.jinja",
-    "special_tokens_map.json",
-)
 MAX_SMALL_FILE_BYTES = 64 * 1024 * 1024
 
 Weights = Iterator[tuple[str, torch.Tensor]]
@@ -81,7 +74,7 @@ class ModelSource(Protocol):
         `share`, only the tensors (and fused-expert rows) an expert-parallel rank holds."""
         ...
 
-    def load_tokenizer(self) -> HFTokenizer | None:
+    def load_tokenizer(self) -> ModelTokenizer | None:
         """The tokenizer, or None when the model has no `tokenizer.json`."""
         ...
 
@@ -165,7 +158,7 @@ class LocalModelSource:
                 out = quantizer.apply(name, tensor)
             yield from out
 
-    def load_tokenizer(self) -> HFTokenizer | None:
+    def load_tokenizer(self) -> ModelTokenizer | None:
         """The folder's tokenizer, if it has a `tokenizer.json`."""
         if not (Path(self.tokenizer_path) / "tokenizer.json").is_file():
             return None
@@ -274,7 +267,7 @@ class S3ModelSource:
             self.timeline.count("weight_bytes", after.tensor_bytes - before.tensor_bytes)
             self.timeline.count("fetched_bytes", after.range_bytes - before.range_bytes)
 
-    def load_tokenizer(self) -> HFTokenizer | None:
+    def load_tokenizer(self) -> ModelTokenizer | None:
         """Fetch the tokenizer files into a temporary folder and load them from there."""
         if self.tokenizer_path is not None:
             return LocalModelSource(self.tokenizer_path, self.timeline).load_tokenizer()
@@ -314,7 +307,7 @@ class LoadedModel:
 
     model: nn.Module
     hf_config: dict[str, Any]
-    tokenizer: HFTokenizer | None
+    tokenizer: ModelTokenizer | None
     dtype: torch.dtype
     model_id: str
     name: str

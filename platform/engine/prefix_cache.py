@@ -1,33 +1,17 @@
 """Prefix caching: chained content hashes of full KV blocks, and the per-request KV manager.
 
-Block i of a request is keyed by sha256(key of block i-1 || token ids of block i); the key
-of the empty prefix folds in the model id, the adapter version (sha256) and the cache salt,
-so two adapters, two versions or two tenants never map to the same blocks. Because every
-key commits to its whole prefix, the index is a tree of blocks: walking a request's keys
-from the root until the first miss finds its longest cached prefix.
+The hashes (`loraplex.platform.wire.prefix_hash`) fold the model id, the adapter version and
+the cache salt into the key of the empty prefix, so two adapters, two versions or two tenants
+never map to the same blocks. Because every key commits to its whole prefix, the index is a
+tree of blocks: walking a request's keys from the root until the first miss finds its longest
+cached prefix. The gateway's router hashes prompts with the same functions to predict it.
 """
 
 from __future__ import annotations
 
-import hashlib
-from array import array
-from collections.abc import Sequence
-
 from loraplex.platform.engine.block_pool import BlockPool, KVBlock
 from loraplex.platform.engine.request import Request
-
-
-def root_hash(model_id: str, adapter_key: str | None, cache_salt: str | None) -> bytes:
-    """Key of the empty prefix for one (model, adapter version, salt)."""
-    h = hashlib.sha256(b"loraplex-kv-v1\0")
-    for part in (model_id, adapter_key, cache_salt):
-        h.update(b"\1" if part is None else b"\2" + part.encode() + b"\0")
-    return h.digest()
-
-
-def hash_block(parent: bytes, token_ids: Sequence[int]) -> bytes:
-    """Key of a full block given its parent's key and its tokens."""
-    return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
+from loraplex.platform.wire.prefix_hash import hash_block, max_cached_blocks, root_hash
 
 
 class KVCacheManager:
@@ -71,7 +55,7 @@ class KVCacheManager:
         """
         if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
-        max_blocks = (request.num_tokens - 1) // self.block_size
+        max_blocks = max_cached_blocks(request.num_tokens, self.block_size)
         hits: list[KVBlock] = []
         for block_hash in self.block_hashes(request)[:max_blocks]:
             block = self.pool.lookup(block_hash)

@@ -1,16 +1,16 @@
 """The replica's internal HTTP API: stream generations, abort, health, state, metrics.
 
-An `EngineLoop` (engine_loop.py) drives the engine between steps and hands each delta to its
-request's stream. A client that disconnects aborts its request at once (a watcher reads the
-ASGI `http.disconnect`, streamed or not), which frees its KV blocks before the next step.
+It speaks the wire format of `loraplex.platform.wire` (one versioned definition the gateway
+imports too). An `EngineLoop` (engine_loop.py) drives the engine between steps and hands each
+delta to its request's stream; `wire_mapping.py` turns requests and deltas into engine objects
+and wire events. A client that disconnects aborts its request at once (a watcher reads the
+ASGI `http.disconnect`), which frees its KV blocks before the next step.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,92 +18,86 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraplex.platform.engine.engine_loop import EngineLoop, PendingAdd
 from loraplex.platform.engine.ep_engine import build_engine
 from loraplex.platform.engine.metrics import CONTENT_TYPE_LATEST
-from loraplex.platform.engine.outputs import RequestDelta
 from loraplex.platform.engine.ports import ServedEngine
-from loraplex.platform.engine.sampling_params import SamplingParams
+from loraplex.platform.engine.wire_mapping import EventWriter, adapter_reference, sampling_params
+from loraplex.platform.errors import HttpError
+from loraplex.platform.http_errors import error_response, install_error_handlers
+from loraplex.platform.wire import (
+    WIRE_VERSION,
+    WIRE_VERSION_HEADER,
+    AbortResult,
+    ErrorEvent,
+    ErrorInfo,
+    GenerateRequest,
+    encode_event,
+)
+from loraplex.platform.wire.auth import authorized
 
 log = logging.getLogger(__name__)
-MAX_PROMPT_TOKENS = 1_000_000
+_VERSION = str(WIRE_VERSION).encode()
+_HEADER = WIRE_VERSION_HEADER.encode()
 
 
-def error_response(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:
-    """An OpenAI-shaped error body with its status code."""
-    body = {"error": {"message": message, "type": type_, "param": param, "code": status}}
-    return JSONResponse(body, status_code=status)
+class ReplicaGuard:
+    """In front of every route but `/health`: the caller must hold the replica secret (else
+    401), and speak this wire version (else 400; `/metrics` is exempt from the version, as
+    scrapers send none). Every answer carries `x-loraplex-wire`.
+
+    `/health` stays open: liveness probes and the registration heartbeat read it, and it says
+    only whether the engine loop runs."""
+
+    OPEN = "/health"
+    UNVERSIONED = "/metrics"
+
+    def __init__(self, app: ASGIApp, secret: str) -> None:
+        if not secret:
+            raise ValueError("a replica needs a secret (LORAPLEX_REPLICA_SECRET)")
+        self.app = app
+        self.secret = secret
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def stamped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (_HEADER, _VERSION)]
+            await send(message)
+
+        path = scope["path"]
+        if path != self.OPEN:
+            headers = dict(scope.get("headers", []))
+            given = headers.get(b"authorization", b"").decode("latin-1")
+            refusal = None
+            if not authorized(given, self.secret):
+                refusal = error_response(
+                    401,
+                    "This replica takes requests from the gateway only (replica secret).",
+                    code="invalid_replica_secret",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+            elif path != self.UNVERSIONED and headers.get(_HEADER) != _VERSION:
+                got = (headers.get(_HEADER) or b"none").decode(errors="replace")
+                refusal = error_response(
+                    400,
+                    f"wire version mismatch: this replica speaks {WIRE_VERSION}, the caller {got}",
+                    code="wire_version_mismatch",
+                )
+            if refusal is not None:
+                await refusal(scope, receive, stamped)
+                return
+        await self.app(scope, receive, stamped)
 
 
-class GenerateRequest(BaseModel):
-    """POST /generate body: a prompt (text or token ids), sampling settings, routing keys."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    prompt: str | None = None
-    prompt_token_ids: list[int] | None = Field(default=None, max_length=MAX_PROMPT_TOKENS)
-    request_id: str | None = Field(default=None, max_length=256)
-    adapter: Any | None = None
-    cache_salt: str | None = Field(default=None, max_length=256)
-    stream: bool = True
-    n: int = 1
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    stop: list[str] | str | None = None
-    stop_token_ids: list[int] | None = None
-    include_stop_str_in_output: bool = False
-    max_tokens: int = 16
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None
-    skip_special_tokens: bool = True
-
-    def sampling_params(self) -> SamplingParams:
-        """The SamplingParams this body asks for (raises ValueError when invalid)."""
-        fields = self.model_dump(
-            exclude={"prompt", "prompt_token_ids", "request_id", "adapter", "cache_salt", "stream"}
-        )
-        return SamplingParams(**fields)
-
-
-def _lp_json(lps: list[dict[int, float] | None] | None) -> list | None:
-    if lps is None:
-        return None
-    return [
-        None if d is None else [{"token_id": t, "logprob": v} for t, v in d.items()] for d in lps
-    ]
-
-
-def delta_json(d: RequestDelta) -> dict[str, Any]:
-    """A delta as JSON (logprob dicts become lists, since JSON keys are strings)."""
-    out: dict[str, Any] = {
-        "request_id": d.request_id,
-        "token_ids": d.new_token_ids,
-        "text": d.new_text,
-        "finished": d.finished,
-        "finish_reason": d.finish_reason,
-    }
-    if d.new_logprobs:
-        out["logprobs"] = _lp_json(d.new_logprobs)
-    if d.prompt_logprobs is not None:
-        out["prompt_logprobs"] = _lp_json(d.prompt_logprobs)
-    if d.finished or d.prompt_logprobs is not None:
-        out["num_prompt_tokens"] = d.num_prompt_tokens
-        out["num_cached_tokens"] = d.num_cached_tokens
-    return out
-
-
-def create_app(core: ServedEngine) -> FastAPI:
-    """The FastAPI app serving `core`."""
+def create_app(core: ServedEngine, secret: str) -> FastAPI:
+    """The FastAPI app serving `core` to holders of `secret` (the gateway)."""
     holder: dict[str, EngineLoop] = {}
 
     @asynccontextmanager
@@ -116,61 +110,57 @@ def create_app(core: ServedEngine) -> FastAPI:
         await loop.stop()
 
     app = FastAPI(title="loraplex engine", lifespan=lifespan)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        param = ".".join(str(p) for p in first.get("loc", [])[1:]) or None
-        return error_response(
-            400, first.get("msg", "invalid request"), "invalid_request_error", param
-        )
+    app.add_middleware(ReplicaGuard, secret=secret)
+    # The platform's one error mapping; the request id is the gateway's, for joint logs.
+    install_error_handlers(app, trust_incoming_request_id=True)
 
     @app.post("/generate")
-    async def generate(body: GenerateRequest, request: Request) -> Response:
+    async def generate(request: Request) -> Response:
         loop = holder["loop"]
-        if (body.prompt is None) == (body.prompt_token_ids is None):
-            return error_response(400, "give exactly one of prompt or prompt_token_ids",
-                                  "invalid_request_error", "prompt")  # fmt: skip
         try:
-            params = body.sampling_params()
+            body = GenerateRequest.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+        try:
+            params = sampling_params(body.sampling)
         except ValueError as exc:
-            return error_response(400, str(exc), "invalid_request_error")
-        if params.n != 1:
-            return error_response(400, "n must be 1 here", "invalid_request_error", "n")
-        rid = body.request_id or f"gen-{uuid.uuid4().hex}"
-        prompt = body.prompt if body.prompt is not None else body.prompt_token_ids
+            raise HttpError(400, str(exc), code="invalid_value") from None
+        rid = body.request_id
+        add = PendingAdd(
+            body.prompt_token_ids, params, rid, adapter_reference(body.adapter), body.cache_salt
+        )
         try:
-            queue = await loop.add(PendingAdd(prompt, params, rid, body.adapter, body.cache_salt))
+            queue = await loop.add(add)
         except KeyError:
-            return error_response(409, f"request id {rid!r} is in use", "conflict", "request_id")
+            raise HttpError(409, f"request id {rid!r} is in use", code="request_id_in_use",
+                            param="request_id") from None  # fmt: skip
         except NotImplementedError as exc:
-            return error_response(501, str(exc), "not_implemented", "adapter")
+            raise HttpError(501, str(exc), type="invalid_request_error", code="not_implemented",
+                            param="adapter") from None  # fmt: skip
         except ValueError as exc:
-            return error_response(400, str(exc), "invalid_request_error")
+            raise HttpError(400, str(exc), code="invalid_value") from None
         watcher = asyncio.create_task(_abort_on_disconnect(request, loop, rid))
-        if body.stream:
-            return _AbortingStream(watcher, _sse(loop, rid, queue), media_type="text/event-stream")
-        try:
-            return JSONResponse(await _collect(loop, rid, queue))
-        finally:
-            watcher.cancel()
+        writer = EventWriter(core.tokenizer, params.logprobs)
+        return _AbortingStream(
+            watcher, _sse(loop, rid, queue, writer), media_type="text/event-stream"
+        )
 
     @app.post("/abort/{request_id}")
     async def abort(request_id: str) -> Response:
         if not holder["loop"].abort(request_id):
-            return error_response(404, f"no running request {request_id!r}", "not_found")
-        return JSONResponse({"request_id": request_id, "aborted": True})
+            raise HttpError(404, f"no running request {request_id!r}", code="not_found")
+        return JSONResponse(AbortResult(request_id=request_id, aborted=True).model_dump())
 
     @app.get("/health")
     async def health() -> Response:
         loop = holder.get("loop")
         if loop is None or not loop.alive:
-            return error_response(503, "engine loop is not running", "unavailable")
-        return JSONResponse({"status": "ok", "last_error": loop.error})
+            raise HttpError(503, "engine loop is not running", code="engine_unavailable")
+        return JSONResponse({"status": "ok"})
 
     @app.get("/state")
     async def state() -> Response:
-        return JSONResponse(core.state())
+        return Response(core.state().model_dump_json(), media_type="application/json")
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -193,7 +183,7 @@ class _AbortingStream(StreamingResponse):
     """A stream whose disconnect watcher stops, and whose body generator is closed (running
     its abort), when the response ends for any reason."""
 
-    def __init__(self, watcher: asyncio.Task, body: AsyncIterator[str], **kw: Any) -> None:
+    def __init__(self, watcher: asyncio.Task, body: AsyncIterator[bytes], **kw: Any) -> None:
         super().__init__(body, **kw)
         self._watcher = watcher
 
@@ -205,50 +195,25 @@ class _AbortingStream(StreamingResponse):
             await asyncio.shield(self.body_iterator.aclose())  # type: ignore[attr-defined]
 
 
-async def _next(queue: asyncio.Queue) -> RequestDelta:
-    item = await queue.get()
-    if isinstance(item, Exception):
-        raise item
-    return item
-
-
-async def _sse(loop: EngineLoop, rid: str, queue: asyncio.Queue) -> AsyncIterator[str]:
+async def _sse(
+    loop: EngineLoop, rid: str, queue: asyncio.Queue, writer: EventWriter
+) -> AsyncIterator[bytes]:
+    """The `/generate` stream: delta frames, then a finish frame (or an error frame)."""
     finished = False
     try:
         while not finished:
-            try:
-                d = await _next(queue)
-            except Exception as exc:
-                err = {"message": str(exc), "type": "server_error", "param": None, "code": 500}
-                yield f"data: {json.dumps({'error': err})}\n\n"
+            item = await queue.get()
+            if isinstance(item, Exception):
+                info = ErrorInfo(message=f"engine step failed: {item}", type="server_error",
+                                 code="engine_error")  # fmt: skip
+                yield encode_event(ErrorEvent(error=info))
                 return
-            finished = d.finished
-            yield f"data: {json.dumps(delta_json(d))}\n\n"
-        yield "data: [DONE]\n\n"
+            finished = item.finished
+            for frame in writer.frames(item):
+                yield frame
     finally:
         if not finished:
             loop.abort(rid)
-
-
-async def _collect(loop: EngineLoop, rid: str, queue: asyncio.Queue) -> dict[str, Any]:
-    out: dict[str, Any] = {"request_id": rid, "token_ids": [], "text": "", "logprobs": []}
-    finished = False
-    try:
-        while not finished:
-            d = await _next(queue)
-            j = delta_json(d)
-            out["token_ids"] += j["token_ids"]
-            out["text"] += j["text"]
-            out["logprobs"] += j.get("logprobs") or []
-            for key in ("prompt_logprobs", "num_prompt_tokens", "num_cached_tokens"):
-                if key in j:
-                    out[key] = j[key]
-            finished = d.finished
-            out["finish_reason"] = d.finish_reason
-    finally:
-        if not finished:
-            loop.abort(rid)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,10 +228,17 @@ def main(argv: list[str] | None = None) -> int:
     from loraplex.platform.engine_spec.cli import parse_engine_args
     from loraplex.platform.settings import Settings
 
-    storage = Settings().storage()
+    settings = Settings()
+    storage = settings.storage()
     config, server = parse_engine_args(sys.argv[1:] if argv is None else argv, storage=storage)
     level = getattr(logging, server.log_level.upper(), logging.INFO)
     logging.basicConfig(level=level)  # so the cold-start timeline is logged
+    settings = Settings()
+    if not settings.replica_secret:
+        raise SystemExit(
+            "loraplex engine: set LORAPLEX_REPLICA_SECRET (the gateway's shared secret; "
+            "`loraplex up` keeps one in its data dir)"
+        )
     core = build_engine(config)
     if config.ep_size > 1 and config.serves_adapters:
         log.warning("expert parallelism: adapters are not served yet (base model only)")
@@ -278,12 +250,12 @@ def main(argv: list[str] | None = None) -> int:
             LoraRuntime.for_engine(core, object_store=ObjectStore(storage), allow_local_paths=False)
         )
     try:
-        where = (
-            {"fd": server.fd}
-            if server.fd is not None
-            else {"host": server.host, "port": server.port}
-        )
-        uvicorn.run(create_app(core), log_level=server.log_level, **where)
+        app = create_app(core, settings.replica_secret)
+        if server.fd is not None:
+            where: dict[str, Any] = {"fd": server.fd}
+        else:  # the replica API is for the gateway: an internal address, never the public one
+            where = {"host": server.host or settings.replica_host, "port": server.port}
+        uvicorn.run(app, log_level=server.log_level, **where)
     finally:
         core.close()
     return 0

@@ -23,7 +23,13 @@ from loraplex.platform.engine_spec.config import EngineConfig
 class ServerOptions:
     """Where the replica's HTTP server listens, and how much it logs."""
 
-    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
+    host: str | None = field(
+        default=None,
+        metadata={
+            "help": "internal address to listen on (default: LORAPLEX_REPLICA_HOST, 127.0.0.1); "
+            "the replica API is for the gateway, never the public address"
+        },
+    )
     port: int = field(default=8100, metadata={"help": "port to listen on"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
     fd: int | None = field(

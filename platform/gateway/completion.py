@@ -7,24 +7,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
+from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway import openai_schemas as oa
 from loraplex.platform.gateway.assets import ModelAssets
-from loraplex.platform.gateway.errors import GatewayError, bad_request
-from loraplex.platform.gateway.outputs import ChoiceEvent, OutputProcessor
+from loraplex.platform.gateway.errors import bad_request
+from loraplex.platform.gateway.outputs import ChoiceEvent, choice_event
 from loraplex.platform.gateway.ratelimit import RateLimitResult
-from loraplex.platform.gateway.replica_client import GenerateRequest
 from loraplex.platform.gateway.resolve import ResolvedModel
+from loraplex.platform.gateway.router import Dispatch
 from loraplex.platform.gateway.service import Gateway
 from loraplex.platform.gateway.streaming import spawn
 from loraplex.platform.gateway.usage import Usage
+from loraplex.platform.tokenizing import TemplateRenderError
+from loraplex.platform.wire import AdapterRef, FinishEvent, GenerateRequest, SamplingOptions
 
 SEED_MASK = 2**63 - 1
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -34,13 +39,11 @@ class Job:
     kind: str  # "chat" or "text"
     model: str
     resolved: ResolvedModel
-    assets: ModelAssets
     prompt_ids: list[int]
     max_tokens: int
     n: int
-    stops: list[str]
     top_n: int | None
-    sampling: dict[str, Any]
+    sampling: SamplingOptions
     tenant_id: uuid.UUID
     api_key_id: uuid.UUID | None
     stream: bool
@@ -54,7 +57,7 @@ class Job:
 def _max_tokens(requested: int | None, prompt_len: int, ctx: int, default: int, param: str) -> int:
     room = ctx - prompt_len
     if room < 1:
-        raise GatewayError(
+        raise HttpError(
             400,
             f"This model's maximum context length is {ctx} tokens; the prompt has {prompt_len}.",
             param=param,
@@ -63,7 +66,7 @@ def _max_tokens(requested: int | None, prompt_len: int, ctx: int, default: int, 
     if requested is None:
         return min(default, room)
     if prompt_len + requested > ctx:
-        raise GatewayError(
+        raise HttpError(
             400,
             f"This model's maximum context length is {ctx} tokens. However, you requested "
             f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the "
@@ -74,18 +77,19 @@ def _max_tokens(requested: int | None, prompt_len: int, ctx: int, default: int, 
     return requested
 
 
-def _sampling(body: oa.SamplingFields, max_tokens: int, logprobs: int | None) -> dict[str, Any]:
-    return {
-        "n": 1,
-        "temperature": 1.0 if body.temperature is None else body.temperature,
-        "top_p": 1.0 if body.top_p is None else body.top_p,
-        "presence_penalty": body.presence_penalty or 0.0,
-        "frequency_penalty": body.frequency_penalty or 0.0,
-        "stop": body.stops(),
-        "max_tokens": max_tokens,
-        "logprobs": logprobs,
-        "seed": None if body.seed is None else body.seed & SEED_MASK,
-    }
+def _sampling(body: oa.SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingOptions:
+    """What the replica samples with; fields the client left out take the engine's defaults
+    (OpenAI's: temperature 1, top_p 1, no penalties). Stop strings are applied there."""
+    return SamplingOptions(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        stop=body.stops() or None,
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        seed=None if body.seed is None else body.seed & SEED_MASK,
+    )
 
 
 def build_chat_job(
@@ -98,8 +102,11 @@ def build_chat_job(
 ) -> Job:
     """Render the conversation, tokenize it and check limits."""
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    text = assets.template.render(messages, add_generation_prompt=True)
-    ids = assets.encode(text, add_special_tokens=False)
+    try:
+        text = assets.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except TemplateRenderError as exc:
+        raise bad_request(exc.message, param="messages") from None
+    ids = assets.tokenizer.encode(text, add_special_tokens=False)
     if not ids:
         raise bad_request("The rendered conversation is empty.", param="messages")
     max_tokens = _max_tokens(
@@ -110,11 +117,9 @@ def build_chat_job(
         "chat",
         body.model,
         resolved,
-        assets,
         ids,
         max_tokens,
         body.n,
-        body.stops(),
         top_n,
         _sampling(body, max_tokens, top_n),
         tenant_id,
@@ -137,11 +142,11 @@ def build_text_job(
     """Tokenize the prompt (or check the given ids) and check limits."""
     prompt = body.prompt_text_or_ids()
     if isinstance(prompt, str):
-        ids = assets.encode(prompt, add_special_tokens=True)
+        ids = assets.tokenizer.encode(prompt, add_special_tokens=True)
         if not ids:
             raise bad_request("The prompt is empty.", param="prompt")
     else:
-        vocab = assets.tokenizer.get_vocab_size(with_added_tokens=True)
+        vocab = assets.tokenizer.vocab_size
         if any(t < 0 or t >= vocab for t in prompt):
             raise bad_request(f"Prompt token ids must be in [0, {vocab}).", param="prompt")
         ids = prompt
@@ -152,11 +157,9 @@ def build_text_job(
         "text",
         body.model,
         resolved,
-        assets,
         ids,
         max_tokens,
         body.n,
-        body.stops(),
         body.logprobs,
         _sampling(body, max_tokens, body.logprobs),
         tenant_id,
@@ -168,58 +171,53 @@ def build_text_job(
     return job
 
 
-def _adapter_ref(resolved: ResolvedModel, tenant_id: uuid.UUID) -> dict[str, Any] | None:
+def _adapter_ref(resolved: ResolvedModel, tenant_id: uuid.UUID) -> AdapterRef | None:
     """The replica-side adapter reference: where the version's files are and their sha256s.
 
     `config_sha256` makes the config part of the replica's cache identity (`AdapterRef.key`)."""
     if resolved.adapter_sha256 is None:
         return None
-    return {
-        "object_prefix": resolved.adapter_object_prefix or "",
-        "sha256": resolved.adapter_sha256,
-        "config_sha256": resolved.adapter_config_sha256,
-        "tenant": str(tenant_id),
-        "targets": resolved.adapter_targets,
-    }
+    return AdapterRef(
+        object_prefix=resolved.adapter_object_prefix or "",
+        sha256=resolved.adapter_sha256,
+        config_sha256=resolved.adapter_config_sha256,
+        tenant=str(tenant_id),
+        targets=resolved.adapter_targets,
+    )
 
 
 async def _choice_events(gw: Gateway, job: Job, index: int) -> AsyncGenerator[ChoiceEvent, None]:
     """Events of one choice; aborts its replica request if closed before it finished."""
-    sampling = dict(job.sampling)
-    if sampling["seed"] is not None:
-        sampling["seed"] = (sampling["seed"] + index) & SEED_MASK
+    sampling = job.sampling
+    if sampling.seed is not None:
+        sampling = sampling.model_copy(update={"seed": (sampling.seed + index) & SEED_MASK})
     req = GenerateRequest(
         request_id=f"{job.cid}-{index}",
         prompt_token_ids=job.prompt_ids,
-        sampling_params=sampling,
+        sampling=sampling,
         adapter=_adapter_ref(job.resolved, job.tenant_id),
-        cache_salt=job.resolved.cache_salt(job.tenant_id),
+        cache_salt=job.resolved.cache_salt(job.tenant_id, gw.replica_secret),
     )
-    where: dict[str, Any] = {}
-    proc = OutputProcessor(job.assets, index, job.stops, job.top_n)
-
-    def on_dispatch(replica: Any, request_id: str) -> None:
-        where["url"], where["rid"] = replica.url, request_id
-
-    deltas = gw.router.generate(
-        job.resolved.deployment_name, req, job.resolved.adapter_key, on_dispatch
+    where: list[Dispatch] = []
+    events = gw.router.generate(
+        job.resolved.deployment_name, req, job.resolved.adapter_key, where.append
     )
     finished = False
     try:
-        async for delta in deltas:
-            event = proc.process(delta)
-            if event.finish_reason is not None:
-                finished = delta.finish_reason is not None
-                yield event
-                return
-            if event.text or event.num_tokens:
-                yield event
-        finished = True
-        yield ChoiceEvent(index, finish_reason="stop")
+        async for event in events:
+            if isinstance(event, FinishEvent):
+                finished = True
+                log.debug(
+                    "%s: %d cached prompt tokens (router predicted %d)",
+                    where[-1].request_id,
+                    event.usage.cached_tokens,
+                    where[-1].predicted_cached_tokens,
+                )
+            yield choice_event(index, event)
     finally:
-        if not finished and "url" in where:
-            spawn(gw.client.abort(where["url"], where["rid"]))
-        await deltas.aclose()
+        if not finished and where:
+            spawn(gw.client.abort(where[-1].replica.url, where[-1].request_id))
+        await events.aclose()
 
 
 _END = object()

@@ -1,56 +1,18 @@
-"""One exception for every client-facing gateway failure, carrying the OpenAI error shape.
-
-The web layer turns it into `{"error": {"message", "type", "param", "code"}}` with `status`.
-"""
+"""The gateway's common client-facing errors (all `HttpError`s of `platform/errors.py`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from loraplex.platform.errors import HttpError
 
 
-class GatewayError(Exception):
-    """A failure the client should see as an OpenAI-shaped error with an HTTP status."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = dict(headers or {})
-
-    def body(self) -> dict[str, Any]:
-        """The JSON body OpenAI clients expect."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-
-def bad_request(
-    message: str, param: str | None = None, code: str = "invalid_value"
-) -> GatewayError:
+def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> HttpError:
     """A 400 for input the client must fix."""
-    return GatewayError(400, message, param=param, code=code)
+    return HttpError(400, message, param=param, code=code)
 
 
-def model_not_found(model: str) -> GatewayError:
+def model_not_found(model: str) -> HttpError:
     """A 404 for a model (adapter or base) the caller may not see or that does not exist."""
-    return GatewayError(
+    return HttpError(
         404,
         f"The model `{model}` does not exist or you do not have access to it.",
         param="model",
@@ -58,18 +20,18 @@ def model_not_found(model: str) -> GatewayError:
     )
 
 
-def no_replica(
-    message: str = "No replica is available to serve this model right now.",
-) -> GatewayError:
-    """A 503 when the deployment has no live replica that can take the request; `Retry-After`
-    tells clients when to try again (a crashed replica is restarted by its supervisor)."""
-    return GatewayError(
+NO_REPLICA_RETRY_AFTER_S = 5
+
+
+def no_replica(detail: str | None = None) -> HttpError:
+    """A 503 when the deployment has no live replica that can take the request (`detail`,
+    which may name replicas, is only logged); `Retry-After` tells clients when to try again
+    (a crashed replica is restarted by its supervisor)."""
+    return HttpError(
         503,
-        message,
+        "No replica is available to serve this model right now.",
         type="service_unavailable",
         code="no_replica_available",
+        detail=detail,
         headers={"retry-after": str(NO_REPLICA_RETRY_AFTER_S)},
     )
-
-
-NO_REPLICA_RETRY_AFTER_S = 5

@@ -2,7 +2,7 @@
 for the response objects and stream chunks the official `openai` SDK parses.
 
 Parsing goes through `parse_chat_request` / `parse_completion_request`, which turn any
-validation failure into a 400 `GatewayError` naming the offending parameter (never a 500).
+validation failure into a 400 `HttpError` naming the offending parameter (never a 500).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from loraplex.platform.gateway.errors import GatewayError
+from loraplex.platform.errors import HttpError
 
 MAX_N = 8
 MAX_STOP = 4
@@ -171,7 +171,7 @@ def _param_of(loc: tuple[Any, ...]) -> str | None:
     return param
 
 
-def _first_error(exc: ValidationError) -> GatewayError:
+def _first_error(exc: ValidationError) -> HttpError:
     err = exc.errors()[0]
     param = _param_of(tuple(err.get("loc", ())))
     msg = str(err.get("msg", "invalid value"))
@@ -179,12 +179,12 @@ def _first_error(exc: ValidationError) -> GatewayError:
         msg = msg[len("Value error, ") :]
     where = f"`{param}`: " if param else ""
     code = "missing_required_parameter" if err.get("type") == "missing" else "invalid_value"
-    return GatewayError(400, f"Invalid request: {where}{msg}", param=param, code=code)
+    return HttpError(400, f"Invalid request: {where}{msg}", param=param, code=code)
 
 
 def _parse(model: type[BaseModel], body: Any) -> Any:
     if not isinstance(body, dict):
-        raise GatewayError(400, "The request body must be a JSON object.", code="invalid_json")
+        raise HttpError(400, "The request body must be a JSON object.", code="invalid_json")
     try:
         return model.model_validate(body)
     except ValidationError as exc:
@@ -192,12 +192,12 @@ def _parse(model: type[BaseModel], body: Any) -> Any:
 
 
 def parse_chat_request(body: Any) -> ChatCompletionRequest:
-    """Validate a chat completion body; a 400 `GatewayError` on bad input."""
+    """Validate a chat completion body; a 400 `HttpError` on bad input."""
     return _parse(ChatCompletionRequest, body)
 
 
 def parse_completion_request(body: Any) -> CompletionRequest:
-    """Validate a text completion body; a 400 `GatewayError` on bad input."""
+    """Validate a text completion body; a 400 `HttpError` on bad input."""
     return _parse(CompletionRequest, body)
 
 

@@ -5,7 +5,7 @@ tokens per calendar month (UTC). One Lua script checks and charges all three ato
 (Redis' clock for the windows, so gateways agree). A request is charged its prompt tokens
 plus its `max_tokens` up front, and the unused part is given back when it finishes
 (`refund`). Results carry OpenAI's `x-ratelimit-*` headers; a refusal is a 429
-`GatewayError`: `rate_limit_exceeded` with `Retry-After`, or `insufficient_quota`.
+`HttpError`: `rate_limit_exceeded` with `Retry-After`, or `insufficient_quota`.
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from redis.asyncio import Redis
 
-from loraplex.platform.db.models import Tenant
-from loraplex.platform.gateway.errors import GatewayError
+from loraplex.platform.errors import HttpError
 from loraplex.platform.settings import Settings
 
 WINDOW_MS = 60_000
@@ -75,7 +74,15 @@ class TenantLimits:
     monthly_token_quota: int | None  # None: no quota
 
 
-def tenant_limits(tenant: Tenant, settings: Settings) -> TenantLimits:
+class HasLimits(Protocol):
+    """A tenant row, or anything carrying its three limit columns."""
+
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    monthly_token_quota: int | None
+
+
+def tenant_limits(tenant: HasLimits, settings: Settings) -> TenantLimits:
     """The limits that apply to `tenant` (NULL columns fall back to `settings`)."""
 
     def pick(own: int | None, default: int | None) -> int | None:
@@ -194,7 +201,7 @@ class RateLimiter:
     async def acquire(
         self, tenant_id: str, tokens: int, rpm: int, tpm: int, quota: int | None = None
     ) -> RateLimitResult:
-        """Like `check`, but a refusal raises a 429 `GatewayError` carrying the headers."""
+        """Like `check`, but a refusal raises a 429 `HttpError` carrying the headers."""
         result = await self.check(tenant_id, tokens, rpm, tpm, quota)
         if result.allowed:
             return result
@@ -207,7 +214,7 @@ class RateLimiter:
                 f"Rate limit reached: {rpm} requests and {tpm} tokens per minute. "
                 f"Try again in {format_duration(result.reset_ms)}."
             )
-        raise GatewayError(
+        raise HttpError(
             429,
             message,
             type="requests" if result.used_requests + 1 > rpm else "tokens",
@@ -265,7 +272,7 @@ class RateLimiter:
         }
 
 
-def quota_error(result: RateLimitResult, tokens: int, now: datetime) -> GatewayError:
+def quota_error(result: RateLimitResult, tokens: int, now: datetime) -> HttpError:
     """The 429 `insufficient_quota` for a request the monthly quota cannot cover; OpenAI's
     SDK is told not to retry (`x-should-retry: false`): waiting a minute will not help."""
     quota = result.quota or 0
@@ -287,6 +294,6 @@ def quota_error(result: RateLimitResult, tokens: int, now: datetime) -> GatewayE
     headers["retry-after"] = str(max(1, math.ceil((resets - now).total_seconds())))
     headers.pop("retry-after-ms", None)
     headers["x-should-retry"] = "false"
-    return GatewayError(
+    return HttpError(
         429, message, type="insufficient_quota", code="insufficient_quota", headers=headers
     )

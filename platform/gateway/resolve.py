@@ -23,12 +23,14 @@ from typing import Any
 
 from redis.asyncio import Redis
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from loraplex.adapters.identity import adapter_ref_key
 from loraplex.platform.db.models import Adapter, AdapterVersion, BaseModel, Deployment
-from loraplex.platform.gateway.errors import GatewayError, model_not_found
+from loraplex.platform.errors import HttpError
+from loraplex.platform.gateway.errors import model_not_found
 from loraplex.platform.services.resolution_events import GEN_KEY
+from loraplex.platform.wire.auth import cache_salt
 
 _VERSIONED = re.compile(r"^(?P<name>.+):(?P<n>[1-9][0-9]{0,8})$")
 
@@ -54,6 +56,7 @@ class ResolvedModel:
     # The version's resolved targets (module -> rank/alpha/scale), for the replica: it
     # never reads the tenant's patterns.
     adapter_targets: dict[str, Any] | None = None
+    base_created: int = 0  # the base model row's creation time (epoch seconds)
 
     @property
     def adapter_key(self) -> str | None:
@@ -62,9 +65,10 @@ class ResolvedModel:
             return None
         return adapter_ref_key(self.adapter_sha256, self.adapter_config_sha256)
 
-    def cache_salt(self, tenant_id: uuid.UUID | str) -> str | None:
-        """Prefix-cache salt: per tenant unless the deployment opts into sharing."""
-        return None if self.share_prefix_cache else f"tenant:{tenant_id}"
+    def cache_salt(self, tenant_id: uuid.UUID | str, secret: str) -> str | None:
+        """Prefix-cache salt: per tenant (an HMAC of its id under the replica secret, so it
+        cannot be derived from the id alone) unless the deployment opts into sharing."""
+        return None if self.share_prefix_cache else cache_salt(secret, str(tenant_id))
 
 
 def _deployment_for(session: Session, base_model_id: uuid.UUID) -> Deployment | None:
@@ -77,8 +81,12 @@ def _deployment_for(session: Session, base_model_id: uuid.UUID) -> Deployment | 
     return session.execute(stmt).scalars().first()
 
 
-def _no_deployment(model: str) -> GatewayError:
-    return GatewayError(
+class NoDeployment(HttpError):
+    """The model exists but no deployment serves its base model (a 503)."""
+
+
+def _no_deployment(model: str) -> HttpError:
+    return NoDeployment(
         503,
         f"No deployment serves the base model of `{model}`.",
         type="service_unavailable",
@@ -123,6 +131,7 @@ def _resolved(session: Session, model: str, base: BaseModel, **adapter: Any) -> 
         deployment_id=dep.id,
         deployment_name=dep.name,
         share_prefix_cache=bool(dep.share_prefix_cache),
+        base_created=int(base.created_at.timestamp()),
         **adapter,
     )
 
@@ -196,12 +205,22 @@ class ModelResolver:
                 self._cache.clear()
             self._cache[(str(tenant_id), model)] = (gen, time.monotonic() + self._ttl, resolved)
 
-    async def resolve(self, session: Session, tenant_id: uuid.UUID, model: str) -> ResolvedModel:
-        """Resolve through the cache; the SQL runs on the caller's (sync) session."""
+    async def resolve(
+        self, sessions: sessionmaker[Session], tenant_id: uuid.UUID, model: str
+    ) -> ResolvedModel:
+        """Resolve through the cache; a miss runs its SQL in a worker thread, in a session of
+        its own (never on the event loop)."""
         gen = await self.generation(tenant_id)
         hit = self.cached(tenant_id, model, gen)
         if hit is not None:
             return hit
-        resolved = await asyncio.to_thread(resolve_uncached, session, tenant_id, model)
+        resolved = await asyncio.to_thread(_resolve_in_session, sessions, tenant_id, model)
         self.store(tenant_id, model, gen, resolved)
         return resolved
+
+
+def _resolve_in_session(
+    sessions: sessionmaker[Session], tenant_id: uuid.UUID, model: str
+) -> ResolvedModel:
+    with sessions() as session:
+        return resolve_uncached(session, tenant_id, model)

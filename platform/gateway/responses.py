@@ -1,6 +1,7 @@
 """OpenAI responses from choice events: the full `chat.completion` / `text_completion`
 object, or the SSE stream (role chunks, deltas, finish chunks, the usage chunk, `[DONE]`,
-and an error event if the replica is lost after the first byte).
+and an error event if the replica is lost after the first byte). Errors before the first byte
+propagate to the app's exception handlers.
 """
 
 from __future__ import annotations
@@ -9,13 +10,12 @@ import contextlib
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from loraplex.platform.errors import LoraplexError
 from loraplex.platform.gateway import openai_schemas as oa
 from loraplex.platform.gateway.completion import Job, Tally, finish_job, merged_events
-from loraplex.platform.gateway.errors import GatewayError
 from loraplex.platform.gateway.outputs import ChoiceEvent
-from loraplex.platform.gateway.router import ReplicaLost
 from loraplex.platform.gateway.service import Gateway
-from loraplex.platform.gateway.streaming import DONE, sse, sse_error
+from loraplex.platform.gateway.streaming import DONE, sse, stream_error
 
 
 def chat_logprobs(event: ChoiceEvent) -> list[dict[str, Any]]:
@@ -51,10 +51,6 @@ async def complete(gw: Gateway, job: Job) -> dict[str, Any]:
             async for event in events:
                 tally.add(event)
                 per_choice[event.index].append(event)
-    except ReplicaLost as exc:
-        raise GatewayError(
-            502, f"The replica failed mid-request: {exc}", type="server_error", code="replica_lost"
-        ) from exc
     finally:
         finish_job(gw, job, tally)
     choices = []
@@ -154,8 +150,8 @@ async def sse_frames(
                 out = frame(event)
                 if out:
                     yield out
-        except (ReplicaLost, GatewayError) as exc:
-            yield sse_error(f"The request failed after streaming began: {exc}", code="replica_lost")
+        except LoraplexError as exc:  # after the first byte an error can only be an event
+            yield stream_error(exc)
             return
         if u:
             yield sse(oa.usage_chunk(job.cid, job.created, job.model, obj, tally.usage()))

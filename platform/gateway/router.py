@@ -1,70 +1,39 @@
 """Pick a replica for each request and fail over when one dies before its first token.
 
-Each live replica of the deployment (from the registry) is scored from its `/state`:
+Each live replica of the deployment (from the registry) is scored from its `/state`
+(`wire.ReplicaState`):
 
-    score = 2.0 * lora_affinity + 1.5 * prefix_match + 1.0 * (1 - kv_usage) - 1.0 * queue_load
+    score = 2.0 * lora_affinity + 1.5 * prefix_match + 1.0 * (1 - kv_cache_usage) - 1.0 * queue_load
 
 `lora_affinity` is 1.0 when the adapter is resident in a GPU slot, 0.8 when a slot is
-free, 0.4 otherwise (an eviction is needed), 1.0 for base-model requests; `prefix_match`
-is the share of the prompt's leading KV blocks this gateway last sent to that replica (the
-same chained block hashes the engine keys its prefix cache by, salted by adapter and
-tenant); `queue_load` is the replica's running + waiting requests over the busiest one's.
-Candidates are tried best first.
+free, 0.4 otherwise (an eviction is needed), 1.0 for base-model requests; `prefix_match` is
+the share of the prompt the replica can serve from its prefix cache, as far as this gateway
+knows: the prompt's KV block keys are computed with the engine's own hash
+(`wire.prefix_hash`), the `model_id` and `block_size` that replica reports, the adapter and
+the cache salt, and matched against the keys this gateway has sent there. `queue_load` is the
+replica's running + waiting requests over the busiest one's. Candidates are tried best first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
+import dataclasses
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from loraplex.platform.gateway.errors import GatewayError, no_replica
-from loraplex.platform.gateway.replica_client import (
-    GenerateRequest,
-    ReplicaClient,
-    ReplicaUnavailable,
-    TokenDelta,
-)
+from loraplex.platform.errors import GENERIC_MESSAGE, LoraplexError
+from loraplex.platform.gateway.errors import no_replica
+from loraplex.platform.gateway.replica_client import ReplicaClient, ReplicaUnavailable
 from loraplex.platform.gateway.replicas import ReplicaInfo, ReplicaRegistry
+from loraplex.platform.wire import DeltaEvent, FinishEvent, GenerateRequest, ReplicaState
+from loraplex.platform.wire.prefix_hash import block_hashes, max_cached_blocks
 
 W_LORA, W_PREFIX, W_KV, W_QUEUE = 2.0, 1.5, 1.0, 1.0
-
-
-def _num(state: dict[str, Any], *names: str, default: float = 0.0) -> float:
-    for name in names:
-        value: Any = state
-        for part in name.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        if isinstance(value, (int, float)):
-            return float(value)
-    return default
-
-
-def _adapter_keys(state: dict[str, Any]) -> set[str]:
-    raw: Any = None
-    for name in ("resident_adapters", "adapters", "lora.resident", "loras"):
-        value: Any = state
-        for part in name.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        if value is not None:
-            raw = value
-            break
-    keys: set[str] = set()
-    if isinstance(raw, dict):
-        raw = list(raw.values()) if all(isinstance(v, dict) for v in raw.values()) else list(raw)
-    for item in raw or []:
-        if isinstance(item, str):
-            keys.add(item)
-        elif isinstance(item, dict):
-            key = item.get("key") or item.get("sha256") or item.get("adapter_key")
-            if isinstance(key, str):
-                keys.add(key)
-    return keys
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -76,62 +45,81 @@ class ReplicaLoad:
     kv_usage: float = 0.0
     resident: set[str] = field(default_factory=set)
     free_slots: float = 0.0
+    model_id: str = ""
+    block_size: int = 1
+    prefix_caching: bool = True
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> ReplicaLoad:
-        """Parse `/state` (vLLM metric names, with a few nested spellings accepted)."""
-        kv = _num(state, "kv_cache_usage_perc", "kv_cache_usage", "kv.usage")
-        if kv > 1.0:
-            kv /= 100.0
-        resident = _adapter_keys(state)
-        max_loras = _num(state, "max_loras", "lora.max_loras")
-        free = _num(state, "free_adapter_slots", "lora.free_slots", default=-1.0)
-        if free < 0:
-            free = max(max_loras - len(resident), 0.0)
+    def from_state(cls, state: ReplicaState) -> ReplicaLoad:
+        """The load of one replica from its `/state`."""
+        resident = set(state.resident_adapters)
         return cls(
-            running=_num(state, "num_requests_running", "running", "scheduler.running"),
-            waiting=_num(state, "num_requests_waiting", "waiting", "scheduler.waiting"),
-            kv_usage=min(max(kv, 0.0), 1.0),
+            running=float(state.num_requests_running),
+            waiting=float(state.num_requests_waiting),
+            kv_usage=state.kv_cache_usage,
             resident=resident,
-            free_slots=free,
+            free_slots=float(max(state.max_loras - len(resident), 0)),
+            model_id=state.model_id,
+            block_size=state.block_size,
+            prefix_caching=state.prefix_caching,
         )
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int, seed: str) -> list[bytes]:
-    """Chained hashes of the prompt's full blocks, seeded by adapter and salt."""
-    out: list[bytes] = []
-    parent = hashlib.sha256(seed.encode()).digest()
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        h = hashlib.sha256(parent)
-        h.update(",".join(map(str, token_ids[start : start + block_size])).encode())
-        parent = h.digest()
-        out.append(parent)
-    return out
+class PromptKeys:
+    """A prompt's block keys for one (model id, block size), computed once per routing."""
+
+    def __init__(self, req: GenerateRequest, adapter_key: str | None) -> None:
+        self._req = req
+        self._adapter_key = adapter_key
+        self._keys: dict[tuple[str, int], list[bytes]] = {}
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt length."""
+        return len(self._req.prompt_token_ids)
+
+    @property
+    def cacheable(self) -> bool:
+        """The replica skips its prefix cache for requests asking for prompt logprobs."""
+        return self._req.sampling.prompt_logprobs is None
+
+    def for_replica(self, load: ReplicaLoad) -> list[bytes]:
+        """The keys that replica gives the prompt's full blocks."""
+        where = (load.model_id, load.block_size)
+        if where not in self._keys:
+            self._keys[where] = block_hashes(
+                self._req.prompt_token_ids,
+                load.block_size,
+                load.model_id,
+                self._adapter_key,
+                self._req.cache_salt,
+            )
+        return self._keys[where]
 
 
 class PrefixIndex:
-    """Per-replica LRU of block hashes this gateway has sent there (bounded)."""
+    """Per-replica LRU of block keys this gateway has sent there (bounded)."""
 
     def __init__(self, capacity: int = 50_000) -> None:
         self._cap = capacity
         self._seen: dict[str, OrderedDict[bytes, None]] = {}
 
-    def match(self, replica_id: str, hashes: list[bytes]) -> float:
-        """Share of `hashes` (leading run) already sent to `replica_id`."""
+    def leading(self, replica_id: str, keys: Sequence[bytes]) -> int:
+        """How many of `keys`, from the first, were sent to `replica_id`."""
         seen = self._seen.get(replica_id)
-        if not hashes or not seen:
-            return 0.0
+        if not seen:
+            return 0
         n = 0
-        for h in hashes:
+        for h in keys:
             if h not in seen:
                 break
             n += 1
-        return n / len(hashes)
+        return n
 
-    def record(self, replica_id: str, hashes: list[bytes]) -> None:
-        """Remember that `hashes` now live on `replica_id`."""
+    def record(self, replica_id: str, keys: Sequence[bytes]) -> None:
+        """Remember that `keys` now live on `replica_id`."""
         seen = self._seen.setdefault(replica_id, OrderedDict())
-        for h in hashes:
+        for h in keys:
             seen[h] = None
             seen.move_to_end(h)
         while len(seen) > self._cap:
@@ -144,12 +132,24 @@ class PrefixIndex:
 
 @dataclass
 class Scored:
-    """A candidate replica with its score and the parts of it."""
+    """A candidate replica with its score and the parts of it; `cached_tokens` is how many
+    prompt tokens it is predicted to serve from its prefix cache."""
 
     replica: ReplicaInfo
     score: float
     load: ReplicaLoad
     prefix: float
+    cached_tokens: int = 0
+    keys: list[bytes] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Where one attempt of a request went, with the router's cache prediction."""
+
+    replica: ReplicaInfo
+    request_id: str
+    predicted_cached_tokens: int
 
 
 def score(load: ReplicaLoad, adapter_key: str | None, prefix: float, max_queue: float) -> float:
@@ -164,8 +164,12 @@ def score(load: ReplicaLoad, adapter_key: str | None, prefix: float, max_queue: 
     return W_LORA * affinity + W_PREFIX * prefix + W_KV * (1.0 - load.kv_usage) - W_QUEUE * queue
 
 
-class ReplicaLost(Exception):
-    """The replica died after tokens were already sent: the client gets an error event."""
+class ReplicaLost(LoraplexError):
+    """The replica died after tokens were already sent: a 502 (an error event in a stream)
+    with the generic message; what happened (`detail`) is logged."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(GENERIC_MESSAGE, status=502, code="replica_lost", detail=detail)
 
 
 class Router:
@@ -176,13 +180,11 @@ class Router:
         registry: ReplicaRegistry,
         client: ReplicaClient,
         *,
-        block_size: int = 16,
         state_ttl_s: float = 0.2,
         down_cooldown_s: float = 2.0,
     ) -> None:
         self.registry = registry
         self.client = client
-        self.block_size = block_size
         self.prefixes = PrefixIndex()
         self._state_ttl = state_ttl_s
         self._cooldown = down_cooldown_s
@@ -205,14 +207,15 @@ class Router:
             return cached[1]
         try:
             load = ReplicaLoad.from_state(await self.client.state(replica.url))
-        except ReplicaUnavailable:
+        except ReplicaUnavailable as exc:
+            log.warning("replica %s skipped for %gs: %s", replica.replica_id, self._cooldown, exc)
             self.mark_down(replica)
             return None
         self._states[replica.replica_id] = (now + self._state_ttl, load)
         return load
 
     async def candidates(
-        self, deployment: str, adapter_key: str | None, hashes: list[bytes]
+        self, deployment: str, adapter_key: str | None, prompt: PromptKeys
     ) -> list[Scored]:
         """Live, answering replicas of `deployment`, best first."""
         replicas = await self.registry.live(deployment)
@@ -225,14 +228,27 @@ class Router:
             # flight there so the burst spreads instead of herding onto one replica.
             mine = float(self.inflight.get(r.replica_id, 0))
             if mine > lo.running + lo.waiting:
-                lo = ReplicaLoad(mine, 0.0, lo.kv_usage, lo.resident, lo.free_slots)
+                lo = dataclasses.replace(lo, running=mine, waiting=0.0)
             pairs.append((r, lo))
         max_queue = max((lo.running + lo.waiting for _, lo in pairs), default=0.0)
+        num_tokens = prompt.num_tokens
         scored = []
         for replica, load in pairs:
-            prefix = self.prefixes.match(replica.replica_id, hashes)
+            keys = prompt.for_replica(load)
+            hit = 0
+            if load.prefix_caching and prompt.cacheable:
+                limit = max_cached_blocks(num_tokens, load.block_size)
+                hit = self.prefixes.leading(replica.replica_id, keys[:limit])
+            prefix = hit * load.block_size / num_tokens if num_tokens else 0.0
             scored.append(
-                Scored(replica, score(load, adapter_key, prefix, max_queue), load, prefix)
+                Scored(
+                    replica,
+                    score(load, adapter_key, prefix, max_queue),
+                    load,
+                    prefix,
+                    cached_tokens=hit * load.block_size,
+                    keys=keys,
+                )
             )
         scored.sort(key=lambda s: s.score, reverse=True)
         return scored
@@ -242,47 +258,46 @@ class Router:
         deployment: str,
         req: GenerateRequest,
         adapter_key: str | None,
-        on_dispatch: Callable[[ReplicaInfo, str], None] | None = None,
-    ) -> AsyncIterator[TokenDelta]:
+        on_dispatch: Callable[[Dispatch], None] | None = None,
+    ) -> AsyncIterator[DeltaEvent | FinishEvent]:
         """Stream `req` from the best replica; retry on the next one until a token arrives.
 
-        `on_dispatch(replica, request_id)` is told where the request runs (for aborts).
-        Raises 503 when no replica can take it, `ReplicaLost` when one dies mid-stream.
+        `on_dispatch` is told where each attempt runs (for aborts) and what the router
+        predicted it has cached. Raises 503 when no replica can take it, `ReplicaLost` when
+        one dies mid-stream.
         """
-        hashes = block_hashes(
-            req.prompt_token_ids, self.block_size, f"{adapter_key}|{req.cache_salt}"
-        )
+        prompt = PromptKeys(req, adapter_key)
         tried: set[str] = set()
         last_error = "no live replica"
         for attempt in range(4):
             pool = [
                 c
-                for c in await self.candidates(deployment, adapter_key, hashes)
+                for c in await self.candidates(deployment, adapter_key, prompt)
                 if c.replica.replica_id not in tried
             ]
             if not pool:
                 break
-            chosen = pool[0].replica
+            best = pool[0]
+            chosen = best.replica
             tried.add(chosen.replica_id)
-            attempt_req = GenerateRequest(
-                request_id=req.request_id if attempt == 0 else f"{req.request_id}-r{attempt}",
-                prompt_token_ids=req.prompt_token_ids,
-                sampling_params=req.sampling_params,
-                adapter=req.adapter,
-                cache_salt=req.cache_salt,
+            attempt_req = (
+                req
+                if attempt == 0
+                else req.model_copy(update={"request_id": f"{req.request_id}-r{attempt}"})
             )
             if on_dispatch is not None:
-                on_dispatch(chosen, attempt_req.request_id)
-            self.prefixes.record(chosen.replica_id, hashes)
+                on_dispatch(Dispatch(chosen, attempt_req.request_id, best.cached_tokens))
+            if best.load.prefix_caching and prompt.cacheable:
+                self.prefixes.record(chosen.replica_id, best.keys)
             started = False
             self.inflight[chosen.replica_id] = self.inflight.get(chosen.replica_id, 0) + 1
             try:
                 async with contextlib.aclosing(
                     self.client.generate(chosen.url, attempt_req)
                 ) as stream:
-                    async for delta in stream:
+                    async for event in stream:
                         started = True
-                        yield delta
+                        yield event
                 return
             except ReplicaUnavailable as exc:
                 self.mark_down(chosen)
@@ -291,7 +306,7 @@ class Router:
                 last_error = str(exc)
             finally:
                 self.inflight[chosen.replica_id] -= 1
-        raise no_replica(f"No replica could serve the request ({last_error}).")
+        raise no_replica(f"no replica could serve the request: {last_error}")
 
 
-__all__ = ["GatewayError", "ReplicaLost", "Router", "Scored", "block_hashes", "score"]
+__all__ = ["Dispatch", "ReplicaLost", "Router", "Scored", "score"]

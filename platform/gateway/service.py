@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,17 +22,12 @@ from loraplex.platform.gateway.replica_client import ReplicaClient
 from loraplex.platform.gateway.replicas import ReplicaRegistry
 from loraplex.platform.gateway.resolve import ModelResolver, ResolvedModel
 from loraplex.platform.gateway.router import Router
+from loraplex.platform.gateway.streaming import drain_background
 from loraplex.platform.gateway.usage import UsageRecorder
 from loraplex.platform.settings import Settings
+from loraplex.platform.tokenizing import TOKENIZER_FILES
 
-ASSET_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "config.json",
-    "generation_config.json",
-    "chat_template.jinja",
-    "special_tokens_map.json",
-)
+ASSET_FILES = (*TOKENIZER_FILES, "config.json")  # config: the context length and eos ids
 
 
 def fetch_model_assets(s3: Any, bucket: str, prefix: str, dest: Path) -> Path:
@@ -76,7 +70,12 @@ class Gateway:
         self.resolver = ModelResolver(redis, ttl_s=settings.resolve_cache_ttl_s)
         self.limiter = RateLimiter(redis)
         self.registry = ReplicaRegistry(redis)
-        self.client = ReplicaClient(self.http, read_timeout_s=settings.replica_read_timeout_s)
+        if not settings.replica_secret:
+            raise RuntimeError("the gateway needs LORAPLEX_REPLICA_SECRET to reach replicas")
+        self.replica_secret = settings.replica_secret
+        self.client = ReplicaClient(
+            self.http, settings.replica_secret, read_timeout_s=settings.replica_read_timeout_s
+        )
         self.router = Router(self.registry, self.client)
         self.usage = UsageRecorder(
             session_factory,
@@ -106,8 +105,9 @@ class Gateway:
         self.usage.start()
 
     async def close(self) -> None:
-        """Flush usage and close connections."""
+        """Flush usage, let pending replica aborts go out, and close connections."""
         await self.usage.stop()
+        await drain_background()
         await self.http.aclose()
         await self.redis.aclose()
 
@@ -124,8 +124,3 @@ class Gateway:
         return await asyncio.to_thread(
             self.assets.get, str(resolved.base_model_id), lambda: self._locate(resolved)
         )
-
-    @staticmethod
-    def request_id() -> str:
-        """A fresh id for one sequence on a replica."""
-        return uuid.uuid4().hex

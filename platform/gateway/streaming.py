@@ -5,7 +5,13 @@ A producer task pulls SSE frames from the completion source into a buffer of at 
 the buffer stays full past `stall_timeout_s`, the source is closed (which aborts the
 request on its replica) and the client, if it ever catches up, gets an error event.
 When the client disconnects, the response task is cancelled and the source is closed at
-once, so the replica frees the request's KV blocks and adapter reference.
+once, so the replica frees the request's KV blocks and adapter reference. A failure after the
+first byte becomes an error event with a message fit for the tenant (`stream_error`); what
+happened is logged under the request id.
+
+Aborts sent from `finally` blocks run detached (`spawn`); the gateway waits for them on
+shutdown (`drain_background`, from `Gateway.close`) so no replica keeps generating for a
+client that is gone.
 """
 
 from __future__ import annotations
@@ -13,8 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from typing import Any
+
+from loraplex.platform.errors import GENERIC_MESSAGE, LoraplexError
+from loraplex.platform.http_errors import current_request_id, with_request_id
+
+log = logging.getLogger(__name__)
 
 DONE = b"data: [DONE]\n\n"
 
@@ -31,6 +43,19 @@ def sse_error(message: str, type: str = "server_error", code: str | None = None)
     return sse({"error": {"message": message, "type": type, "param": None, "code": code}})
 
 
+def stream_error(exc: BaseException) -> bytes:
+    """The error event for a failure after the stream began: a 4xx error's own message; for
+    anything else the generic message with the request id, the details logged."""
+    if isinstance(exc, LoraplexError) and exc.status < 500:
+        return sse_error(exc.message, type=exc.type, code=exc.code)
+    rid = current_request_id()
+    if isinstance(exc, LoraplexError):
+        log.error("request %s: stream failed: %s %s", rid, exc.code, exc.detail or exc.message)
+        return sse_error(with_request_id(exc.message, rid), type=exc.type, code=exc.code)
+    log.error("request %s: stream failed", rid, exc_info=exc)
+    return sse_error(with_request_id(GENERIC_MESSAGE, rid), code="stream_failed")
+
+
 def spawn(coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
     """Run `coro` detached (kept referenced until done); used for aborts from `finally`."""
     task = asyncio.get_running_loop().create_task(coro)
@@ -39,10 +64,13 @@ def spawn(coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
     return task
 
 
-async def drain_background() -> None:
-    """Wait for detached tasks (aborts) still running; for shutdown and tests."""
-    while _BACKGROUND:
-        await asyncio.gather(*list(_BACKGROUND), return_exceptions=True)
+async def drain_background(timeout_s: float = 5.0) -> None:
+    """Wait (at most `timeout_s`) for detached tasks (aborts) still running: on shutdown,
+    before the HTTP client they use is closed."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            while _BACKGROUND:
+                await asyncio.gather(*list(_BACKGROUND), return_exceptions=True)
 
 
 _END = object()
@@ -101,7 +129,7 @@ async def bounded_relay(
                 code="stream_stalled",
             )
         elif error is not None:
-            yield sse_error(f"The stream failed: {error}", code="stream_failed")
+            yield stream_error(error)
         finished = True
     finally:
         state["closed"] = True  # the producer stops at its next frame even if not cancelled

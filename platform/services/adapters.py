@@ -161,7 +161,10 @@ def remove_version_objects(
 def drop_version_row(session: Session, version_id: uuid.UUID, adapter_id: uuid.UUID) -> None:
     """Delete a version's row, and its adapter's when no version is left."""
     session.execute(delete(AdapterVersion).where(AdapterVersion.id == version_id))
-    adapter = session.get(Adapter, adapter_id, with_for_update=True)
+    # FOR UPDATE of the adapter row only: its eager-joined base model may not be locked.
+    adapter = session.scalars(
+        select(Adapter).where(Adapter.id == adapter_id).with_for_update(of=Adapter)
+    ).one_or_none()
     if adapter is not None:
         left = session.execute(
             select(func.count())
@@ -228,12 +231,21 @@ def upload_adapter(
         objects.put_file(client, up.settings.s3_bucket, version.weights_key, weights)
     except Exception as exc:
         _discard(up, version)
-        raise Unavailable(f"object storage failed: {exc}", code="storage_unavailable") from exc
+        raise storage_unavailable(exc) from exc
     try:
         return _start_validation(up, version, "adapter_version.upload")
     except NotFound:
         remove_version_objects(up.settings, version.object_prefix)  # else: the reconciler
         raise
+
+
+def storage_unavailable(exc: BaseException) -> Unavailable:
+    """A 503 for a failed object-storage call; the storage error itself is only logged."""
+    return Unavailable(
+        "Object storage is unavailable right now; retry later.",
+        code="storage_unavailable",
+        detail=f"object storage: {type(exc).__name__}: {exc}",
+    )
 
 
 def part_plan(size: int) -> tuple[int, int]:
@@ -289,7 +301,7 @@ def start_presigned_upload(
             )
     except Exception as exc:
         _discard(up, version)
-        raise Unavailable(f"object storage failed: {exc}", code="storage_unavailable") from exc
+        raise storage_unavailable(exc) from exc
     plan = {"part_size": part_size, "parts": parts, "expires_in": up.settings.presign_expiry_s}
     return version, plan
 
@@ -317,7 +329,11 @@ def complete_presigned_upload(
                 "the multipart upload is gone (expired or completed)", code="invalid_state"
             ) from None
         raise InvalidInput(
-            f"could not complete the multipart upload: {exc}", code="invalid_parts", param="parts"
+            "could not complete the multipart upload with these parts: give every uploaded "
+            "part's number and ETag, in order",
+            code="invalid_parts",
+            param="parts",
+            detail=f"complete_multipart: {type(exc).__name__}: {exc}",
         ) from None
     size = objects.object_size(client, bucket, version.weights_key) or 0
     if size > up.settings.max_adapter_bytes or size > (version.bytes or size):

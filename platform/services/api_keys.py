@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 import secrets
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from loraplex.platform.db.models import ApiKey
 
@@ -89,6 +90,38 @@ def verify_api_key(session: Session, plain: str) -> ApiKey | None:
         return None
     stmt = select(ApiKey).where(ApiKey.key_hash == hash_key(plain), ApiKey.revoked_at.is_(None))
     return session.scalars(stmt).one_or_none()
+
+
+@dataclass(frozen=True)
+class KeyUse:
+    """A live key that was just used: whose it is, what it may do, and its tenant's own limits
+    (None where the tenant has none: the Settings defaults apply)."""
+
+    key_id: uuid.UUID
+    tenant_id: uuid.UUID
+    scopes: tuple[str, ...]
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    monthly_token_quota: int | None
+
+
+def use_api_key(sessions: sessionmaker[Session], plain: str) -> KeyUse | None:
+    """Look `plain` up and record its use, in one transaction of its own (call it off the
+    event loop); None for an unknown or revoked key."""
+    with sessions() as session, session.begin():
+        key = verify_api_key(session, plain)
+        if key is None:
+            return None
+        touch_last_used(session, key)
+        tenant = key.tenant
+        return KeyUse(
+            key.id,
+            key.tenant_id,
+            tuple(key.scopes or ()),
+            tenant.requests_per_minute,
+            tenant.tokens_per_minute,
+            tenant.monthly_token_quota,
+        )
 
 
 def touch_last_used(session: Session, key: ApiKey) -> None:

@@ -1,18 +1,26 @@
-"""Errors a service raises for bad input or state; the API maps each kind to an HTTP status."""
+"""Errors a service raises for bad input or state: the `LoraplexError` family
+(`platform/errors.py`), one status per class."""
 
 from __future__ import annotations
 
+from loraplex.platform.errors import LoraplexError
 
-class ServiceError(Exception):
-    """Base: a message fit to show the caller, a machine-readable code and the offending param."""
+
+class ServiceError(LoraplexError):
+    """Base: a message fit to show the caller, a machine-readable code and the offending
+    param; `detail` (internals, e.g. a storage exception) only reaches the log."""
 
     status = 400
 
-    def __init__(self, message: str, *, code: str | None = None, param: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.param = param
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        super().__init__(message, code=code, param=param, detail=detail)
 
 
 class InvalidInput(ServiceError):

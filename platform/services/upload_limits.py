@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from loraplex.platform.db.models import AdapterVersion, Tenant
 from loraplex.platform.settings import Settings
@@ -99,3 +99,13 @@ def limits_view(session: Session, tenant: Tenant, settings: Settings) -> dict[st
             "remaining": max(limits.max_stored_adapter_bytes - stored, 0),
         },
     }
+
+
+def limits_view_for(
+    sessions: sessionmaker[Session], tenant_id: uuid.UUID, settings: Settings
+) -> dict[str, Any]:
+    """`limits_view` in a session of its own (call it off the event loop); {} when the tenant
+    is gone."""
+    with sessions() as session:
+        tenant = session.get(Tenant, tenant_id)
+        return {} if tenant is None else limits_view(session, tenant, settings)

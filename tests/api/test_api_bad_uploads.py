@@ -331,3 +331,30 @@ def test_presigned_upload_refuses_oversize_and_pickles(
     version = wait_for_version(client, headers, "p", 1)
     assert version["status"] == "failed" and "pickle" in version["error"]
     assert tenant_keys(s3_client, cp_settings.s3_bucket, tenant_id) == []
+
+
+def test_storage_failure_is_a_503_without_storage_internals(
+    cp_settings, base_model: str, make_tenant, adapter_r4: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Object storage down: the tenant gets a 503 and a request id; the storage error (its
+    endpoint, the exception) is only in the log under that id."""
+    import socket
+
+    from loraplex.api.app import create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # closed when the block ends
+    broken = cp_settings.model_copy(update={"s3_endpoint_url": dead})
+    _, headers = make_tenant()
+    with TestClient(create_app(broken), raise_server_exceptions=False) as c:
+        resp = upload(c, headers, "stored", base_model, *adapter_files(adapter_r4))
+        left = c.get("/v1/adapters/stored", headers=headers)
+    assert left.status_code == 404, (resp.text, left.text)  # no row left
+    assert resp.status_code == 503, resp.text
+    rid = resp.headers["x-request-id"]
+    err = resp.json()["error"]
+    assert err["code"] == "storage_unavailable" and rid in err["message"]
+    for internal in (dead, "127.0.0.1", "Could not connect", "EndpointConnectionError"):
+        assert internal not in resp.text
+    assert rid in caplog.text and dead in caplog.text

@@ -8,6 +8,9 @@ Tests that need adapters uploaded, validated and served by a replica are marked
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 import threading
 import time
 import uuid
@@ -17,10 +20,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from redis.asyncio import Redis
 from support.control_plane import fresh_database
 from support.gateway_catalog import add_adapter_version
 from support.gateway_clients import MESSAGES, aborted_count, run_clients, wait_idle
-from support.gateway_stack import Api, Replica, settings_env
+from support.gateway_stack import WIRE_HEADERS, Api, Replica, settings_env
 from support.peft_adapters import make_peft_adapter
 from support.uploads import upload_adapter
 
@@ -29,11 +33,16 @@ from loraplex.platform.demo_model import make_demo_model
 from loraplex.platform.engine.llm import LLM
 from loraplex.platform.engine.sampling_params import SamplingParams
 from loraplex.platform.gateway.assets import ModelAssets
+from loraplex.platform.gateway.replica_client import ReplicaClient
+from loraplex.platform.gateway.replicas import ReplicaRegistry
+from loraplex.platform.gateway.router import Dispatch, Router
 from loraplex.platform.local_processes import start_worker_process
 from loraplex.platform.services.api_keys import create_api_key, revoke_api_key
 from loraplex.platform.services.base_models import register_base_model
 from loraplex.platform.services.deployments import DeploymentSpec, create_deployment
 from loraplex.platform.services.tenants import create_tenant
+from loraplex.platform.wire import FinishEvent, GenerateRequest, SamplingOptions
+from loraplex.platform.wire.prefix_hash import max_cached_blocks
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -119,8 +128,8 @@ def offline(stack: Stack) -> LLM:
 
 
 def _chat_prompt_ids(stack: Stack, messages: list[dict[str, str]]) -> list[int]:
-    text = stack.assets.template.render(messages, add_generation_prompt=True)
-    return stack.assets.encode(text, add_special_tokens=False)
+    text = stack.assets.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    return stack.assets.tokenizer.encode(text, add_special_tokens=False)
 
 
 def test_chat_matches_offline_engine_with_logprobs(stack: Stack, offline: LLM) -> None:
@@ -182,7 +191,7 @@ def test_completions_stream_and_not_with_logprobs(stack: Stack, offline: LLM) ->
     resp = client.completions.create(
         model=stack.base, prompt=prompt, max_tokens=8, temperature=0, logprobs=2
     )
-    ids = stack.assets.encode(prompt)
+    ids = stack.assets.tokenizer.encode(prompt)
     ref = offline.generate([ids], SamplingParams(temperature=0, max_tokens=8))[0]
     assert resp.choices[0].text == stack.assets.tokenizer.decode(ref.token_ids)
     assert (
@@ -221,6 +230,18 @@ def test_prefix_cache_is_salted_per_tenant(stack: Stack) -> None:
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert again.usage.prompt_tokens_details.cached_tokens >= 32  # same tenant: KV reused
     assert other.usage.prompt_tokens_details.cached_tokens == 0  # another tenant: never shared
+    # Nobody but the gateway can name tenant A's cache partition on the replica: without the
+    # replica secret the replica refuses; with it, the guessable `tenant:<id>` salt of old
+    # finds nothing, since the salt is an HMAC of the id under the secret.
+    ids = _chat_prompt_ids(stack, long)
+    probe = {"request_id": f"probe-{uuid.uuid4().hex}", "prompt_token_ids": ids,
+             "sampling": {"max_tokens": 1}, "cache_salt": f"tenant:{stack.tenant_a}"}  # fmt: skip
+    url = f"{stack.replica.url}/generate"
+    version = {k: v for k, v in WIRE_HEADERS.items() if k != "authorization"}
+    assert httpx.post(url, json=probe, headers=version, timeout=30).status_code == 401
+    with httpx.stream("POST", url, json=probe, headers=WIRE_HEADERS, timeout=30) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line]
+    assert events[-1]["usage"]["cached_tokens"] == 0
 
 
 def test_stop_sequences_and_rate_limit_headers(stack: Stack) -> None:
@@ -384,14 +405,82 @@ def test_non_streamed_request_is_aborted_when_the_client_leaves(stack: Stack) ->
     assert aborted_count(stack.replica) == before + 1
 
 
-def test_killed_replica_does_not_hang_clients(stack: Stack) -> None:
-    second = Replica(
+@pytest.fixture(scope="module")
+def second(stack: Stack) -> Any:
+    """A second replica of the stack's deployment (the last test using it kills it)."""
+    replica = Replica(
         stack.model_dir,
         stack.deployment,
         stack.redis_url,
         stack.work,
         env=settings_env(stack.settings, "engine"),
     )
+    yield replica
+    replica.stop()
+
+
+def test_cached_prefix_is_routed_to_its_replica_as_predicted(stack: Stack, second: Any) -> None:
+    """Two real replicas, the gateway's real router: a prompt that went to replica B (A was
+    busy) goes back to B when both are idle, and B's cached-token count is the router's
+    prediction, computed with the engine's hash and the block size B reports."""
+    first = stack.replica
+    prompt = stack.assets.tokenizer.encode(
+        "The train left the station on time, crossed the river, " * 3
+    )
+    salt = f"salt-{uuid.uuid4().hex}"
+
+    async def run() -> tuple[list[Dispatch], list[FinishEvent], dict[str, Any]]:
+        redis = Redis.from_url(stack.redis_url)
+        http = httpx.AsyncClient()
+        client = ReplicaClient(http, os.environ["LORAPLEX_REPLICA_SECRET"])
+        router = Router(ReplicaRegistry(redis), client, state_ttl_s=0.0)
+        dispatches: list[Dispatch] = []
+        finishes: list[FinishEvent] = []
+
+        async def routed(rid: str) -> None:
+            req = GenerateRequest(
+                request_id=rid,
+                prompt_token_ids=prompt,
+                sampling=SamplingOptions(max_tokens=2, temperature=0),
+                cache_salt=salt,
+            )
+            async for event in router.generate(stack.deployment, req, None, dispatches.append):
+                if isinstance(event, FinishEvent):
+                    finishes.append(event)
+
+        # Keep the first replica busy (called directly, not through the router).
+        long = GenerateRequest(
+            request_id=f"busy-{uuid.uuid4().hex}",
+            prompt_token_ids=[5, 6, 7],
+            sampling=SamplingOptions(max_tokens=1900, ignore_eos=True),
+        )
+        busy = client.generate(first.url, long)
+        await anext(busy)  # it runs
+        await routed(f"p1-{uuid.uuid4().hex}")
+        await client.abort(first.url, long.request_id)
+        await busy.aclose()
+        await asyncio.to_thread(wait_idle, first)
+        before = await client.state(first.url)
+        await routed(f"p2-{uuid.uuid4().hex}")
+        after = await client.state(first.url)
+        await http.aclose()
+        await redis.aclose()
+        moved = after.prefix_cache_queries - before.prefix_cache_queries
+        return dispatches, finishes, {"first_queries": moved}
+
+    dispatches, finishes, seen = asyncio.run(run())
+    urls = [d.replica.url for d in dispatches]
+    assert urls == [second.url, second.url], "a cached prefix must pull the request back"
+    assert seen["first_queries"] == 0
+    block = second.state()["block_size"]
+    assert dispatches[0].predicted_cached_tokens == finishes[0].usage.cached_tokens == 0
+    expected = max_cached_blocks(len(prompt), block) * block
+    assert expected >= 2 * block
+    assert dispatches[1].predicted_cached_tokens == expected
+    assert finishes[1].usage.cached_tokens == expected
+
+
+def test_killed_replica_does_not_hang_clients(stack: Stack, second: Any) -> None:
     results: list[str] = []
 
     def client(i: int) -> None:
@@ -412,6 +501,7 @@ def test_killed_replica_does_not_hang_clients(stack: Stack) -> None:
         except openai.APIError as exc:
             results.append(f"error:{type(exc).__name__}")
 
+    wait_idle(second)
     try:
         threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
         for t in threads:
@@ -494,7 +584,7 @@ def test_20_streams_over_5_adapters_leave_replica_idle(
     run_clients(stack, sorted(adapters))
     state = wait_idle(stack.replica, timeout_s=10.0)
     assert state["resident_adapters"], "the adapters were loaded into device slots"
-    metrics = httpx.get(f"{stack.replica.url}/metrics", timeout=10).text
+    metrics = httpx.get(f"{stack.replica.url}/metrics", headers=WIRE_HEADERS, timeout=10).text
     running = [
         float(line.rsplit(" ", 1)[1])
         for line in metrics.splitlines()

@@ -43,7 +43,7 @@ def test_more_ranks_than_gpus_is_refused_clearly(gpus, count: int) -> None:
 
 def test_the_ep_engine_refuses_before_spawning(gpus, monkeypatch: pytest.MonkeyPatch) -> None:
     from loraplex.platform.engine import ep_engine
-    from loraplex.platform.engine.config import EngineConfig
+    from loraplex.platform.engine_spec.config import EngineConfig
 
     gpus(1)
     spawned: list[object] = []

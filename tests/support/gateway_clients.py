@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from support.gateway_stack import Replica
+from support.gateway_stack import WIRE_HEADERS, Replica
 
 MESSAGES = [{"role": "user", "content": "Hello! How are you today?"}]
 
@@ -22,7 +22,7 @@ def wait_idle(replica: Replica, timeout_s: float = 20.0) -> dict[str, Any]:
         if (
             state["num_requests_running"] == 0
             and state["num_requests_waiting"] == 0
-            and state["kv_cache_usage_perc"] == 0
+            and state["kv_cache_usage"] == 0
         ):
             return state
         time.sleep(0.1)
@@ -90,7 +90,7 @@ def run_clients(stack: Any, models: list[str]) -> list[dict[str, Any]]:
 
 
 def aborted_count(replica: Replica) -> float:
-    text = httpx.get(f"{replica.url}/metrics", timeout=10).text
+    text = httpx.get(f"{replica.url}/metrics", headers=WIRE_HEADERS, timeout=10).text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()

@@ -15,6 +15,13 @@ from loraplex.platform.child_env import child_env
 from loraplex.platform.engine_spec import parse_engine_args
 from loraplex.platform.gateway.replica_agent import register_replica
 from loraplex.platform.local_processes import start_api_process, start_engine_process
+from loraplex.platform.wire import WIRE_VERSION, WIRE_VERSION_HEADER, ReplicaState
+from loraplex.platform.wire.auth import bearer
+
+WIRE_HEADERS = {
+    WIRE_VERSION_HEADER: str(WIRE_VERSION),
+    "authorization": bearer(os.environ["LORAPLEX_REPLICA_SECRET"]),  # tests/conftest.py
+}
 
 
 def settings_env(settings: Any, role: str = "api", **overrides: Any) -> dict[str, str]:
@@ -41,13 +48,14 @@ class Replica:
         self.url, self.proc = start_engine_process(
             config, log, env or dict(os.environ), log_level="warning", timeout=90
         )
-        # The default TTL: a busy CI machine may answer /health late under 20 streams, and a
-        # 3 s TTL then drops a live replica (503s); a dead one is marked down by the router.
-        self.heartbeat = register_replica(redis_url, deployment, self.url)
+        # A loaded CI machine can starve the health-gated beat for seconds: a short TTL would
+        # expire a live replica mid-test (a dead one is skipped by the router anyway).
+        self.heartbeat = register_replica(redis_url, deployment, self.url, ttl_s=15.0)
 
     def state(self) -> dict[str, Any]:
-        """The replica's /state."""
-        return httpx.get(f"{self.url}/state", timeout=5).json()
+        """The replica's /state (checked against the wire format)."""
+        resp = httpx.get(f"{self.url}/state", headers=WIRE_HEADERS, timeout=5)
+        return ReplicaState.model_validate_json(resp.content).model_dump()
 
     def stop(self) -> None:
         """Deregister and stop."""

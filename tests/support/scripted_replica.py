@@ -1,11 +1,12 @@
 """A scripted replica for router unit tests: a real HTTP server (uvicorn on a free port)
-speaking the replica protocol with canned tokens, that can be told to fail before or after
-its first token. The real engine replica is exercised end to end in tests/api."""
+speaking the wire format (`loraplex.platform.wire`, requests validated) with canned tokens,
+that can be told to fail before or after its first token. The real engine replica is
+exercised end to end in tests/api."""
 
 from __future__ import annotations
 
 import asyncio
-import json
+import os
 import socket
 import threading
 import time
@@ -18,6 +19,29 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from loraplex.platform.embedded.process import listen_socket
+from loraplex.platform.wire import (
+    WIRE_VERSION,
+    WIRE_VERSION_HEADER,
+    DeltaEvent,
+    FinishEvent,
+    GenerateRequest,
+    ReplicaState,
+    Usage,
+    encode_event,
+)
+from loraplex.platform.wire.auth import authorized
+
+
+def replica_state(**fields: Any) -> ReplicaState:
+    """An idle replica's `/state` with `fields` changed."""
+    doc: dict[str, Any] = dict(
+        wire_version=WIRE_VERSION, model_id="m", block_size=16, prefix_caching=True,
+        num_blocks=100, num_free_blocks=100, kv_cache_usage=0.0, num_requests_running=0,
+        num_requests_waiting=0, resident_adapters=[], max_loras=4, prefix_cache_queries=0,
+        prefix_cache_hits=0, num_preemptions=0,
+    )  # fmt: skip
+    doc.update(fields)
+    return ReplicaState(**doc)
 
 
 def refusing_url() -> tuple[str, socket.socket]:
@@ -35,13 +59,19 @@ class ScriptedReplica:
         self,
         tokens: list[int],
         *,
-        state: dict[str, Any] | None = None,
+        state: ReplicaState | None = None,
         delay_s: float = 0.0,
         fail: str | None = None,
+        version: str = str(WIRE_VERSION),
+        extra_field: bool = False,
     ) -> None:
+        """`version` is the wire version it claims; `extra_field` adds a field the wire does
+        not know to each delta (both are protocol errors for the gateway)."""
         self.tokens, self.delay_s, self.fail = tokens, delay_s, fail
-        self.state_doc = state or {}
-        self.requests: list[dict[str, Any]] = []
+        self.headers = {WIRE_VERSION_HEADER: version}
+        self.extra_field = extra_field
+        self.state_doc = state or replica_state()
+        self.requests: list[GenerateRequest] = []
         self.aborted: list[str] = []
         self._sock = listen_socket()  # ours from the start: no port race
         self.port = self._sock.getsockname()[1]
@@ -58,8 +88,17 @@ class ScriptedReplica:
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )
 
+    def _refused(self, request: Request) -> Response | None:
+        if authorized(request.headers.get("authorization"), os.environ["LORAPLEX_REPLICA_SECRET"]):
+            return None
+        return JSONResponse({"error": {"message": "no", "type": "x", "param": None,
+                                       "code": "invalid_replica_secret"}},
+                            status_code=401, headers=self.headers)  # fmt: skip
+
     async def _generate(self, request: Request) -> Response:
-        body = await request.json()
+        if (refused := self._refused(request)) is not None:
+            return refused
+        body = GenerateRequest.model_validate_json(await request.body())
         self.requests.append(body)
         if self.fail == "before":
             return JSONResponse({"error": {"message": "engine crashed"}}, status_code=500)
@@ -70,27 +109,31 @@ class ScriptedReplica:
                     await asyncio.sleep(self.delay_s)
                 if self.fail == "after" and i == 2:
                     raise RuntimeError("replica died mid-stream")
-                last = i == len(self.tokens) - 1
-                event = {
-                    "request_id": body["request_id"],
-                    "token_ids": [t],
-                    "text": "",
-                    "finished": last,
-                    "finish_reason": "length" if last else None,
-                    "num_prompt_tokens": len(body["prompt_token_ids"]),
-                    "num_cached_tokens": 0,
-                }
-                yield f"data: {json.dumps(event)}\n\n"
-            yield "data: [DONE]\n\n"
+                frame = encode_event(DeltaEvent(token_ids=[t], text=f"<{t}>"))
+                if self.extra_field:
+                    frame = frame.replace(b'{"type"', b'{"new_token_ids":[1],"type"')
+                yield frame
+            usage = Usage(
+                prompt_tokens=len(body.prompt_token_ids),
+                completion_tokens=len(self.tokens),
+                cached_tokens=0,
+            )
+            yield encode_event(FinishEvent(finish_reason="length", usage=usage))
 
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=self.headers)
 
     async def _abort(self, request: Request) -> Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
         self.aborted.append(request.path_params["rid"])
-        return JSONResponse({"aborted": True})
+        return JSONResponse({"request_id": request.path_params["rid"], "aborted": True},
+                            headers=self.headers)  # fmt: skip
 
     async def _state(self, request: Request) -> Response:
-        return JSONResponse(self.state_doc)
+        if (refused := self._refused(request)) is not None:
+            return refused
+        return Response(self.state_doc.model_dump_json(), media_type="application/json",
+                        headers=self.headers)  # fmt: skip
 
     def __enter__(self) -> ScriptedReplica:
         self._thread.start()

@@ -11,7 +11,6 @@ from safetensors.torch import load_file, save_file
 from support.paged_harness import PagedHarness
 
 from loraplex.platform.engine.hf_folder import ModelFolderError, iter_weights, read_config
-from loraplex.platform.engine.hf_tokenizer import load_tokenizer
 from loraplex.platform.engine.kv_cache import (
     allocate_kv_cache,
     attention_layers,
@@ -27,6 +26,7 @@ from loraplex.platform.engine.models import (
 )
 from loraplex.platform.engine.models.weight_loading import WeightLoadingError
 from loraplex.platform.testing.models import save_tiny_model
+from loraplex.platform.tokenizing import TokenizerNotFound, load_tokenizer
 
 
 @pytest.fixture()
@@ -122,7 +122,7 @@ def test_tokenizer_helpers(llama_dir):
 
 
 def test_tokenizer_missing(tmp_path):
-    with pytest.raises(ModelFolderError, match="tokenizer.json"):
+    with pytest.raises(TokenizerNotFound, match="tokenizer.json"):
         load_tokenizer(tmp_path)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from support.replica_wire import HEADERS, body, generate
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -185,14 +186,13 @@ def test_server_on_s3_model_serves_and_exports_cold_start(
     s3_server: tuple[str, Path], tiny: Path
 ) -> None:
     s3_server, log = s3_server
-    body = {"prompt": "hello there", "max_tokens": 10, "temperature": 0, "ignore_eos": True,
-            "stream": False}  # fmt: skip
-    resp = httpx.post(s3_server + "/generate", json=body, timeout=60)
-    assert resp.status_code == 200, resp.text
-    expected = LLM(str(tiny), **ENGINE).generate(["hello there"], GREEDY)[0].outputs[0]
-    assert resp.json()["token_ids"] == expected.token_ids
-    assert resp.json()["text"] == expected.text
-    metrics = httpx.get(s3_server + "/metrics").text
+    offline = LLM(str(tiny), **ENGINE)
+    ids = offline.get_tokenizer().encode("hello there")
+    got = generate(s3_server, body(ids, max_tokens=10, temperature=0, ignore_eos=True))
+    expected = offline.generate([ids], GREEDY)[0].outputs[0]
+    assert got.token_ids == expected.token_ids
+    assert got.text == expected.text
+    metrics = httpx.get(s3_server + "/metrics", headers=HEADERS).text
 
     def samples(name: str) -> dict[str, float]:
         out = {}

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from loraplex.platform.engine.block_pool import BlockPool
-from loraplex.platform.engine.prefix_cache import KVCacheManager, hash_block, root_hash
+from loraplex.platform.engine.prefix_cache import KVCacheManager
 from loraplex.platform.engine.request import Request
 from loraplex.platform.engine.sampling_params import SamplingParams
+from loraplex.platform.wire.prefix_hash import hash_block, root_hash
 
 BS = 4
 

@@ -1,4 +1,5 @@
-"""The replica HTTP API on a real uvicorn server: stream, abort on disconnect, errors, metrics."""
+"""The replica HTTP API on a real uvicorn server, in the wire format (`loraplex.platform.wire`):
+stream, abort on disconnect, errors, state and metrics."""
 
 from __future__ import annotations
 
@@ -13,11 +14,21 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from support.replica_wire import HEADERS, SECRET, body, generate  # noqa: E402
+
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
 from loraplex.platform.engine.server import create_app  # noqa: E402
 from loraplex.platform.engine_spec.cli import parse_engine_args  # noqa: E402
 from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
 from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
+from loraplex.platform.wire import (  # noqa: E402
+    WIRE_VERSION,
+    WIRE_VERSION_HEADER,
+    DeltaEvent,
+    FinishEvent,
+    ReplicaState,
+    decode_event,
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +41,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Engi
     save_tiny_model(path, "llama", max_position_embeddings=4096)
     core = EngineCore(EngineConfig(str(path), block_size=8, max_num_batched_tokens=64))
     sock = listen_socket()  # bound before the server starts: no port race
-    srv = uvicorn.Server(uvicorn.Config(create_app(core), log_level="warning"))
+    srv = uvicorn.Server(uvicorn.Config(create_app(core, SECRET), log_level="warning"))
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -52,105 +63,138 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Engi
     sock.close()
 
 
-def events(resp: httpx.Response) -> Iterator[dict | str]:
+def events(resp: httpx.Response) -> Iterator[DeltaEvent | FinishEvent]:
     for line in resp.iter_lines():
-        if line.startswith("data: "):
-            data = line[len("data: ") :]
-            yield data if data == "[DONE]" else json.loads(data)
+        if line:
+            assert line.startswith("data: "), line
+            yield decode_event(line[len("data: ") :])
 
 
-def wait_idle(url: str, timeout: float = 5.0) -> dict:
+def state(url: str) -> ReplicaState:
+    return ReplicaState.model_validate_json(httpx.get(url + "/state", headers=HEADERS).content)
+
+
+def wait_idle(url: str, timeout: float = 5.0) -> ReplicaState:
     deadline = time.time() + timeout
     while True:
-        state = httpx.get(url + "/state").json()
-        if state["num_requests_running"] == 0 and state["num_requests_waiting"] == 0:
-            return state
-        assert time.time() < deadline, state
+        s = state(url)
+        if s.num_requests_running == 0 and s.num_requests_waiting == 0:
+            return s
+        assert time.time() < deadline, s
         time.sleep(0.02)
 
 
 def test_stream_generation(server: tuple[str, EngineCore]) -> None:
-    url, _ = server
-    body = {"prompt": "hello there", "max_tokens": 12, "temperature": 0, "ignore_eos": True,
-            "logprobs": 2}  # fmt: skip
-    with httpx.stream("POST", url + "/generate", json=body, timeout=30) as resp:
-        assert resp.status_code == 200
-        assert resp.headers["content-type"].startswith("text/event-stream")
-        got = list(events(resp))
-    assert got[-1] == "[DONE]"
-    chunks = got[:-1]
-    tokens = [t for c in chunks for t in c["token_ids"]]
-    assert len(tokens) == 12 and chunks[-1]["finish_reason"] == "length"
-    assert all(len(c["logprobs"][0]) >= 2 for c in chunks)
-    whole = httpx.post(url + "/generate", json={**body, "stream": False}, timeout=30).json()
-    assert whole["token_ids"] == tokens
-    assert whole["text"] == "".join(c["text"] for c in chunks)
+    url, core = server
+    ids = core.tokenizer.encode("hello there")
+    got = generate(url, body(ids, max_tokens=12, temperature=0, ignore_eos=True, logprobs=2))
+    deltas, finish = got.events[:-1], got.finish
+    assert isinstance(finish, FinishEvent) and finish.finish_reason == "length"
+    assert all(isinstance(d, DeltaEvent) for d in deltas)
+    tokens = [t for d in deltas for t in d.token_ids]
+    assert len(tokens) == 12 and finish.usage.completion_tokens == 12
+    assert finish.usage.prompt_tokens == len(ids)
+    assert all(len(lp.top) == 2 for d in deltas for lp in d.logprobs or [])
+    assert "".join(d.text for d in deltas) == core.tokenizer.decode(tokens)
 
 
 def test_client_disconnect_aborts_and_frees_blocks(server: tuple[str, EngineCore]) -> None:
     url, core = server
-    body = {"prompt_token_ids": list(range(3, 40)), "max_tokens": 4000, "ignore_eos": True,
-            "request_id": "leaver"}  # fmt: skip
-    with httpx.stream("POST", url + "/generate", json=body, timeout=30) as resp:
+    req = body(list(range(3, 40)), "leaver", max_tokens=4000, ignore_eos=True)
+    with httpx.stream("POST", url + "/generate", json=req, headers=HEADERS, timeout=30) as resp:
         it = events(resp)
-        first = next(it)
         next(it)
-        assert first["request_id"] == "leaver"
-        assert httpx.get(url + "/state").json()["num_requests_running"] == 1
-    state = wait_idle(url)
-    assert state["num_free_blocks"] == state["num_blocks"]
-    metrics = httpx.get(url + "/metrics").text
+        next(it)
+        assert state(url).num_requests_running == 1
+    s = wait_idle(url)
+    assert s.num_free_blocks == s.num_blocks
+    metrics = httpx.get(url + "/metrics", headers=HEADERS).text
     assert 'finished_reason="abort"' in metrics
     assert core.scheduler.requests == {}
 
 
 def test_abort_endpoint_ends_stream(server: tuple[str, EngineCore]) -> None:
     url, _ = server
-    body = {"prompt_token_ids": [5, 6, 7], "max_tokens": 4000, "ignore_eos": True,
-            "request_id": "victim"}  # fmt: skip
-    with httpx.stream("POST", url + "/generate", json=body, timeout=30) as resp:
+    req = body([5, 6, 7], "victim", max_tokens=4000, ignore_eos=True)
+    with httpx.stream("POST", url + "/generate", json=req, headers=HEADERS, timeout=30) as resp:
         it = events(resp)
         next(it)
-        assert httpx.post(url + "/abort/victim").json() == {"request_id": "victim", "aborted": True}
+        aborted = httpx.post(url + "/abort/victim", headers=HEADERS)
+        assert aborted.json() == {"request_id": "victim", "aborted": True}
         rest = list(it)
-    assert rest[-1] == "[DONE]" and rest[-2]["finish_reason"] == "abort"
-    assert httpx.post(url + "/abort/victim").status_code == 404
+    assert isinstance(rest[-1], FinishEvent) and rest[-1].finish_reason == "abort"
+    assert httpx.post(url + "/abort/victim", headers=HEADERS).status_code == 404
     wait_idle(url)
 
 
 @pytest.mark.parametrize(
-    ("body", "status", "param"),
+    ("req", "status", "param"),
     [
-        ({"max_tokens": 3}, 400, "prompt"),
-        ({"prompt": "a", "prompt_token_ids": [1]}, 400, "prompt"),
-        ({"prompt": "a", "temperature": -1}, 400, None),
-        ({"prompt": "a", "max_tokens": "many"}, 400, "max_tokens"),
-        ({"prompt": "a", "bogus": 1}, 400, "bogus"),
-        ({"prompt_token_ids": [1, 10**9]}, 400, None),
-        ({"prompt": "a", "adapter": "tenant/x"}, 501, "adapter"),
+        ({"request_id": "x", "sampling": {"max_tokens": 3}}, 422, "prompt_token_ids"),
+        ({**body([1]), "prompt": "a"}, 422, "prompt"),  # text prompts: the gateway tokenizes
+        (body([1], temperature=-1), 400, None),
+        (body([1], max_tokens="many"), 422, "sampling.max_tokens"),
+        (body([1], max_tokens="3"), 422, "sampling.max_tokens"),  # no coercion
+        ({**body([1]), "bogus": 1}, 422, "bogus"),
+        (body([1], n=2), 422, "sampling.n"),
+        (body([1, 10**9]), 400, None),
+        ({**body([1]), "adapter": "tenant/x"}, 422, "adapter"),
+        ({**body([1]), "adapter": {"object_prefix": "p/", "sha256": "ab" * 32}}, 501, "adapter"),
     ],
 )
 def test_bad_requests_get_openai_errors(
-    server: tuple[str, EngineCore], body: dict, status: int, param: str | None
+    server: tuple[str, EngineCore], req: dict, status: int, param: str | None
 ) -> None:
     url, _ = server
-    resp = httpx.post(url + "/generate", json=body, timeout=30)
-    assert resp.status_code == status
+    resp = httpx.post(url + "/generate", json=req, headers=HEADERS, timeout=30)
+    assert resp.status_code == status, resp.text
     err = resp.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert isinstance(err["code"], str)
     if param is not None:
         assert err["param"] == param
 
 
-def test_health_state_and_metrics_names(server: tuple[str, EngineCore]) -> None:
+def test_only_the_gateway_is_served(server: tuple[str, EngineCore]) -> None:
+    """Without the replica secret (or with another) every route but /health is refused."""
     url, _ = server
-    assert httpx.get(url + "/health").json()["status"] == "ok"
-    state = httpx.get(url + "/state").json()
-    for key in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
-                "num_free_blocks", "resident_adapters"):  # fmt: skip
-        assert key in state
-    httpx.post(url + "/generate", json={"prompt": "abc", "max_tokens": 3, "stream": False})
-    text = httpx.get(url + "/metrics").text
+    version = {WIRE_VERSION_HEADER: str(WIRE_VERSION)}
+    for headers in (version, {**version, "authorization": "Bearer not-the-secret"},
+                    {**version, "authorization": SECRET}):  # fmt: skip
+        for resp in (
+            httpx.post(url + "/generate", json=body([1, 2, 3], max_tokens=2), headers=headers),
+            httpx.post(url + "/abort/x", headers=headers),
+            httpx.get(url + "/state", headers=headers),
+            httpx.get(url + "/metrics", headers=headers),
+        ):
+            assert resp.status_code == 401, (resp.request.url, resp.text)
+            assert resp.json()["error"]["code"] == "invalid_replica_secret"
+    assert httpx.get(url + "/health").status_code == 200  # probes need no secret
+    assert httpx.get(
+        url + "/metrics", headers={"authorization": HEADERS["authorization"]}
+    ).is_success
+
+
+def test_another_wire_version_is_refused(server: tuple[str, EngineCore]) -> None:
+    url, _ = server
+    auth = {"authorization": HEADERS["authorization"]}
+    for headers in (auth, {**auth, WIRE_VERSION_HEADER: str(WIRE_VERSION + 1)}):
+        for resp in (
+            httpx.post(url + "/generate", json=body([1]), headers=headers),
+            httpx.get(url + "/state", headers=headers),
+        ):
+            assert resp.status_code == 400
+            assert resp.json()["error"]["code"] == "wire_version_mismatch"
+
+
+def test_health_state_and_metrics_names(server: tuple[str, EngineCore]) -> None:
+    url, core = server
+    assert httpx.get(url + "/health").json() == {"status": "ok"}
+    s = state(url)
+    assert s.block_size == 8 and s.model_id == core.model_id and s.prefix_caching
+    assert 0.0 <= s.kv_cache_usage <= 1.0
+    generate(url, body([3, 4, 5], max_tokens=3))
+    text = httpx.get(url + "/metrics", headers=HEADERS).text
     for name in (
         "loraplex:time_to_first_token_seconds_bucket",
         "loraplex:inter_token_latency_seconds_bucket",
@@ -185,25 +229,53 @@ def test_concurrent_streams_each_get_their_own_tokens(server: tuple[str, EngineC
 
     url, _ = server
     prompts = [list(range(3 + i, 10 + 2 * i)) for i in range(6)]
-    base = {"max_tokens": 10, "temperature": 0, "ignore_eos": True, "stream": False}
-    alone = [
-        httpx.post(url + "/generate", json={**base, "prompt_token_ids": p}, timeout=30).json()
-        for p in prompts
-    ]
+    opts = {"max_tokens": 10, "temperature": 0, "ignore_eos": True}
+    alone = [generate(url, body(p, f"a{i}", **opts)).token_ids for i, p in enumerate(prompts)]
 
-    async def one(client: httpx.AsyncClient, p: list[int]) -> list[int]:
-        body = {**base, "prompt_token_ids": p, "stream": True}
+    async def one(client: httpx.AsyncClient, i: int, p: list[int]) -> list[int]:
         tokens: list[int] = []
-        async with client.stream("POST", url + "/generate", json=body) as resp:
+        req = body(p, f"c{i}", **opts)
+        async with client.stream("POST", url + "/generate", json=req, headers=HEADERS) as resp:
             async for line in resp.aiter_lines():
-                if line.startswith("data: {"):
-                    tokens += json.loads(line[6:])["token_ids"]
+                if line.startswith("data: "):
+                    event = json.loads(line[6:])
+                    tokens += event.get("token_ids", [])
         return tokens
 
     async def all_at_once() -> list[list[int]]:
         async with httpx.AsyncClient(timeout=30) as client:
-            return await asyncio.gather(*(one(client, p) for p in prompts))
+            return await asyncio.gather(*(one(client, i, p) for i, p in enumerate(prompts)))
 
     together = asyncio.run(all_at_once())
-    assert together == [a["token_ids"] for a in alone]
+    assert together == alone
     wait_idle(url)
+
+
+def test_gateway_client_round_trip(server: tuple[str, EngineCore]) -> None:
+    """The gateway's own client against the real replica: the request is validated by the
+    replica, every answer (state, events, abort) by the client, both with the wire models."""
+    import asyncio
+
+    from loraplex.platform.gateway.replica_client import ReplicaClient
+    from loraplex.platform.wire import GenerateRequest, SamplingOptions
+
+    url, core = server
+    req = GenerateRequest(
+        request_id="round-trip",
+        prompt_token_ids=core.tokenizer.encode("round trip"),
+        sampling=SamplingOptions(max_tokens=5, temperature=0, ignore_eos=True, logprobs=1),
+    )
+
+    async def run() -> tuple[ReplicaState, list[DeltaEvent | FinishEvent]]:
+        async with httpx.AsyncClient() as http:
+            client = ReplicaClient(http, os.environ["LORAPLEX_REPLICA_SECRET"])
+            events = [e async for e in client.generate(url, req)]
+            await client.abort(url, "round-trip")  # already finished: a 404, ignored
+            return await client.state(url), events
+
+    st, got = asyncio.run(run())
+    assert st.block_size == 8 and st.num_requests_running == 0
+    assert isinstance(got[-1], FinishEvent) and got[-1].usage.completion_tokens == 5
+    tokens = [t for e in got[:-1] for t in e.token_ids]
+    assert len(tokens) == 5 and all(len(e.logprobs or []) == len(e.token_ids) for e in got[:-1])
+    assert "".join(e.text for e in got[:-1]) == core.tokenizer.decode(tokens)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import httpx
 import pytest
 from support.moe_ep_workers import save_tiny_qwen2_moe
+from support.replica_wire import body, generate
 
 from loraplex.platform.engine_spec.config import EngineConfig
 from loraplex.platform.local_processes import start_engine_process
@@ -42,11 +42,8 @@ def test_engine_cli_with_ep_size_two_serves_like_one_rank(tmp_path: Path) -> Non
     try:
         got = []
         for prompt in PROMPTS:
-            body = {"prompt_token_ids": prompt, "max_tokens": 6, "temperature": 0,
-                    "ignore_eos": True, "stream": False}  # fmt: skip
-            resp = httpx.post(base + "/generate", json=body, timeout=60)
-            assert resp.status_code == 200, resp.text
-            got.append(resp.json()["token_ids"])
+            req = body(prompt, max_tokens=6, temperature=0, ignore_eos=True)
+            got.append(generate(base, req).token_ids)
     finally:
         proc.stop(timeout=60)
     assert got == _single_process_tokens(model_dir)

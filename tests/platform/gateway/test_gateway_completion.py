@@ -8,11 +8,13 @@ import uuid
 import pytest
 from support.gateway_catalog import make_model_dir
 
+from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.assets import ModelAssets
 from loraplex.platform.gateway.completion import SEED_MASK, build_chat_job, build_text_job
-from loraplex.platform.gateway.errors import GatewayError
 from loraplex.platform.gateway.openai_schemas import parse_chat_request, parse_completion_request
 from loraplex.platform.gateway.resolve import ResolvedModel
+from loraplex.platform.wire import AdapterRef
+from loraplex.platform.wire.auth import cache_salt
 
 TENANT = uuid.uuid4()
 
@@ -59,12 +61,13 @@ def test_chat_job(assets: ModelAssets) -> None:
         }
     )
     job = build_chat_job(body, _resolved(), assets, TENANT, None, 1024)
-    text = assets.template.render([{"role": "user", "content": "Hello"}])
-    assert job.prompt_ids == assets.encode(text, add_special_tokens=False)
+    text = assets.tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}])
+    assert job.prompt_ids == assets.tokenizer.encode(text, add_special_tokens=False)
     assert job.max_tokens == 5 and job.n == 2 and job.top_n == 3
     s = job.sampling
-    assert s["temperature"] == 0.5 and s["stop"] == ["END"] and s["logprobs"] == 3
-    assert s["seed"] == -1 & SEED_MASK and s["seed"] >= 0 and s["n"] == 1
+    assert s.temperature == 0.5 and s.stop == ["END"] and s.logprobs == 3
+    assert s.seed == -1 & SEED_MASK and s.seed >= 0
+    assert s.top_p is None and s.max_tokens == 5  # left out: the engine's default
     assert job.cid.startswith("chatcmpl-")
 
 
@@ -80,15 +83,15 @@ def test_default_max_tokens_fills_the_context(assets: ModelAssets) -> None:
 
 def test_context_length_is_a_400(assets: ModelAssets) -> None:
     long = parse_completion_request({"model": "m", "prompt": "Hello world " * 40})
-    with pytest.raises(GatewayError) as info:
+    with pytest.raises(HttpError) as info:
         build_text_job(long, _resolved(), assets, TENANT, None, 1024)
     assert info.value.status == 400 and info.value.code == "context_length_exceeded"
     over = parse_completion_request({"model": "m", "prompt": "Hi", "max_tokens": 64})
-    with pytest.raises(GatewayError) as info:
+    with pytest.raises(HttpError) as info:
         build_text_job(over, _resolved(), assets, TENANT, None, 1024)
     assert info.value.param == "max_tokens"
     bad_ids = parse_completion_request({"model": "m", "prompt": [1, 2, 10_000]})
-    with pytest.raises(GatewayError) as info:
+    with pytest.raises(HttpError) as info:
         build_text_job(bad_ids, _resolved(), assets, TENANT, None, 1024)
     assert info.value.param == "prompt"
 
@@ -97,13 +100,15 @@ def test_adapter_reference_and_salt() -> None:
     from loraplex.platform.gateway.completion import _adapter_ref
 
     r = _resolved(adapter=True)
-    assert _adapter_ref(r, TENANT) == {
-        "object_prefix": "tenants/t/adapters/a/v3/",
-        "sha256": "ab" * 32,
-        "config_sha256": "cd" * 32,
-        "tenant": str(TENANT),
-        "targets": TARGETS,
-    }
+    assert _adapter_ref(r, TENANT) == AdapterRef(
+        object_prefix="tenants/t/adapters/a/v3/",
+        sha256="ab" * 32,
+        config_sha256="cd" * 32,
+        tenant=str(TENANT),
+        targets=TARGETS,
+    )
     assert _adapter_ref(_resolved(), TENANT) is None
-    assert r.cache_salt(TENANT) == f"tenant:{TENANT}"
-    assert _resolved(share=True).cache_salt(TENANT) is None
+    salt = r.cache_salt(TENANT, "secret-1")
+    assert salt == cache_salt("secret-1", str(TENANT)) and str(TENANT) not in salt
+    assert salt != r.cache_salt(TENANT, "secret-2") != r.cache_salt(uuid.uuid4(), "secret-1")
+    assert _resolved(share=True).cache_salt(TENANT, "secret-1") is None

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from loraplex.platform.gateway.errors import GatewayError
+from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.ratelimit import RateLimiter, format_duration
 
 
@@ -34,7 +34,7 @@ def _run(redis_url: str, coro_fn):
 def test_requests_limit_headers_and_429(redis_url: str) -> None:
     async def body(rl: RateLimiter, _):
         results = [await rl.acquire("t1", 10, rpm=3, tpm=1000) for _ in range(3)]
-        with pytest.raises(GatewayError) as info:
+        with pytest.raises(HttpError) as info:
             await rl.acquire("t1", 10, rpm=3, tpm=1000)
         other = await rl.acquire("t2", 10, rpm=3, tpm=1000)  # tenants are separate
         return results, info.value, other
@@ -55,7 +55,7 @@ def test_requests_limit_headers_and_429(redis_url: str) -> None:
 def test_tokens_limit_and_refund(redis_url: str) -> None:
     async def body(rl: RateLimiter, _):
         first = await rl.acquire("t", 600, rpm=100, tpm=1000)
-        with pytest.raises(GatewayError) as info:
+        with pytest.raises(HttpError) as info:
             await rl.acquire("t", 600, rpm=100, tpm=1000)
         await rl.refund("t", first, used_tokens=100)  # 500 of the 600 charged come back
         second = await rl.acquire("t", 600, rpm=100, tpm=1000)
@@ -70,7 +70,7 @@ def test_window_resets(redis_url: str) -> None:
     async def body(_rl: RateLimiter, redis: Redis):
         rl = RateLimiter(redis, prefix=f"test:rl:{uuid.uuid4().hex}", window_ms=400)
         await rl.acquire("t", 1, rpm=1, tpm=10)
-        with pytest.raises(GatewayError) as info:
+        with pytest.raises(HttpError) as info:
             await rl.acquire("t", 1, rpm=1, tpm=10)
         refused_at = time.monotonic()
         wait_s = int(info.value.headers["retry-after-ms"]) / 1000
@@ -89,13 +89,13 @@ def test_window_resets(redis_url: str) -> None:
 def test_monthly_quota_reserves_settles_and_refuses(redis_url: str) -> None:
     async def body(rl: RateLimiter, _):
         first = await rl.acquire("t", 600, rpm=100, tpm=10_000, quota=1000)
-        with pytest.raises(GatewayError) as short:  # 600 reserved: 600 more do not fit
+        with pytest.raises(HttpError) as short:  # 600 reserved: 600 more do not fit
             await rl.acquire("t", 600, rpm=100, tpm=10_000, quota=1000)
         await rl.refund("t", first, used_tokens=250)  # settled: 350 of 600 come back
         second = await rl.acquire("t", 600, rpm=100, tpm=10_000, quota=1000)
         await rl.refund("t", second, used_tokens=600)
         third = await rl.check("t", 1, rpm=100, tpm=10_000, quota=1000)
-        with pytest.raises(GatewayError) as spent:
+        with pytest.raises(HttpError) as spent:
             await rl.acquire("t", 200, rpm=100, tpm=10_000, quota=850)
         return first, short.value, second, third, spent.value
 
@@ -114,7 +114,7 @@ def test_monthly_quota_reserves_settles_and_refuses(redis_url: str) -> None:
 
 def test_quota_refusal_charges_no_request(redis_url: str) -> None:
     async def body(rl: RateLimiter, _):
-        with pytest.raises(GatewayError):
+        with pytest.raises(HttpError):
             await rl.acquire("t", 10, rpm=1, tpm=100, quota=5)
         return await rl.acquire("t", 10, rpm=1, tpm=100)  # the one request is still there
 

@@ -10,7 +10,6 @@ from redis.asyncio import Redis
 
 from loraplex.platform.gateway.replicas import Heartbeat, ReplicaInfo, ReplicaRegistry
 
-
 # Long enough that a beat every 0.1 s cannot miss it on a loaded 2-core machine.
 TTL_S = 2.0
 

@@ -12,10 +12,11 @@ from support.control_plane import fresh_database
 from support.gateway_catalog import add_adapter_version, seed_catalog
 
 from loraplex.platform.db.session import make_sessionmaker
-from loraplex.platform.gateway.errors import GatewayError
+from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.resolve import ModelResolver, resolve_uncached
 from loraplex.platform.services.resolution_events import bump_generation
 from loraplex.platform.services.tenants import create_tenant
+from loraplex.platform.wire.auth import cache_salt
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +42,11 @@ def test_resolution_rules(world) -> None:
         assert latest.adapter_version == 2 and latest.deployment_name == dep.name
         assert latest.adapter_key is not None and len(latest.adapter_key) == 64
         assert resolve_uncached(s, t1, "sql:1").adapter_version == 1
-        assert latest.cache_salt(t1) == f"tenant:{t1}"
+        assert latest.cache_salt(t1, "s") == cache_salt("s", str(t1))
         b = resolve_uncached(s, t1, base.name)
         assert b.adapter_id is None and b.base_model_name == base.name
         for model in ("sql:3", "sql:9", "draft", "nope"):
-            with pytest.raises(GatewayError) as info:
+            with pytest.raises(HttpError) as info:
                 resolve_uncached(s, t1, model)
             assert info.value.status == 404 and info.value.code == "model_not_found"
 
@@ -54,10 +55,10 @@ def test_other_tenants_adapter_is_404(world) -> None:
     factory, (t1, t2, _, _) = world
     with factory() as s:
         assert resolve_uncached(s, t2, "secret").adapter_name == "secret"
-        with pytest.raises(GatewayError) as info:
+        with pytest.raises(HttpError) as info:
             resolve_uncached(s, t1, "secret")
         assert info.value.status == 404 and info.value.code == "model_not_found"
-        with pytest.raises(GatewayError):
+        with pytest.raises(HttpError):
             resolve_uncached(s, t2, "sql")
 
 
@@ -68,17 +69,14 @@ def test_cache_is_invalidated_on_change(world, redis_url: str) -> None:
         redis = Redis.from_url(redis_url)
         resolver = ModelResolver(redis)
         try:
-            with factory() as s:
-                first = await resolver.resolve(s, t1, "sql")
+            first = await resolver.resolve(factory, t1, "sql")
             with factory() as s, s.begin():
                 add_adapter_version(s, t1, base, "sql")  # v4 ready
-            with factory() as s:
-                stale = await resolver.resolve(s, t1, "sql")  # cached until told
+            stale = await resolver.resolve(factory, t1, "sql")  # cached until told
             client = sync_redis.Redis.from_url(redis_url)
             bump_generation(client, t1)
             client.close()
-            with factory() as s:
-                fresh = await resolver.resolve(s, t1, "sql")
+            fresh = await resolver.resolve(factory, t1, "sql")
             return first, stale, fresh
         finally:
             await redis.aclose()
@@ -95,12 +93,11 @@ def test_misses_are_not_cached(world, redis_url: str) -> None:
         redis = Redis.from_url(redis_url)
         resolver = ModelResolver(redis)
         try:
-            with factory() as s, pytest.raises(GatewayError):
-                await resolver.resolve(s, t1, "late")
+            with pytest.raises(HttpError):
+                await resolver.resolve(factory, t1, "late")
             with factory() as s, s.begin():
                 add_adapter_version(s, t1, base, "late")
-            with factory() as s:
-                return await resolver.resolve(s, t1, "late")
+            return await resolver.resolve(factory, t1, "late")
         finally:
             await redis.aclose()
 
@@ -127,7 +124,7 @@ def test_adapter_key_and_ref_cover_the_config() -> None:
     tenant = uuid.uuid4()
     for resolved in (one, two):
         ref = _adapter_ref(resolved, tenant)
-        assert ref is not None and ref["config_sha256"] == resolved.adapter_config_sha256
-        assert AdapterRef(**ref).key == resolved.adapter_key
+        assert ref is not None and ref.config_sha256 == resolved.adapter_config_sha256
+        assert AdapterRef(**ref.model_dump()).key == resolved.adapter_key
     legacy = ResolvedModel(**common)  # a version validated before config_sha256 was recorded
-    assert legacy.adapter_key == w == AdapterRef(**_adapter_ref(legacy, tenant)).key
+    assert legacy.adapter_key == w == AdapterRef(**_adapter_ref(legacy, tenant).model_dump()).key

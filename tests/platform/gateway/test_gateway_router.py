@@ -5,38 +5,58 @@ gets `ReplicaLost`; no replica is a 503."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import uuid
 
 import httpx
 import pytest
+from pydantic import ValidationError
 from redis.asyncio import Redis
-from support.scripted_replica import ScriptedReplica, refusing_url
+from support.scripted_replica import ScriptedReplica, refusing_url, replica_state
 
-from loraplex.platform.gateway.errors import GatewayError
-from loraplex.platform.gateway.replica_client import GenerateRequest, ReplicaClient
+from loraplex.platform.errors import HttpError
+from loraplex.platform.gateway.replica_client import ReplicaClient, ReplicaUnavailable
 from loraplex.platform.gateway.replicas import ReplicaInfo, ReplicaRegistry
 from loraplex.platform.gateway.router import (
     PrefixIndex,
+    PromptKeys,
     ReplicaLoad,
     ReplicaLost,
     Router,
-    block_hashes,
     score,
 )
+from loraplex.platform.wire import GenerateRequest, ReplicaState, SamplingOptions
+from loraplex.platform.wire.prefix_hash import block_hashes
 
 
 def test_load_from_engine_state() -> None:
     load = ReplicaLoad.from_state(
-        {
-            "num_requests_running": 3,
-            "num_requests_waiting": 2,
-            "kv_cache_usage_perc": 0.25,
-            "resident_adapters": ["aa", {"key": "bb"}],
-            "max_loras": 4,
-        }
+        replica_state(
+            num_requests_running=3,
+            num_requests_waiting=2,
+            kv_cache_usage=0.25,
+            resident_adapters=["aa", "bb"],
+            max_loras=4,
+            block_size=8,
+        )
     )
     assert (load.running, load.waiting, load.kv_usage) == (3, 2, 0.25)
-    assert load.resident == {"aa", "bb"} and load.free_slots == 2
+    assert load.resident == {"aa", "bb"} and load.free_slots == 2 and load.block_size == 8
+
+
+def test_state_is_read_strictly() -> None:
+    """One spelling per field: the old aliases and a KV use given as a percentage are refused."""
+    good = replica_state().model_dump()
+    for bad in (
+        {**good, "kv_cache_usage": 25.0},
+        {**good, "adapters": []},
+        {**{k: v for k, v in good.items() if k != "resident_adapters"}, "loras": []},
+        {**good, "num_requests_running": "3"},
+        {**good, "wire_version": 2},
+    ):
+        with pytest.raises(ValidationError):
+            ReplicaState.model_validate_json(json.dumps(bad))
 
 
 def test_score_orders_residency_prefix_queue_and_kv() -> None:
@@ -54,19 +74,26 @@ def test_score_orders_residency_prefix_queue_and_kv() -> None:
     assert score(ReplicaLoad(running=2), None, 1.0, 4) > score(ReplicaLoad(), None, 0.0, 4)
 
 
-def test_prefix_hashes_are_salted_and_chained() -> None:
+def test_prefix_keys_are_the_engines_and_match_leading_blocks() -> None:
     ids = list(range(40))
-    a = block_hashes(ids, 16, "adapter1|tenant1")
-    assert len(a) == 2
-    assert a != block_hashes(ids, 16, "adapter2|tenant1")
-    assert a[0] == block_hashes(ids[:16] + [999] * 16, 16, "adapter1|tenant1")[0]
+    req = GenerateRequest(request_id="r", prompt_token_ids=ids, cache_salt="s1")
+    load = ReplicaLoad(model_id="m", block_size=16)
+    keys = PromptKeys(req, "adapter1").for_replica(load)
+    assert keys == block_hashes(ids, 16, "m", "adapter1", "s1") and len(keys) == 2
+    other = PromptKeys(req.model_copy(update={"cache_salt": "s2"}), "adapter1")
+    assert other.for_replica(load)[0] != keys[0]
     idx = PrefixIndex()
-    idx.record("r1", a[:1])
-    assert idx.match("r1", a) == 0.5 and idx.match("r2", a) == 0.0
+    idx.record("r1", keys[:1])
+    assert idx.leading("r1", keys) == 1 and idx.leading("r2", keys) == 0
 
 
 def _req(rid: str = "r") -> GenerateRequest:
-    return GenerateRequest(rid, list(range(32)), {"max_tokens": 4}, None, "tenant:x")
+    return GenerateRequest(
+        request_id=rid,
+        prompt_token_ids=list(range(32)),
+        sampling=SamplingOptions(max_tokens=4),
+        cache_salt="salt",
+    )
 
 
 async def _with_router(redis_url: str, replicas: list[tuple[str, str]], fn):
@@ -77,7 +104,9 @@ async def _with_router(redis_url: str, replicas: list[tuple[str, str]], fn):
         dep = "dep"
         for rid, url in replicas:
             await registry.register(ReplicaInfo(dep, url, replica_id=rid))
-        return await fn(Router(registry, ReplicaClient(http)), dep)
+        return await fn(
+            Router(registry, ReplicaClient(http, os.environ["LORAPLEX_REPLICA_SECRET"])), dep
+        )
     finally:
         await http.aclose()
         await redis.aclose()
@@ -85,13 +114,17 @@ async def _with_router(redis_url: str, replicas: list[tuple[str, str]], fn):
 
 def test_router_prefers_resident_adapter_and_prefix(redis_url: str) -> None:
     with (
-        ScriptedReplica([1, 2], state={"resident_adapters": ["ad"], "max_loras": 1}) as hot,
-        ScriptedReplica([1, 2], state={"num_requests_running": 1, "max_loras": 1}) as cold,
+        ScriptedReplica([1, 2], state=replica_state(resident_adapters=["ad"], max_loras=1)) as hot,
+        ScriptedReplica([1, 2], state=replica_state(num_requests_running=1, max_loras=1)) as cold,
     ):
 
         async def body(router: Router, dep: str):
-            first = await router.candidates(dep, "ad", [])
-            tokens = [d.token_ids[0] async for d in router.generate(dep, _req(), "ad")]
+            first = await router.candidates(dep, "ad", PromptKeys(_req(), "ad"))
+            tokens = [
+                d.token_ids[0]
+                async for d in router.generate(dep, _req(), "ad")
+                if d.type == "delta"
+            ]
             return first, tokens
 
         first, tokens = asyncio.run(
@@ -105,7 +138,9 @@ def test_failover_before_first_token(redis_url: str) -> None:
     dead_url, dead_sock = refusing_url()  # nothing listens: connection refused
     with (
         dead_sock,
-        ScriptedReplica([7, 8, 9], fail="before", state={"resident_adapters": ["ad"]}) as broken,
+        ScriptedReplica(
+            [7, 8, 9], fail="before", state=replica_state(resident_adapters=["ad"])
+        ) as broken,
         ScriptedReplica([4, 5, 6]) as good,
     ):
         seen: list[str] = []
@@ -114,8 +149,9 @@ def test_failover_before_first_token(redis_url: str) -> None:
             return [
                 d.token_ids[0]
                 async for d in router.generate(
-                    dep, _req("req1"), "ad", lambda r, rid: seen.append(r.replica_id)
+                    dep, _req("req1"), "ad", lambda d: seen.append(d.replica.replica_id)
                 )
+                if d.type == "delta"
             ]
 
         tokens = asyncio.run(
@@ -125,7 +161,7 @@ def test_failover_before_first_token(redis_url: str) -> None:
         )
     assert tokens == [4, 5, 6]
     assert seen[-1] == "good" and "dead" not in seen  # the dead one failed /state: skipped
-    assert broken.requests and good.requests[0]["request_id"].startswith("req1")
+    assert broken.requests and good.requests[0].request_id.startswith("req1")
 
 
 def test_replica_lost_after_first_token(redis_url: str) -> None:
@@ -135,7 +171,7 @@ def test_replica_lost_after_first_token(redis_url: str) -> None:
         async def body(router: Router, dep: str):
             with pytest.raises(ReplicaLost):
                 async for d in router.generate(dep, _req(), None):
-                    got.extend(d.token_ids)
+                    got.extend(d.token_ids if d.type == "delta" else [])
 
         asyncio.run(_with_router(redis_url, [("flaky", flaky.url)], body))
     assert got == [1, 2]
@@ -143,7 +179,7 @@ def test_replica_lost_after_first_token(redis_url: str) -> None:
 
 def test_no_replica_is_503(redis_url: str) -> None:
     async def body(router: Router, dep: str):
-        with pytest.raises(GatewayError) as info:
+        with pytest.raises(HttpError) as info:
             async for _ in router.generate(dep, _req(), None):
                 pass
         return info.value
@@ -154,3 +190,31 @@ def test_no_replica_is_503(redis_url: str) -> None:
     with dead_sock:
         err = asyncio.run(_with_router(redis_url, [("d1", dead_url)], body))
     assert err.status == 503 and int(err.headers["retry-after"]) >= 1
+
+
+def test_client_refuses_answers_outside_the_wire(redis_url: str) -> None:
+    """A replica of another wire version, or one adding a field, is a failed replica (logged),
+    never parsed around."""
+
+    async def stream(url: str) -> list[object]:
+        async with httpx.AsyncClient() as http:
+            return [
+                e
+                async for e in ReplicaClient(http, os.environ["LORAPLEX_REPLICA_SECRET"]).generate(
+                    url, _req()
+                )
+            ]
+
+    async def state(url: str) -> object:
+        async with httpx.AsyncClient() as http:
+            return await ReplicaClient(http, os.environ["LORAPLEX_REPLICA_SECRET"]).state(url)
+
+    with (
+        ScriptedReplica([1, 2], version="2") as newer,
+        ScriptedReplica([1, 2], extra_field=True) as chatty,
+    ):
+        for url in (newer.url, chatty.url):
+            with pytest.raises(ReplicaUnavailable, match="protocol error"):
+                asyncio.run(stream(url))
+        with pytest.raises(ReplicaUnavailable, match="protocol error"):
+            asyncio.run(state(newer.url))

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway import openai_schemas as oa
-from loraplex.platform.gateway.errors import GatewayError
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def _err(fn, body) -> GatewayError:
-    with pytest.raises(GatewayError) as info:
+def _err(fn, body) -> HttpError:
+    with pytest.raises(HttpError) as info:
         fn(body)
     exc = info.value
     assert exc.status == 400

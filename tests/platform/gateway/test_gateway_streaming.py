@@ -8,6 +8,8 @@ import contextlib
 import json
 import time
 
+import pytest
+
 from loraplex.platform.gateway.streaming import DONE, bounded_relay, sse, sse_error
 
 
@@ -97,7 +99,9 @@ def test_disconnect_closes_source_at_once() -> None:
     assert src.produced < 500  # closed long before its 1000 tokens (10 s) were produced
 
 
-def test_source_failure_becomes_error_event() -> None:
+def test_source_failure_becomes_error_event(caplog: pytest.LogCaptureFixture) -> None:
+    """The client gets a generic error event; what failed is only in the log."""
+
     async def bad():
         yield sse({"ok": 1})
         raise RuntimeError("replica went away")
@@ -107,4 +111,32 @@ def test_source_failure_becomes_error_event() -> None:
 
     frames = asyncio.run(main())
     assert json.loads(frames[0][6:]) == {"ok": 1}
-    assert "replica went away" in json.loads(frames[-1][6:])["error"]["message"]
+    err = json.loads(frames[-1][6:])["error"]
+    assert err["code"] == "stream_failed" and "replica went away" not in err["message"]
+    assert "replica went away" in caplog.text
+
+
+def test_gateway_shutdown_sends_pending_aborts(settings, pg_url: str, redis_url: str) -> None:
+    """Aborts run detached; closing the gateway waits for them before its HTTP client goes, so
+    a replica hears about a client that left just before shutdown."""
+    from redis.asyncio import Redis
+    from scripted_replica import ScriptedReplica
+
+    from loraplex.platform.db.session import make_sessionmaker
+    from loraplex.platform.gateway.service import Gateway
+    from loraplex.platform.gateway.streaming import spawn
+
+    async def main(url: str) -> None:
+        gw = Gateway(settings, Redis.from_url(redis_url), make_sessionmaker(pg_url))
+        await gw.start()
+
+        async def late_abort() -> None:
+            await asyncio.sleep(0.2)  # still in flight when close() begins
+            await gw.client.abort(url, "left-early")
+
+        spawn(late_abort())
+        await gw.close()
+
+    with ScriptedReplica([1]) as replica:
+        asyncio.run(main(replica.url))
+        assert replica.aborted == ["left-early"]

@@ -52,7 +52,7 @@ def stack(
             finally:
                 await redis.aclose()
 
-        with ScriptedReplica(REPLY_TOKENS, state={"max_loras": 4}) as replica:
+        with ScriptedReplica(REPLY_TOKENS) as replica:
             asyncio.run(register(replica.url))
             app = create_app(cp)
             with TestClient(app, raise_server_exceptions=False) as client:

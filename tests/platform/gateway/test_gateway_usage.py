@@ -10,8 +10,9 @@ from support.control_plane import fresh_database
 from support.gateway_catalog import add_adapter_version, seed_catalog
 
 from loraplex.platform.db.session import make_sessionmaker
-from loraplex.platform.gateway.usage import Usage, UsageRecorder, usage_report
+from loraplex.platform.gateway.usage import Usage, UsageRecorder
 from loraplex.platform.services.tenants import create_tenant
+from loraplex.platform.services.usage_report import usage_report
 
 
 @pytest.fixture(scope="module")

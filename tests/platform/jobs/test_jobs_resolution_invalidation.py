@@ -17,7 +17,7 @@ from support.uploads import service_uploader, upload_through_service
 
 from loraplex.platform.db.models import Job
 from loraplex.platform.db.session import make_sessionmaker, session_scope
-from loraplex.platform.gateway.errors import GatewayError
+from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.resolve import ModelResolver
 from loraplex.platform.jobs.validate import run_validation
 from loraplex.platform.services import adapters as svc
@@ -46,8 +46,7 @@ def test_ready_failed_and_deleted_are_seen_at_once(
         resolver = ModelResolver(redis, ttl_s=600.0)
 
         async def resolve(model: str) -> Any:
-            with sessions() as s:
-                return await resolver.resolve(s, tenant_id, model)
+            return await resolver.resolve(sessions, tenant_id, model)
 
         try:
             v1 = await asyncio.to_thread(upload_through_service, up, "bot", base_model, adapter_r4)
@@ -67,7 +66,7 @@ def test_ready_failed_and_deleted_are_seen_at_once(
             assert (await resolve("bot")).adapter_version == 2
 
             await asyncio.to_thread(svc.delete_adapter, up, "bot")
-            with pytest.raises(GatewayError) as info:
+            with pytest.raises(HttpError) as info:
                 await resolve("bot")
             assert info.value.status == 404
         finally:

@@ -1,11 +1,13 @@
-"""Incremental detokenization with stop strings.
+"""Incremental detokenization with stop strings, and how a token reads in logprobs.
 
 Decoding token by token is wrong for byte-level and sentencepiece tokenizers (a character
 may span tokens, a leading space depends on the previous token), so each step decodes a short
 window of recent tokens and emits only the text that grew past the previous window, holding
 back incomplete characters (U+FFFD). Stop strings are searched in the new text only; while a
 request runs, the last `len(longest stop) - 1` characters are held back so a stop string that
-is still forming is never streamed.
+is still forming is never streamed. The sequence ends on the token that completes a stop
+string, and its text is cut exactly there (or just after it, with
+`include_stop_str_in_output`).
 """
 
 from __future__ import annotations
@@ -16,11 +18,16 @@ PROMPT_CONTEXT = 5
 
 
 class Decoder(Protocol):
-    """Anything with `decode(ids, skip_special_tokens)` (the engine's HFTokenizer)."""
+    """Anything with `decode(ids, skip_special_tokens)` (a `ModelTokenizer`)."""
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """Text of ids."""
         ...
+
+
+def token_text(tokenizer: Decoder, token_id: int) -> str:
+    """How one token reads in logprobs: its text alone, special tokens included."""
+    return tokenizer.decode([token_id], skip_special_tokens=False)
 
 
 class IncrementalDetokenizer:

@@ -1,18 +1,24 @@
-"""Incremental detokenization on a byte-level BPE (multi-byte characters split over tokens)."""
+"""Incremental detokenization on a byte-level BPE (multi-byte characters split over tokens),
+stop strings cut exactly, and the logprob text of one token."""
 
 from __future__ import annotations
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from loraplex.platform.engine.detokenizer import IncrementalDetokenizer
-from loraplex.platform.engine.hf_tokenizer import HFTokenizer
+from loraplex.platform.tokenizing import (
+    DEFAULT_CHAT_TEMPLATE,
+    ChatTemplate,
+    IncrementalDetokenizer,
+    ModelTokenizer,
+    token_text,
+)
 
 TEXT = "héllo wörld 🙂 日本語 and the end. hello world again 🙂!"
 
 
 @pytest.fixture(scope="module")
-def tok() -> HFTokenizer:
+def tok() -> ModelTokenizer:
     t = Tokenizer(models.BPE())
     t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     t.decoder = decoders.ByteLevel()
@@ -22,10 +28,15 @@ def tok() -> HFTokenizer:
         special_tokens=["<s>", "</s>"],
     )
     t.train_from_iterator(["hello world and the end", "héllo wörld again"] * 20, trainer)
-    return HFTokenizer(tokenizer=t, eos_token="</s>", eos_token_ids=[1])
+    return ModelTokenizer(
+        tokenizer=t,
+        template=ChatTemplate(DEFAULT_CHAT_TEMPLATE),
+        eos_token="</s>",
+        eos_token_ids=[1],
+    )
 
 
-def stream(tok: HFTokenizer, ids: list[int], **kw: object) -> tuple[list[str], bool]:
+def stream(tok: ModelTokenizer, ids: list[int], **kw: object) -> tuple[list[str], bool]:
     d = IncrementalDetokenizer(tok, tok.encode("prompt: "), **kw)
     pieces, stopped = [], False
     for t in ids:
@@ -38,7 +49,7 @@ def stream(tok: HFTokenizer, ids: list[int], **kw: object) -> tuple[list[str], b
     return pieces, stopped
 
 
-def test_incremental_text_equals_full_decode(tok: HFTokenizer) -> None:
+def test_incremental_text_equals_full_decode(tok: ModelTokenizer) -> None:
     ids = tok.encode(TEXT)
     assert len(ids) > len(TEXT) // 3  # multi-byte characters really are split
     pieces, stopped = stream(tok, ids, stop=[])
@@ -47,7 +58,7 @@ def test_incremental_text_equals_full_decode(tok: HFTokenizer) -> None:
     assert not any("\ufffd" in p for p in pieces)
 
 
-def test_special_tokens_skipped_or_kept(tok: HFTokenizer) -> None:
+def test_special_tokens_skipped_or_kept(tok: ModelTokenizer) -> None:
     ids = tok.encode("hello") + [1]
     assert "".join(stream(tok, ids, stop=[])[0]) == "hello"
     kept = stream(tok, ids, stop=[], skip_special_tokens=False)[0]
@@ -55,7 +66,9 @@ def test_special_tokens_skipped_or_kept(tok: HFTokenizer) -> None:
 
 
 @pytest.mark.parametrize("include", [False, True])
-def test_stop_string_cuts_and_never_streams_a_partial_stop(tok: HFTokenizer, include: bool) -> None:
+def test_stop_string_cuts_and_never_streams_a_partial_stop(
+    tok: ModelTokenizer, include: bool
+) -> None:
     ids = tok.encode(TEXT)
     pieces, stopped = stream(tok, ids, stop=["日本", "zzz"], include_stop_str_in_output=include)
     assert stopped
@@ -65,7 +78,13 @@ def test_stop_string_cuts_and_never_streams_a_partial_stop(tok: HFTokenizer, inc
     assert "日" not in streamed_before_stop
 
 
-def test_stop_string_spanning_tokens(tok: HFTokenizer) -> None:
+def test_stop_string_spanning_tokens(tok: ModelTokenizer) -> None:
     ids = tok.encode(TEXT)
     pieces, stopped = stream(tok, ids, stop=["d 🙂 日"])
     assert stopped and "".join(pieces) == TEXT[: TEXT.index("d 🙂 日")]
+
+
+def test_token_text_keeps_special_tokens(tok: ModelTokenizer) -> None:
+    assert token_text(tok, 1) == tok.token_text(1) == "</s>"
+    ids = tok.encode("hello")
+    assert "".join(token_text(tok, t) for t in ids) == "hello"

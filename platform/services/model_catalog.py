@@ -1,0 +1,47 @@
+"""The models a tenant can call, as OpenAI model objects: every base model, and the tenant's
+adapters that have a ready version (`GET /v1/models`)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from loraplex.platform.db.models import Adapter, AdapterVersion, BaseModel
+
+
+def model_object(
+    model_id: str, created: int, owned_by: str, parent: str | None, root: str | None = None
+) -> dict[str, Any]:
+    """One OpenAI model object (`parent` is the base model of an adapter, else None)."""
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": owned_by,
+        "root": root or parent or model_id,
+        "parent": parent,
+    }
+
+
+def list_models(sessions: sessionmaker[Session], tenant_id: uuid.UUID) -> list[dict[str, Any]]:
+    """Base models, then the tenant's adapters with a ready version (call off the event loop)."""
+    with sessions() as session:
+        bases = session.execute(select(BaseModel).order_by(BaseModel.name)).scalars().all()
+        out = [model_object(b.name, int(b.created_at.timestamp()), "loraplex", None) for b in bases]
+        ready = (
+            select(Adapter)
+            .where(Adapter.tenant_id == tenant_id)
+            .where(
+                select(AdapterVersion.id)
+                .where(AdapterVersion.adapter_id == Adapter.id, AdapterVersion.status == "ready")
+                .exists()
+            )
+            .order_by(Adapter.name)
+        )
+        for a in session.execute(ready).scalars().all():
+            created = int(a.created_at.timestamp())
+            out.append(model_object(a.name, created, str(tenant_id), a.base_model.name))
+        return out

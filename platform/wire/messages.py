@@ -1,0 +1,205 @@
+"""The messages of the replica's internal API (see the package docstring for the rules).
+
+    POST /generate        body GenerateRequest -> text/event-stream of `data: <event>` frames:
+                          DeltaEvent* then exactly one FinishEvent, or an ErrorEvent
+    POST /abort/{id}      -> AbortResult (404 ErrorBody when the id is not running)
+    GET  /state           -> ReplicaState
+    GET  /metrics         -> Prometheus text
+    GET  /health          -> 200 while the engine loop runs (open: for probes)
+
+Every non-2xx answer carries an `ErrorBody`. Sampling fields are the engine's
+`SamplingParams` names; a field left out (None) takes the engine's default, so defaults live in
+one place (`engine/sampling_params.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+WIRE_VERSION = 1
+WIRE_VERSION_HEADER = "x-loraplex-wire"
+MAX_PROMPT_TOKENS = 1_000_000
+MAX_STOP = 16
+MAX_STOP_CHARS = 1024
+
+_REQUEST_ID = r"^[A-Za-z0-9._:\-]{1,256}$"
+_SHA256 = r"^[0-9a-fA-F]{64}$"
+
+
+class WireModel(BaseModel):
+    """Base: unknown fields refused, no type coercion ("3" is not 3), immutable."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class SamplingOptions(WireModel):
+    """How to sample one sequence; None (or absent) = the engine's default for that field.
+
+    Ranges are checked once, by the engine's `SamplingParams` (a bad value is a 400)."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stop: list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]] | None = Field(
+        default=None, max_length=MAX_STOP
+    )
+    stop_token_ids: list[int] | None = Field(default=None, max_length=1024)
+    include_stop_str_in_output: bool | None = None
+    max_tokens: int | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool | None = None
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The fields that were set, as `SamplingParams` keyword arguments."""
+        return self.model_dump(exclude_none=True)
+
+
+class AdapterRef(WireModel):
+    """An adapter version in object storage: where its files are and what they must hash to.
+
+    `config_sha256` folds the config into the version's identity (two versions with equal
+    weights but different scaling never share caches); `tenant` is for per-tenant fairness;
+    `targets` are the version's targets as validation resolved them (module -> rank, alpha,
+    scale: `adapters.targets.ResolvedTargets.to_json`), so the replica never runs a tenant's
+    patterns (it refuses a reference without them)."""
+
+    object_prefix: str = Field(min_length=1, max_length=1024)
+    sha256: str = Field(pattern=_SHA256)
+    config_sha256: str | None = Field(default=None, pattern=_SHA256)
+    tenant: str | None = Field(default=None, max_length=256)
+    targets: dict[str, Any] | None = None
+
+
+class GenerateRequest(WireModel):
+    """`POST /generate`: one sequence (n=1) from prompt token ids.
+
+    The gateway tokenizes; the replica detokenizes and applies stop strings (see
+    `loraplex.platform.tokenizing`). `cache_salt` partitions the prefix cache (the gateway
+    derives it per tenant, `wire.auth.cache_salt`)."""
+
+    request_id: str = Field(pattern=_REQUEST_ID)
+    prompt_token_ids: list[Annotated[int, Field(ge=0)]] = Field(
+        min_length=1, max_length=MAX_PROMPT_TOKENS
+    )
+    sampling: SamplingOptions = SamplingOptions()
+    adapter: AdapterRef | None = None
+    cache_salt: str | None = Field(default=None, max_length=256)
+
+
+class TopLogprob(WireModel):
+    """One candidate token: id, its text (as logprobs show it) and its logprob."""
+
+    token_id: int
+    token: str
+    logprob: float
+
+
+class TokenLogprobs(WireModel):
+    """A generated token's logprob and the top candidates (best first, at most `logprobs`)."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top: list[TopLogprob]
+
+
+class DeltaEvent(WireModel):
+    """New output of one engine step: token ids, the text they complete (stop strings applied,
+    a possible stop-string prefix held back), and logprobs when asked for."""
+
+    type: Literal["delta"] = "delta"
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[list[TopLogprob] | None] | None = None
+
+
+class Usage(WireModel):
+    """Token counts of a finished sequence; `cached_tokens` came from the prefix cache."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+class FinishEvent(WireModel):
+    """The last event of a stream that ended normally."""
+
+    type: Literal["finish"] = "finish"
+    finish_reason: Literal["stop", "length", "abort"]
+    usage: Usage
+
+
+class ErrorInfo(WireModel):
+    """The OpenAI error object: what the API sends tenants and the replica sends the gateway."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorEvent(WireModel):
+    """The request failed after its stream began (the engine step raised)."""
+
+    type: Literal["error"] = "error"
+    error: ErrorInfo
+
+
+class ErrorBody(WireModel):
+    """The body of every non-2xx answer."""
+
+    error: ErrorInfo
+
+
+class AbortResult(WireModel):
+    """`POST /abort/{request_id}`: the request will end (its KV blocks are freed)."""
+
+    request_id: str
+    aborted: bool
+
+
+class ReplicaState(WireModel):
+    """`GET /state`: what the router scores, and what it needs to predict the prefix cache.
+
+    `kv_cache_usage` is the fraction (0..1) of KV blocks in use; `model_id`, `block_size` and
+    `prefix_caching` are the inputs of the replica's block hashes (`wire.prefix_hash`)."""
+
+    wire_version: Literal[WIRE_VERSION]  # type: ignore[valid-type]
+    model_id: str
+    block_size: int = Field(ge=1)
+    prefix_caching: bool
+    num_blocks: int = Field(ge=0)
+    num_free_blocks: int = Field(ge=0)
+    kv_cache_usage: float = Field(ge=0.0, le=1.0)
+    num_requests_running: int = Field(ge=0)
+    num_requests_waiting: int = Field(ge=0)
+    resident_adapters: list[str]
+    max_loras: int = Field(ge=0)
+    prefix_cache_queries: int = Field(ge=0)
+    prefix_cache_hits: int = Field(ge=0)
+    num_preemptions: int = Field(ge=0)
+
+
+StreamEvent = Annotated[DeltaEvent | FinishEvent | ErrorEvent, Field(discriminator="type")]
+_EVENTS: TypeAdapter[DeltaEvent | FinishEvent | ErrorEvent] = TypeAdapter(StreamEvent)
+
+
+def encode_event(event: DeltaEvent | FinishEvent | ErrorEvent) -> bytes:
+    """One SSE frame: `data: <json>` and a blank line."""
+    return b"data: " + event.model_dump_json().encode() + b"\n\n"
+
+
+def decode_event(data: str | bytes) -> DeltaEvent | FinishEvent | ErrorEvent:
+    """Parse the JSON after `data: ` (raises pydantic's ValidationError when it is not one)."""
+    return _EVENTS.validate_json(data)
