@@ -35,16 +35,18 @@ def test_demo_shape_matches_the_demo_model() -> None:
     assert {k: config[k] for k in DEMO_SHAPE} == DEMO_SHAPE
 
 
+@pytest.mark.parametrize(("targets", "modules"), [(None, 2), ("all", 7)])
 def test_demo_adapter_loads_in_peft_and_changes_outputs(
-    demo_model_dir: Path, tmp_path: Path
+    demo_model_dir: Path, tmp_path: Path, targets: str | None, modules: int
 ) -> None:
     shell = OperatorShell("http://unused", "")
-    out = shell.ok("demo", "adapter", "--out", str(tmp_path / "ad"), "--targets", "all")
+    extra = ["--targets", targets] if targets else []  # default: q_proj, v_proj (the README's)
+    out = shell.ok("demo", "adapter", "--out", str(tmp_path / "ad"), *extra)
     adapter_dir = Path(out.stdout.strip())
     config = json.loads((adapter_dir / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 8 and config["lora_alpha"] == 16
     tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
-    assert len(tensors) == 4 * 7 * 2  # layers x projections x (A, B)
+    assert len(tensors) == 4 * modules * 2  # layers x projections x (A, B)
 
     model, prompt, base_logits, base_tokens = _peft_over_demo(demo_model_dir, adapter_dir)
     params = dict(model.named_parameters())
