@@ -86,7 +86,8 @@ class PartProgress:
                 TimeRemainingColumn(),
                 console=console,
             )
-            self.task = self.bar.add_task(f"{label} ({parts} parts)", total=total)
+            noun = "part" if parts == 1 else "parts"
+            self.task = self.bar.add_task(f"{label} ({parts} {noun})", total=total)
             self.bar.start()
 
     def advance(self, n: int) -> None:

@@ -73,6 +73,12 @@ def test_small_push_is_one_request_unless_presigned_is_asked(op_stack, tmp_path:
         "adapters", "push", str(folder), "--name", "a", "--base-model", "demo", "--presigned"
     )
     assert "a v2: part 1/1 uploaded" in forced.stderr and "a v2 is ready" in forced.stdout
+    # on a terminal the progress is a live bar instead of lines
+    tty = OperatorShell(shell.url, shell.admin_key, shell.api_key, {"FORCE_COLOR": "1"})
+    bar = tty.ok("adapters", "push", str(folder), "--name", "a", "--base-model", "demo",
+                 "--presigned")  # fmt: skip
+    assert "a v3 (1 part)" in bar.stderr and "\x1b[" in bar.stderr, bar.stderr
+    assert "part 1/1 uploaded" not in bar.stderr and "a v3 is ready" in bar.stdout
 
 
 def test_failed_validation_message_and_exit(op_stack, tmp_path: Path, demo_model_dir) -> None:
