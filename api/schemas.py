@@ -62,6 +62,13 @@ class Quantization(_Strict):
     kv_cache: Literal["auto", "fp8"] = "auto"
 
 
+class DeploymentScale(_Strict):
+    """`PATCH /admin/v1/deployments/{id}`: the new replica count (range checked by the
+    deployments service: 400 naming `replicas`)."""
+
+    replicas: StrictInt
+
+
 class DeploymentCreate(_Strict):
     """`POST /admin/v1/deployments`."""
 

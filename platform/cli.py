@@ -149,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=cmd_models_demo)
 
+    from loraplex.platform.opcli.commands import add_parsers as add_operator_commands
+
+    add_operator_commands(sub)
+
     bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
     bench.add_argument("name", nargs="?", default="")
     bench.add_argument("rest", nargs=argparse.REMAINDER)

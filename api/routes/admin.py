@@ -19,6 +19,7 @@ from ..deps import get_db, get_sessions, get_settings, require_admin
 from ..schemas import (
     ApiKeyCreate,
     DeploymentCreate,
+    DeploymentScale,
     TenantCreate,
     TenantUpdate,
     api_key_view,
@@ -181,6 +182,18 @@ async def create_deployment(
 def list_deployments(session: Session = Depends(get_db)) -> dict[str, Any]:
     """Every deployment."""
     return _listing([deployment_view(d) for d in deployments.list_deployments(session)])
+
+
+@router.patch("/deployments/{deployment_id}")
+def scale_deployment(
+    deployment_id: str,
+    body: DeploymentScale,
+    session: Session = Depends(get_db),
+    actor: str = Depends(require_admin),
+) -> dict[str, Any]:
+    """Change a deployment's replica count (0 stops serving it)."""
+    did = _uuid(deployment_id, "deployment")
+    return deployment_view(deployments.set_replicas(session, did, body.replicas, actor=actor))
 
 
 @router.get("/base-models")

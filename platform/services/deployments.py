@@ -24,12 +24,13 @@ from loraplex.platform.settings import Settings
 
 from . import audit
 from .base_models import get_base_model
-from .errors import Conflict, InvalidInput
+from .errors import Conflict, InvalidInput, NotFound
 from .names import check_name
 
 MAX_DEPLOYMENT_NAME = 128
 MAX_LORA_RANK_LIMIT = 1024
 MAX_LORAS_LIMIT = 4096
+MAX_REPLICAS = 1024
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def create_deployment(
         1,
         MAX_LORA_RANK_LIMIT,
     )
-    replicas = _check_range(spec.replicas, "replicas", 0, 1024)
+    replicas = _check_range(spec.replicas, "replicas", 0, MAX_REPLICAS)
     ep = _check_range(spec.expert_parallel_size, "expert_parallel_size", 1, 1024)
     base = get_base_model(session, spec.base_model)
     if ep > 1 and base.family != "moe":
@@ -145,6 +146,34 @@ def create_deployment(
 def list_deployments(session: Session) -> list[Deployment]:
     """Every deployment."""
     return list(session.scalars(select(Deployment).order_by(Deployment.created_at)))
+
+
+def set_replicas(
+    session: Session,
+    deployment_id: uuid.UUID,
+    replicas: int,
+    *,
+    actor: str = audit.ADMIN_ACTOR,
+) -> Deployment:
+    """Change how many replicas a deployment should run (0 stops it); the supervisor and
+    `loraplex up` read the count, so scaling is one audited row update."""
+    count = _check_range(replicas, "replicas", 0, MAX_REPLICAS)
+    locked = select(Deployment).where(Deployment.id == deployment_id)
+    dep = session.scalars(locked.with_for_update(of=Deployment)).one_or_none()
+    if dep is None:
+        raise NotFound(f"no deployment with id {deployment_id}", code="deployment_not_found")
+    before = dep.replicas
+    dep.replicas = count
+    session.flush()
+    audit.record(
+        session,
+        actor=actor,
+        action="deployment.scale",
+        resource_type="deployment",
+        resource_id=dep.id,
+        detail={"name": dep.name, "replicas_before": before, "replicas": count},
+    )
+    return dep
 
 
 def max_lora_rank_for(session: Session, settings: Settings, base_model_id: uuid.UUID) -> int:
