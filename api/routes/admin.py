@@ -158,6 +158,7 @@ async def create_deployment(
         replicas=body.replicas,
         expert_parallel_size=body.expert_parallel_size,
         share_prefix_cache=body.share_prefix_cache,
+        cold_start_wait_s=body.cold_start_wait_s,
     )
 
     def handler() -> dict[str, Any]:
