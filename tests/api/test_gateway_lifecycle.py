@@ -59,12 +59,12 @@ def stack(pg_url: str, settings: Any, redis_url: str, tmp_path_factory: pytest.T
     base, dep = f"demo-{tag}", f"demo-dep-{tag}"
     register_base_model(s, base, model_dir)
     with session_scope(make_sessionmaker(db_url)) as session:
-        create_deployment(session, s, DeploymentSpec(
-            name=dep, base_model=base, weight_quantization="fp32", cold_start_wait_s=240))  # fmt: skip
+        dep_id = create_deployment(session, s, DeploymentSpec(
+            name=dep, base_model=base, weight_quantization="fp32", cold_start_wait_s=240)).id  # fmt: skip
         tenant = create_tenant(session, f"acme-{tag}")
         _, key = create_api_key(session, tenant.id, "k")
     return Stack(settings=s, work=work, model_dir=model_dir, base=base, deployment=dep, key=key,
-                 redis_url=redis_url)  # fmt: skip
+                 redis_url=redis_url, deployment_id=dep_id)  # fmt: skip
 
 
 def _chat_stream(client: httpx.Client, api_url: str, st: Stack, max_tokens: int):
@@ -101,6 +101,10 @@ def test_a_request_waits_for_a_replica_that_becomes_ready_late(stack: Stack) -> 
     heartbeat = register_replica(st.redis_url, st.deployment, url, ttl_s=15.0)
     try:
         assert not heartbeat.ready.is_set()  # announced as starting, not ready
+        admin = {"authorization": f"Bearer {st.settings.admin_key}"}
+        replicas_url = f"{api.url}/admin/v1/deployments/{st.deployment_id}/replicas"
+        seen = httpx.get(replicas_url, headers=admin, timeout=10).json()
+        assert (seen["desired"], seen["ready"], seen["starting"]) == (1, 0, 1), seen
         began = time.monotonic()
         ttft = None
         chunks = []
@@ -118,6 +122,8 @@ def test_a_request_waits_for_a_replica_that_becomes_ready_late(stack: Stack) -> 
                     ttft = time.monotonic() - began
                 chunks.append(chunk)
         assert ttft is not None and chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop")
+        seen = httpx.get(replicas_url, headers=admin, timeout=10).json()
+        assert (seen["ready"], seen["starting"]) == (1, 0), seen
         metrics = httpx.get(f"{api.url}/metrics", timeout=10).text
         labels = (("deployment", st.deployment), ("outcome", "ready"))
         assert _samples(metrics, "loraplex:gateway_cold_start_wait_seconds_count")[labels] == 1
