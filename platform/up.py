@@ -299,9 +299,9 @@ def start_serving(
         note.append(f"{deployment.name} (max_loras {deployment.config.max_loras}, "
                     f"max_lora_rank {deployment.config.max_lora_rank}, "
                     f"replicas {deployment.row.replicas})")  # fmt: skip
-    launcher = LocalLauncher(
-        settings, logs, env, model_dir=folder, watch=supervisor.add, unwatch=supervisor.remove
-    )
+    # `up`'s base model from its local folder; any other an operator registers, from S3.
+    launcher = LocalLauncher(settings, logs, env, local_models={name: folder},
+                             watch=supervisor.add, unwatch=supervisor.remove)  # fmt: skip
     stack.push("engine replicas", launcher.stop_all)
     with step(stack.console, "Engine replicas") as note:
         launcher.scale(deployment.row, deployment.row.replicas)
@@ -309,7 +309,8 @@ def start_serving(
         urls = [r.url for r in launcher.replicas(deployment.name)]
         note.append(f"{', '.join(urls) or 'none (replicas 0)'}, serving {name!r}")
     assert settings.database_url is not None
-    reconciler = Reconciler(launcher, make_sessionmaker(settings.database_url), [deployment.name])
+    # Every deployment: one an operator creates or scales gets its replicas started here too.
+    reconciler = Reconciler(launcher, make_sessionmaker(settings.database_url))
     reconciler.seen[deployment.name] = deployment.row.replicas
     stack.push("reconcile loop", reconciler.start().close)
 

@@ -76,8 +76,9 @@ def replica_socket(settings: Settings) -> socket.socket:
 class LocalLauncher:
     """Engine replicas as processes on this machine (see the module docstring).
 
-    `model_dir` serves the base model from a local folder (`up`'s copy) instead of the
-    object store; `watch`/`unwatch` hand each replica to a supervisor and take it back."""
+    `local_models` maps base model names to local folders (`up`'s copy) served instead of the
+    object store; other base models load from the bucket. `watch`/`unwatch` hand each replica
+    to a supervisor and take it back."""
 
     def __init__(
         self,
@@ -85,7 +86,7 @@ class LocalLauncher:
         logs: Path,
         env: dict[str, str],
         *,
-        model_dir: Path | None = None,
+        local_models: dict[str, Path] | None = None,
         watch: Callable[[Supervised], None] | None = None,
         unwatch: Callable[[str], None] | None = None,
         ready_timeout_s: float = 300,
@@ -94,7 +95,7 @@ class LocalLauncher:
         self.settings = settings
         self.logs = logs
         self.env = env
-        self.model_dir = model_dir
+        self.local_models = dict(local_models or {})
         self._watch = watch
         self._unwatch = unwatch
         self.ready_timeout_s = ready_timeout_s
@@ -107,9 +108,11 @@ class LocalLauncher:
         self._lock = threading.Lock()
 
     def engine_config(self, deployment: DeploymentRow) -> EngineConfig:
-        """The deployment's EngineConfig (the one mapping), served from `model_dir` if set."""
-        if self.model_dir is not None:
-            return engine_config_for_deployment(deployment, model=str(self.model_dir))
+        """The deployment's EngineConfig (the one mapping), from a local copy of its base model
+        when there is one, else from the bucket."""
+        folder = self.local_models.get(deployment.base_model.name)
+        if folder is not None:
+            return engine_config_for_deployment(deployment, model=str(folder))
         return engine_config_for_deployment(deployment, bucket=self.settings.s3_bucket)
 
     def engine_args(self, deployment: DeploymentRow) -> list[str]:

@@ -1,8 +1,11 @@
 """The reconcile loop: keep a launcher's replicas matching each deployment's `replicas` row.
 
-An admin scales a deployment by changing its row (`PATCH /admin/v1/deployments/{id}`); every
-`interval_s` the loop reads the rows it watches and asks the launcher for that many replicas.
-Rows are copied into `DeploymentSnapshot`s, so no ORM object crosses threads or sessions.
+An admin creates a deployment (`POST /admin/v1/deployments`) or scales one by changing its
+row (`PATCH /admin/v1/deployments/{id}`); every `interval_s` the loop reads the rows it watches
+(all of them by default) and asks the launcher for that many replicas; a deployment that is
+gone has its replicas stopped. One deployment that cannot be launched (an unservable row) is
+logged and skipped; the others go on. Rows are copied into `DeploymentSnapshot`s, so no ORM
+object crosses threads or sessions.
 """
 
 from __future__ import annotations
@@ -56,28 +59,33 @@ def snapshot(row: Deployment) -> DeploymentSnapshot:
     )
 
 
-def load_deployment(sessions: sessionmaker[Session], name: str) -> DeploymentSnapshot | None:
-    """The deployment named `name` now, or None when it was deleted."""
+def load_deployments(
+    sessions: sessionmaker[Session], names: list[str] | None = None
+) -> dict[str, DeploymentSnapshot]:
+    """The deployments named `names` (all when None) as they are now, by name."""
+    stmt = select(Deployment)
+    if names is not None:
+        stmt = stmt.where(Deployment.name.in_(names))
     with sessions() as session:
-        row = session.scalars(select(Deployment).where(Deployment.name == name)).first()
-        return None if row is None else snapshot(row)
+        return {row.name: snapshot(row) for row in session.scalars(stmt)}
 
 
 class Reconciler:
-    """Every `interval_s`, scale each watched deployment to its row's `replicas` (a deleted
-    deployment is stopped). One failing pass is logged and tried again next time."""
+    """Every `interval_s`, scale each watched deployment (`deployments`, or every one when
+    None) to its row's `replicas`; a deleted one is stopped. Failures are logged and tried
+    again on the next pass."""
 
     def __init__(
         self,
         launcher: Launcher,
         sessions: sessionmaker[Session],
-        deployments: list[str],
+        deployments: list[str] | None = None,
         *,
         interval_s: float = 1.0,
     ) -> None:
         self.launcher = launcher
         self.sessions = sessions
-        self.deployments = list(deployments)
+        self.deployments = None if deployments is None else list(deployments)
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -85,16 +93,19 @@ class Reconciler:
 
     def once(self) -> None:
         """One pass over the watched deployments."""
-        for name in self.deployments:
-            row = load_deployment(self.sessions, name)
-            if row is None:
-                if self.seen.pop(name, None):
-                    log.info("deployment %s was deleted: stopping its replicas", name)
-                    self.launcher.stop(name)
-                continue
+        rows = load_deployments(self.sessions, self.deployments)
+        for name in [n for n in self.seen if n not in rows]:
+            log.info("deployment %s was deleted: stopping its replicas", name)
+            self.seen.pop(name)
+            self.launcher.stop(name)
+        for name, row in sorted(rows.items()):
             if self.seen.get(name) != row.replicas:
                 log.info("deployment %s: scaling to %d replica(s)", name, row.replicas)
-            self.launcher.scale(row, row.replicas)
+            try:
+                self.launcher.scale(row, row.replicas)
+            except Exception:  # noqa: BLE001 - one bad deployment must not stall the others
+                log.exception("deployment %s: cannot launch its replicas", name)
+                continue
             self.seen[name] = row.replicas
 
     def _run(self) -> None:

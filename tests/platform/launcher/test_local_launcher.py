@@ -1,5 +1,6 @@
-"""The local launcher on the real stack: the reconcile loop reads a deployment's `replicas`
-from PostgreSQL and really starts and stops `loraplex engine` processes to match; each new
+"""The local launcher on the real stack: the reconcile loop reads the deployments' rows from
+PostgreSQL and really starts and stops `loraplex engine` processes to match: scaling a row
+up and down, a deployment created (its base model loaded from S3) and one deleted. Each new
 replica shows as starting, then ready and registered for the gateway; scaled-away replicas
 drain and exit 0 and leave the registry and the supervisor."""
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from sqlalchemy import update
+from sqlalchemy import delete, update
 from support.control_plane import fresh_database
 from support.gateway_stack import settings_env
 
@@ -61,9 +62,9 @@ def test_scaling_the_row_starts_and_stops_replica_processes(
         create_deployment(session, s, DeploymentSpec(name=dep, base_model=base,
                                                      weight_quantization="fp32", replicas=1))  # fmt: skip
     supervisor = Supervisor(lambda text: None)
-    launcher = LocalLauncher(s, tmp_path, settings_env(s, "engine"), model_dir=folder,
+    launcher = LocalLauncher(s, tmp_path, settings_env(s, "engine"), local_models={base: folder},
                              watch=supervisor.add, unwatch=supervisor.remove)  # fmt: skip
-    reconciler = Reconciler(launcher, factory, [dep])
+    reconciler = Reconciler(launcher, factory)  # every deployment
     client = redis.Redis.from_url(redis_url)
     try:
         reconciler.once()
@@ -88,12 +89,28 @@ def test_scaling_the_row_starts_and_stops_replica_processes(
         assert set(supervisor.children) == {"engine replica", "engine replica 2"}
         _wait(lambda: _live(client, dep) == 2)
 
-        _set_replicas(factory, dep, 0)
+        # An operator creates a deployment: its replica starts, the model from the bucket.
+        # (A base model with no local copy, registered as `loraplex models add` does.)
+        base2, dep2 = f"{base}-b", f"{dep}-s3"
+        register_base_model(s, base2, folder)
+        with session_scope(factory) as session:
+            create_deployment(session, s, DeploymentSpec(name=dep2, base_model=base2,
+                                                         weight_quantization="fp32"))  # fmt: skip
         reconciler.once()
-        assert launcher.replicas(dep) == [] and supervisor.children == {}
-        for r in reps:
+        [other] = launcher.replicas(dep2)
+        model_arg = other.process._last_start[0].index("--model") + 1
+        assert other.process._last_start[0][model_arg] == f"s3://{s.s3_bucket}/models/{base2}"
+        launcher.wait_ready(dep2, timeout=180)
+        _wait(lambda: _live(client, dep2) == 1)
+
+        _set_replicas(factory, dep, 0)
+        with session_scope(factory) as session:  # and deletes the other one
+            session.execute(delete(Deployment).where(Deployment.name == dep2))
+        reconciler.once()
+        assert launcher.replicas(dep) == launcher.replicas(dep2) == [] and supervisor.children == {}
+        for r in [*reps, other]:
             assert r.process.proc.returncode == 0, r.process.log_path.read_text()[-2000:]
-        assert _live(client, dep) == 0
+        assert _live(client, dep) == _live(client, dep2) == 0
     finally:
         launcher.stop_all()
         client.close()
