@@ -7,6 +7,7 @@ from collections.abc import Callable
 from fastapi import FastAPI
 
 from loraplex.platform.db.session import make_sessionmaker
+from loraplex.platform.graceful import DrainGuard
 from loraplex.platform.http_errors import install_error_handlers
 from loraplex.platform.jobs.celery_app import create_celery
 from loraplex.platform.jobs.dispatch import CeleryDispatcher
@@ -50,6 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         else None
     )
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limit(settings))
+    app.add_middleware(DrainGuard)  # SIGTERM: new requests get 503 while streams finish
     install_error_handlers(app)  # after: request ids cover the body limit's answers too
     install_backend_down_handlers(app)
     app.include_router(health.router)

@@ -80,6 +80,7 @@ class DeploymentCreate(_Strict):
     replicas: int = Field(default=1, ge=0, le=1024)
     expert_parallel_size: int = Field(default=1, ge=1, le=1024)
     share_prefix_cache: bool = False
+    cold_start_wait_s: float = Field(default=120.0, ge=0, le=3600)
 
 
 class PresignedUploadCreate(_Strict):
@@ -167,6 +168,7 @@ def deployment_view(d: Deployment) -> dict[str, Any]:
         "replicas": d.replicas,
         "expert_parallel_size": d.expert_parallel_size,
         "share_prefix_cache": d.share_prefix_cache,
+        "cold_start_wait_s": d.cold_start_wait_s,
         "created_at": _ts(d.created_at),
     }
 

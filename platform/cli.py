@@ -25,15 +25,15 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_api(args: argparse.Namespace) -> int:
-    """Serve the REST API (FastAPI app factory) with uvicorn."""
-    import uvicorn
+    """Serve the REST API (FastAPI app factory) with uvicorn; SIGTERM drains it (exit 0)."""
+    from loraplex.platform.graceful import serve
 
     settings = _settings(port=args.port, host=args.host)
     where = (
         {"fd": args.fd} if args.fd is not None else {"host": settings.host, "port": settings.port}
     )
-    uvicorn.run("loraplex.api.app:create_app", factory=True, log_level=args.log_level, **where)
-    return 0
+    return serve("loraplex.api.app:create_app", factory=True, log_level=args.log_level,
+                 drain_timeout_s=settings.drain_timeout_s, **where)  # fmt: skip
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -102,6 +102,10 @@ class Settings(BaseSettings):
     usage_batch_size: int = 200
     resolve_cache_ttl_s: float = 2.0
 
+    # Graceful shutdown: on SIGTERM a server stops taking new requests and finishes the running
+    # ones (the gateway's streams, a replica's requests) for up to this long, then exits 0.
+    drain_timeout_s: float = 30.0
+
     def s3_credentials(self) -> dict[str, str]:
         """boto3 client keyword arguments: the static key pair, or none (default chain)."""
         return self.storage().credentials()

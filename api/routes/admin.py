@@ -8,8 +8,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
+from loraplex.platform.db.models import Deployment
 from loraplex.platform.db.session import session_scope
+from loraplex.platform.errors import HttpError
 from loraplex.platform.services import api_keys, base_models, deployments, tenants
 from loraplex.platform.services.errors import NotFound
 from loraplex.platform.settings import Settings
@@ -159,6 +162,7 @@ async def create_deployment(
         replicas=body.replicas,
         expert_parallel_size=body.expert_parallel_size,
         share_prefix_cache=body.share_prefix_cache,
+        cold_start_wait_s=body.cold_start_wait_s,
     )
 
     def handler() -> dict[str, Any]:
@@ -194,6 +198,33 @@ def scale_deployment(
     """Change a deployment's replica count (0 stops serving it)."""
     did = _uuid(deployment_id, "deployment")
     return deployment_view(deployments.set_replicas(session, did, body.replicas, actor=actor))
+
+
+@router.get("/deployments/{deployment_id}/replicas")
+async def deployment_replicas(
+    deployment_id: str, request: Request, sessions: sessionmaker[Session] = Depends(get_sessions)
+) -> dict[str, Any]:
+    """The deployment's replicas as the gateway sees them: how many are ready, how many are
+    still starting (cold start), against the `replicas` its row asks for."""
+    dep_id = _uuid(deployment_id, "deployment")
+
+    def load() -> tuple[str, int]:
+        with sessions() as session:
+            row = session.get(Deployment, dep_id)
+            if row is None:
+                raise NotFound(
+                    f"no deployment with id {deployment_id!r}", code="deployment_not_found"
+                )
+            return row.name, row.replicas
+
+    name, desired = await run_in_threadpool(load)
+    gw = getattr(request.app.state, "gateway", None)
+    if gw is None:
+        raise HttpError(503, "The inference gateway is not configured.", type="service_unavailable",
+                        code="gateway_unavailable")  # fmt: skip
+    ready = await gw.registry.live(name)
+    return {"object": "deployment.replicas", "deployment": name, "desired": desired,
+            "ready": len(ready), "starting": await gw.registry.starting(name)}  # fmt: skip
 
 
 @router.get("/base-models")

@@ -46,6 +46,7 @@ class DeploymentSpec:
     replicas: int = 1
     expert_parallel_size: int = 1
     share_prefix_cache: bool = False
+    cold_start_wait_s: float = 120.0
 
 
 def _check_range(value: int, what: str, low: int, high: int) -> int:
@@ -106,6 +107,13 @@ def create_deployment(
             code="invalid_value",
             param="expert_parallel_size",
         )
+    wait = spec.cold_start_wait_s
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= 3600:
+        raise InvalidInput(
+            f"cold_start_wait_s must be a number of seconds in 0..3600, got {wait!r}",
+            code="invalid_value",
+            param="cold_start_wait_s",
+        )
     stmt = (
         insert(Deployment)
         .values(
@@ -119,6 +127,7 @@ def create_deployment(
             replicas=replicas,
             expert_parallel_size=ep,
             share_prefix_cache=bool(spec.share_prefix_cache),
+            cold_start_wait_s=float(spec.cold_start_wait_s),
         )
         .on_conflict_do_nothing()
         .returning(Deployment.id)
