@@ -317,6 +317,7 @@ def run_up(
                 settings, url, children = start_all(settings, stack, model, model_name, engine)
                 console.print()
                 console.print(f"URL: {url}")
+                console.print(f"Console: {url}/console/  (first sign-in: the admin key)")
                 console.print(f"Admin key: {settings.admin_key}")
                 console.print(f"Logs: {data_dir / 'logs'}")
                 console.print("Press Ctrl-C to stop.")

@@ -18,6 +18,7 @@ from .. import idempotent
 from ..deps import get_db, get_sessions, get_settings, require_admin
 from ..schemas import (
     ApiKeyCreate,
+    BaseModelRegister,
     DeploymentCreate,
     TenantCreate,
     TenantUpdate,
@@ -181,6 +182,21 @@ async def create_deployment(
 def list_deployments(session: Session = Depends(get_db)) -> dict[str, Any]:
     """Every deployment."""
     return _listing([deployment_view(d) for d in deployments.list_deployments(session)])
+
+
+@router.post("/base-models", status_code=201)
+def register_base_model(
+    body: BaseModelRegister,
+    session: Session = Depends(get_db),
+    settings: Settings = Depends(get_settings),
+    actor: str = Depends(require_admin),
+) -> dict[str, Any]:
+    """Register a base model whose files are already in the bucket under `object_prefix`
+    (a folder under `models/` with config.json and safetensors weights)."""
+    model = base_models.register_from_prefix(
+        session, settings, body.name, body.object_prefix, actor=actor
+    )
+    return base_model_view(model)
 
 
 @router.get("/base-models")
