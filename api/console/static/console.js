@@ -21,7 +21,7 @@
   function make(el, name, data) {
     var opts = {
       width: Math.max(360, el.clientWidth || 420), height: 200,
-      series: [{}].concat(SERIES[name].map(function (p) { return { label: p[0], stroke: p[1], width: 2, spanGaps: false }; })),
+      series: [{}].concat(SERIES[name].map(function (p) { return { label: p[0], stroke: p[1], width: 2, spanGaps: false, points: { show: true, size: 5 } }; })),
       axes: [{}, {}],
     };
     return new uPlot(opts, data, el);

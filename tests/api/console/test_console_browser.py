@@ -271,3 +271,19 @@ def test_every_page_screenshot_and_accessibility(stack: Stack, owner_page: Any) 
     sign_in.context.close()
     assert {k: v for k, v in found.items() if v} == {}
     assert Path(screenshot(owner_page, "last")).exists()
+
+
+def test_the_accessibility_check_can_fail(chromium: Any) -> None:
+    """axe-core as wired here does report serious problems (an unlabeled input, an image
+    without alt text), so the clean pages above mean something."""
+    page = new_page(chromium, "http://127.0.0.1:9")
+    try:
+        page.set_content(
+            "<html><head><title>bad</title></head><body><main><h1>x</h1>"
+            '<input type="text"><img src="data:image/gif;base64,R0lGODlhAQABAAAAACw=">'
+            "</main></body></html>"
+        )
+        ids = {v["id"] for v in axe_violations(page)}
+        assert {"label", "image-alt"} <= ids
+    finally:
+        page.context.close()
