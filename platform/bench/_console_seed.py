@@ -107,17 +107,21 @@ def seed(
             conn, "audit_log", "tenant_id, actor, action, resource_type, resource_id, detail, created_at",
             ((t, f"api_key:{uuid.uuid4()}", "adapter.upload", "adapter_version", v, '{"n": 1}', _ts(c))
              for v, t, a, n, st, c in v_rows), progress)  # fmt: skip
-        conn.execute("ANALYZE")
+    # What autovacuum does on a live database: statistics and the visibility map.
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
     return counts
 
 
 def _usage_rows(
     rng: random.Random, t_ids: list[uuid.UUID], count: int, now: datetime
 ) -> Iterator[tuple]:
+    # Oldest first, as a live platform writes them (the table is in time order on disk).
     span = 30 * 86400.0
-    for _ in range(count):
+    offsets = sorted((rng.random() * span for _ in range(count)), reverse=True)
+    for offset in offsets:
         out = rng.randint(1, 512)
         ttft = rng.randint(20, 900)
         yield (rng.choice(t_ids), "model-0", rng.randint(5, 2000), out, ttft + out * 12, ttft,
                round(rng.uniform(5, 40), 2), "t" if rng.random() < 0.01 else "f",
-               _ts(now - timedelta(seconds=rng.random() * span)))  # fmt: skip
+               _ts(now - timedelta(seconds=offset)))  # fmt: skip

@@ -263,8 +263,13 @@ class UsageRecord(Base):
     __tablename__ = "usage_records"
     __table_args__ = (
         Index(None, "tenant_id", "created_at"),
-        # The console's per-minute charts over every tenant read a time range.
-        Index(None, "created_at"),
+        # The console's per-minute charts over every tenant read a time range: an index-only
+        # scan of the columns they aggregate.
+        Index(
+            None,
+            "created_at",
+            postgresql_include=["completion_tokens", "ttft_ms", "itl_ms", "failed"],
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)

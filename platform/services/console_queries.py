@@ -168,9 +168,19 @@ def adapters_page(
     if status:
         where.append(AdapterVersion.status == status)
     if base_model:
-        where.append(BaseModel.name == base_model)
+        ids = select(BaseModel.id).where(BaseModel.name == base_model)
+        where.append(Adapter.base_model_id.in_(ids))
     if tenant:
-        where.append(Tenant.name.ilike(_like(tenant.strip())))
+        ids = select(Tenant.id).where(Tenant.name.ilike(_like(tenant.strip())))
+        where.append(AdapterVersion.tenant_id.in_(ids))
+    # The count joins only what the filters need (the page's 50 rows get the rest).
+    counted = (
+        select(func.count())
+        .select_from(AdapterVersion)
+        .join(Adapter, Adapter.id == AdapterVersion.adapter_id)
+        .where(*where)
+    )
+    total = session.scalar(counted) or 0
     base = (
         select(AdapterVersion, Adapter.name.label("adapter"), Tenant, BaseModel.name.label("base"))
         .join(Adapter, Adapter.id == AdapterVersion.adapter_id)
@@ -178,7 +188,6 @@ def adapters_page(
         .join(BaseModel, BaseModel.id == Adapter.base_model_id)
         .where(*where)
     )
-    total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
     stmt = (
         base.order_by(AdapterVersion.created_at.desc(), AdapterVersion.id)
         .limit(PAGE_SIZE)
