@@ -60,10 +60,27 @@ async def tenant_create(
     return back_to(f"/console/tenants/{tid}", msg="Tenant created.")
 
 
+def usage_chart(rows: list) -> dict:
+    """The tenant page's chart: requests per day, one series per model or adapter (the 8
+    busiest), every day of the rows on the x axis (unix seconds)."""
+    days = sorted({int(r["day"].timestamp()) for r in rows})
+    totals: dict[str, int] = {}
+    for r in rows:
+        totals[r["model"]] = totals.get(r["model"], 0) + int(r["requests"])
+    models = sorted(totals, key=lambda m: -totals[m])[:8]
+    index = {d: i for i, d in enumerate(days)}
+    series = {m: [0] * len(days) for m in models}
+    for r in rows:
+        if r["model"] in series:
+            series[r["model"]][index[int(r["day"].timestamp())]] += int(r["requests"])
+    return {"t": days, "series": [{"label": m, "values": series[m]} for m in models]}
+
+
 def _tenant_page(request: Request, who: SignedIn, tenant_id: str, **extra) -> HTMLResponse:
     tid = parse_uuid(tenant_id, "tenant")
     with transaction(request) as session:
         tenant = tenants.get_tenant(session, tid)
+        usage = cq.tenant_usage_days(session, tid)
         return render(
             request,
             "tenant.html",
@@ -72,7 +89,8 @@ def _tenant_page(request: Request, who: SignedIn, tenant_id: str, **extra) -> HT
             tenant=tenant,
             keys=cq.tenant_keys(session, tid),
             adapters=cq.tenant_adapters(session, tid),
-            usage=cq.tenant_usage_days(session, tid),
+            usage=usage,
+            usage_chart=usage_chart(usage),
             msg=request.query_params.get("msg", ""),
             title=f"Tenant {tenant.name}",
             new_key=extra.get("new_key"),

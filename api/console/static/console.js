@@ -41,12 +41,19 @@
       .catch(function () { root.dataset.failed = String(Date.now()); });
   }
 
+  var PALETTE = ["#0b5394", "#1b5e20", "#6a1b9a", "#c62828", "#e65100", "#00695c", "#4e342e", "#37474f"];
+
   function bars(el) {
-    var days = JSON.parse(el.dataset.days || "[]"), reqs = JSON.parse(el.dataset.requests || "[]");
-    if (!days.length) { return; }
-    var xs = days.map(function (d) { return Date.parse(d.replace(" UTC", "Z").replace(" ", "T")) / 1000; });
-    window.lpCharts.usage = new uPlot({ width: Math.max(360, el.clientWidth || 600), height: 180,
-      series: [{}, { label: "requests/day", stroke: "#0b5394", fill: "rgba(11,83,148,0.15)" }] }, [xs, reqs], el);
+    var doc = JSON.parse(el.dataset.usage || "{}");
+    if (!doc.t || !doc.t.length) { return; }
+    var data = [doc.t].concat(doc.series.map(function (s) { return s.values; }));
+    var series = [{}].concat(doc.series.map(function (s, i) {
+      return { label: s.label, stroke: PALETTE[i % PALETTE.length], width: 2, points: { show: true, size: 6 } };
+    }));
+    window.lpCharts.usage = new uPlot({
+      width: Math.max(360, el.clientWidth || 600), height: 200, series: series,
+      scales: { x: { time: true, range: function (u, lo, hi) { return [lo - 86400, hi + 86400]; } } },
+    }, data, el);
   }
 
   document.addEventListener("DOMContentLoaded", function () {
