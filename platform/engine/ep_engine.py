@@ -77,6 +77,11 @@ class EPEngine:
         """Tokens the last step ran."""
         return self.core.last_num_scheduled_tokens
 
+    @property
+    def tokenizer(self) -> Any:
+        """Rank 0's tokenizer (followers never detokenize)."""
+        return self.core.tokenizer
+
     def add_request(
         self,
         prompt: str | list[int],

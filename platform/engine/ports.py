@@ -64,6 +64,11 @@ class ServedEngine(Protocol):
         """Tokens the last step ran (0: it was idle)."""
         ...
 
+    @property
+    def tokenizer(self) -> Any:
+        """The model folder's tokenizer (None when it has none): logprob keys need it."""
+        ...
+
     def add_request(
         self,
         prompt: str | list[int],

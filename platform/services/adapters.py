@@ -138,9 +138,26 @@ def _discard(up: Uploader, version: AdapterVersion) -> None:
                 .where(AdapterVersion.id == version.id)
                 .values(status="deleting", error="the upload was discarded")
             )
+            _hide_adapter_if_nothing_else(session, version.adapter_id)
         return
     with session_scope(up.sessions) as session:
         drop_version_row(session, version.id, version.adapter_id)
+
+
+def _hide_adapter_if_nothing_else(session: Session, adapter_id: uuid.UUID) -> None:
+    """Mark the adapter deleted when every version it has is being deleted, so the tenant
+    never sees an adapter that only a discarded upload created (the reconciler drops it)."""
+    live = session.execute(
+        select(func.count())
+        .select_from(AdapterVersion)
+        .where(AdapterVersion.adapter_id == adapter_id, AdapterVersion.status != "deleting")
+    ).scalar_one()
+    if live == 0:
+        session.execute(
+            update(Adapter)
+            .where(Adapter.id == adapter_id, Adapter.deleted_at.is_(None))
+            .values(deleted_at=func.now())
+        )
 
 
 def remove_version_objects(

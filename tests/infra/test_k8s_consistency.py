@@ -72,11 +72,13 @@ def test_every_loraplex_variable_set_is_a_settings_field() -> None:
 # services and fills these in), and the switch that makes boto3 use the pod's IRSA role.
 REQUIRED = {
     "loraplex-api/api": {"database_url", "broker_url", "redis_url", "admin_key", "s3_endpoint_url",
-                         "s3_bucket", "s3_region", "s3_static_credentials", "host", "port"},
+                         "s3_bucket", "s3_region", "s3_static_credentials", "host", "port",
+                         "replica_secret"},
     "loraplex-worker/worker": {"database_url", "broker_url", "s3_endpoint_url", "s3_bucket",
                                "s3_region", "s3_static_credentials"},
     "loraplex-migrate/migrate": {"database_url"},
-    "loraplex-engine/engine": {"s3_endpoint_url", "s3_bucket", "s3_region", "s3_static_credentials"},
+    "loraplex-engine/engine": {"s3_endpoint_url", "s3_bucket", "s3_region", "s3_static_credentials",
+                               "replica_secret"},
     "loraplex-engine/replica-agent": {"redis_url"},
     "loraplex-models/admin": {"database_url", "s3_endpoint_url", "s3_bucket", "s3_region",
                               "s3_static_credentials"},

@@ -256,4 +256,4 @@ def test_no_secret_value_is_in_any_manifest() -> None:
     arns = {ref["remoteRef"]["key"] for d in externals for ref in d["spec"]["data"]}
     outputs = release("dev").outputs
     assert arns == {outputs["database_secret_arn"], outputs["redis_auth_secret_arn"],
-                    outputs["admin_key_secret_arn"]}  # fmt: skip
+                    outputs["admin_key_secret_arn"], outputs["replica_secret_arn"]}  # fmt: skip

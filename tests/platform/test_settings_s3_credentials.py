@@ -22,7 +22,7 @@ def test_default_chain_signs_when_static_credentials_are_off(
 
     key = f"{s3_prefix}hello.txt"
     objects.s3_client(ambient).put_object(Bucket=settings.s3_bucket, Key=key, Body=b"hello")
-    assert ObjectStore(ambient).get_range(key, 0, 5) == b"hello"
+    assert ObjectStore(ambient.storage()).get_range(key, 0, 5) == b"hello"
     # Control: with static credentials on, the wrong pair is what signs, and S3 refuses it.
     with pytest.raises(Exception, match="(?i)access|denied|signature|invalid"):
         objects.s3_client(wrong).put_object(Bucket=settings.s3_bucket, Key=key, Body=b"x")

@@ -120,7 +120,7 @@ def test_gateway_shutdown_sends_pending_aborts(settings, pg_url: str, redis_url:
     """Aborts run detached; closing the gateway waits for them before its HTTP client goes, so
     a replica hears about a client that left just before shutdown."""
     from redis.asyncio import Redis
-    from scripted_replica import ScriptedReplica
+    from support.scripted_replica import ScriptedReplica
 
     from loraplex.platform.db.session import make_sessionmaker
     from loraplex.platform.gateway.service import Gateway
