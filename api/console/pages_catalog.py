@@ -8,7 +8,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from loraplex.platform.db.models import KV_CACHE_DTYPES, VERSION_STATUSES, WEIGHT_QUANTIZATIONS
 from loraplex.platform.errors import HttpError
-from loraplex.platform.services import admin_actions, audit, base_models, deployments
+from loraplex.platform.services import admin_actions, base_models, deployments
 from loraplex.platform.services import console_queries as cq
 from loraplex.platform.services.operators import SignedIn
 
@@ -142,14 +142,6 @@ async def deployment_scale(
             code="not_implemented",
         )
     with transaction(request, who) as session:
-        dep = set_replicas(session, dep_id, count)
-        audit.record(
-            session,
-            actor=who.actor,
-            action="deployment.console_scale",
-            resource_type="deployment",
-            resource_id=dep_id,
-            detail={"replicas": count},
-        )
-        name = getattr(dep, "name", str(dep_id))
+        dep = set_replicas(session, dep_id, count, actor=who.actor)  # audited there
+        name = dep.name
     return back_to("/console/deployments", msg=f"{name}: {count} replica(s).")

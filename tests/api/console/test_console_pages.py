@@ -188,3 +188,27 @@ def test_adapters_across_tenants_and_delete_version(
     # A tenant with adapters cannot be deleted (their objects would lose their rows).
     r = owner.post(f"/console/tenants/{tid}/delete", data={"csrf_token": owner.csrf})
     assert r.status_code == 409
+
+
+def test_change_replicas(owner: Any, console_settings: Any, base_model: str) -> None:
+    """Through `deployments.set_replicas` (the admin PATCH route's service, from the operator
+    CLI's branch): 501 with a clear message until that is merged, then the count changes."""
+    from loraplex.platform.db.models import Deployment
+    from loraplex.platform.services import deployments
+
+    r = owner.post("/console/deployments", data={"name": "dep-scale", "base_model": base_model,
+                   "weights": "fp32", "kv_cache": "auto", "replicas": "1", "csrf_token": owner.csrf})  # fmt: skip
+    assert r.status_code == 200, r.text
+    with make_sessionmaker(console_settings.database_url)() as s:
+        dep_id = s.scalars(select(Deployment.id).where(Deployment.name == "dep-scale")).one()
+    r = owner.post(f"/console/deployments/{dep_id}/replicas",
+                   data={"replicas": "3", "csrf_token": owner.csrf})  # fmt: skip
+    if not hasattr(deployments, "set_replicas"):
+        assert r.status_code == 501 and "set_replicas" in r.text
+        return
+    assert r.status_code == 200 and "dep-scale: 3 replica(s)" in r.text
+    with make_sessionmaker(console_settings.database_url)() as s:
+        assert s.get(Deployment, dep_id).replicas == 3
+    bad = owner.post(f"/console/deployments/{dep_id}/replicas",
+                     data={"replicas": "-1", "csrf_token": owner.csrf})  # fmt: skip
+    assert bad.status_code == 400
