@@ -38,7 +38,7 @@ def install_console(app: FastAPI) -> None:
     async def console_error(request: Request, exc: LoraplexError) -> Response:
         if not _is_page(request) and json_handler is not None:
             return await json_handler(request, exc)
-        message = exc.message if exc.status < 500 else GENERIC_MESSAGE
+        message = exc.message if exc.status < 500 or exc.status == 501 else GENERIC_MESSAGE
         who = getattr(request.state, "operator", None)
         page = render(
             request,
