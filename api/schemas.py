@@ -48,6 +48,13 @@ class TenantUpdate(TenantLimitsFields):
     """`PATCH /admin/v1/tenants/{id}`: the limits to change (null resets one to the default)."""
 
 
+class BaseModelRegister(_Strict):
+    """`POST /admin/v1/base-models`: a model already in the bucket under `object_prefix`."""
+
+    name: str = Field(min_length=1, max_length=128)
+    object_prefix: str = Field(min_length=1, max_length=512)
+
+
 class ApiKeyCreate(_Strict):
     """`POST /admin/v1/tenants/{id}/api-keys`."""
 
@@ -115,6 +122,7 @@ def tenant_view(t: Tenant) -> dict[str, Any]:
         "id": str(t.id),
         "name": t.name,
         "created_at": _ts(t.created_at),
+        "suspended_at": _ts(t.suspended_at) if t.suspended_at is not None else None,
         "limits": {
             "requests_per_minute": t.requests_per_minute,
             "tokens_per_minute": t.tokens_per_minute,

@@ -21,6 +21,7 @@ from .. import idempotent
 from ..deps import get_db, get_sessions, get_settings, require_admin
 from ..schemas import (
     ApiKeyCreate,
+    BaseModelRegister,
     DeploymentCreate,
     DeploymentScale,
     TenantCreate,
@@ -225,6 +226,21 @@ async def deployment_replicas(
     ready = await gw.registry.live(name)
     return {"object": "deployment.replicas", "deployment": name, "desired": desired,
             "ready": len(ready), "starting": await gw.registry.starting(name)}  # fmt: skip
+
+
+@router.post("/base-models", status_code=201)
+def register_base_model(
+    body: BaseModelRegister,
+    session: Session = Depends(get_db),
+    settings: Settings = Depends(get_settings),
+    actor: str = Depends(require_admin),
+) -> dict[str, Any]:
+    """Register a base model whose files are already in the bucket under `object_prefix`
+    (a folder under `models/` with config.json and safetensors weights)."""
+    model = base_models.register_from_prefix(
+        session, settings, body.name, body.object_prefix, actor=actor
+    )
+    return base_model_view(model)
 
 
 @router.get("/base-models")

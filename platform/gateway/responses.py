@@ -51,6 +51,9 @@ async def complete(gw: Gateway, job: Job) -> dict[str, Any]:
             async for event in events:
                 tally.add(event)
                 per_choice[event.index].append(event)
+    except LoraplexError as exc:
+        tally.failed = exc.status >= 500
+        raise
     finally:
         finish_job(gw, job, tally)
     choices = []
@@ -151,6 +154,7 @@ async def sse_frames(
                 if out:
                     yield out
         except LoraplexError as exc:  # after the first byte an error can only be an event
+            tally.failed = True
             yield stream_error(exc)
             return
         if u:

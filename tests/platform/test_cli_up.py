@@ -159,6 +159,10 @@ def test_up_serves_supervises_stops_and_restarts(service_tmp_path: Path, tmp_pat
             assert client.get(f"{url}/healthz").json() == {"status": "ok"}
             no_auth = client.get(f"{url}/admin/v1/tenants")
             assert no_auth.status_code == 401
+            console = first.value("Console")
+            assert console is not None and console.startswith(f"{url}/console/")
+            sign_in = client.get(console.split()[0] + "sign-in")
+            assert sign_in.status_code == 200 and "admin key" in sign_in.text
             tenant_id, tenant_h = _upload_ready(client, url, admin, adapter)
             answers = {}
             for model in ("demo", "support-bot"):
