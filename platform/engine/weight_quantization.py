@@ -1,50 +1,66 @@
-"""The deployment's weight quantization choice, as the engine can serve it.
+"""The deployment's weight quantization choice, as the engine serves it.
 
-The loader (`loraplex.loader.quantize`) applies a choice to each tensor on the way in. The
-engine serves only what its layers can run: fp32 / bf16 / fp16 are casts (the model then runs
-in that dtype); int8 weight-only also needs Linear layers that consume the `weight_scale` tensor
-the loader emits, which the engine's Linear does not yet, so int8 is refused with a clear
-NotImplementedError (as are fp8 and int4); unknown choices are a ValueError.
+Casts (fp32 / bf16 / fp16) set the dtype the model runs in. int8 (W8A16), int4 / int4_sym
+(W4A16, groups of 128) and fp8 (W8A8 e4m3) store the Linear layers' weights quantized
+(`layers/quant/`); everything else (embeddings, norms, the head, MoE experts) and the
+activations stay in the engine's compute dtype (`EngineConfig.dtype`; deployments run
+quantized choices in bfloat16). The loader quantizes exactly the model's quantized Linears'
+weights as they stream in. Unknown choices are a ValueError.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-from loraplex.loader.quantize import Quantizer, parse_quantization
-
-_NO_OP = ("none", "auto")
-
-
-def linear_consumes_weight_scale() -> bool:
-    """Whether the engine's Linear layers can run int8 weights with a per-channel `weight_scale`."""
-    from loraplex.platform.engine.layers.linear import Linear
-
-    return bool(getattr(Linear, "consumes_weight_scale", False))
+from loraplex.loader.quant import Quantizer, QuantScheme, resolve_scheme
+from loraplex.platform.engine.layers.quant import linear_quantization
+from loraplex.platform.engine.models.weight_loading import quantized_weight_names
 
 
 @dataclass(frozen=True)
 class WeightQuantization:
-    """A validated choice: its canonical name and, for a cast, the dtype the model runs in."""
+    """A validated choice: its canonical name, scheme and, when set, the model's dtype."""
 
     choice: str
     cast_to: torch.dtype | None
+    scheme: QuantScheme
 
-    def quantizer(self) -> Quantizer | None:
-        """The loader's per-tensor quantizer for this choice (None when nothing changes)."""
-        return None if self.choice in _NO_OP else Quantizer(self.choice)
+    @contextmanager
+    def building(self) -> Iterator[None]:
+        """Build the model inside this block so its Linears store weights as the scheme says."""
+        with linear_quantization(self.scheme):
+            yield
+
+    def quantizer(self, model: nn.Module | None = None) -> Quantizer | None:
+        """The loader's per-tensor quantizer (None when nothing changes); given the built model,
+        it quantizes exactly the weights of the model's quantized Linears."""
+        if self.choice in ("none", "auto"):
+            return None
+        if model is None or not self.scheme.quantizes_linears:
+            return Quantizer(self.scheme)
+        names = quantized_weight_names(model)
+        return Quantizer(self.scheme, targets=names.__contains__)
 
 
 def resolve_weight_quantization(choice: str | None) -> WeightQuantization:
-    """Validate a quantization choice for serving; ValueError if unknown, NotImplementedError
-    if the loader or the engine's layers cannot do it."""
-    canonical = parse_quantization(choice)
-    if canonical == "int8" and not linear_consumes_weight_scale():
-        raise NotImplementedError(
-            "int8 weight-only quantization is not served yet: the loader can produce int8 "
-            "weights with a per-channel weight_scale, but the engine's Linear layers have no "
-            "int8 path that consumes weight_scale; use fp32, bf16 or fp16"
-        )
-    return WeightQuantization(canonical, Quantizer(canonical).cast_to)
+    """Validate a quantization choice for serving (ValueError if unknown)."""
+    scheme = resolve_scheme(choice)
+    return WeightQuantization(scheme.name, scheme.cast_to, scheme)
+
+
+def model_weight_bytes(model: nn.Module) -> int:
+    """Bytes the model's parameters and buffers hold (a tied tensor counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for t in [*model.parameters(), *model.buffers()]:
+        key = t.data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.numel() * t.element_size()
+    return total
