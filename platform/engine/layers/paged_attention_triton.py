@@ -5,14 +5,20 @@ head) pair, walks the sequence's block table block by block and keeps an online 
 never materialises the gathered context. GQA maps query head h to KV head h // group. Both
 kernels take their sizes from device tensors only, so they are CUDA-graph capturable. On CPU
 they run under `TRITON_INTERPRET=1` (tests only). An fp8 cache stores `k / k_scale` (and v)
-in e4m3 and the decode kernel multiplies the scale back in registers.
+in e4m3 (rounded by torch before the store kernel copies the codes) and the decode kernel
+multiplies the scale back in registers.
 """
 
 from __future__ import annotations
 
 import torch
 
-from loraplex.platform.engine.layers.paged_attention_torch import NO_SCALES, KVScales
+from loraplex.platform.engine.layers.paged_attention_torch import (
+    NO_SCALES,
+    KVScales,
+    is_fp8_cache,
+    to_cache,
+)
 
 try:
     import triton
@@ -39,11 +45,8 @@ if HAS_TRITON:
         slot_ptr,
         stride_k_tok,
         stride_v_tok,
-        inv_k_scale,
-        inv_v_scale,
         ROW: tl.constexpr,
         BLOCK: tl.constexpr,
-        FP8: tl.constexpr,
     ):
         tok = tl.program_id(0)
         slot = tl.load(slot_ptr + tok).to(tl.int64)
@@ -52,9 +55,6 @@ if HAS_TRITON:
         mask = (offs < ROW) & ((tl.zeros([BLOCK], dtype=tl.int64) + slot) >= 0)
         k = tl.load(k_ptr + tok * stride_k_tok + offs, mask=mask)
         v = tl.load(v_ptr + tok * stride_v_tok + offs, mask=mask)
-        if FP8:
-            k = tl.clamp(k.to(tl.float32) * inv_k_scale, -448.0, 448.0)
-            v = tl.clamp(v.to(tl.float32) * inv_v_scale, -448.0, 448.0)
         dst = slot * ROW + offs
         tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
         tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
@@ -142,6 +142,8 @@ def write_kv_triton(
         return
     if not kv_cache.is_contiguous():
         raise ValueError("the KV cache must be contiguous")
+    if is_fp8_cache(kv_cache):  # round to e4m3 with torch's (RNE, saturating) conversion
+        k, v = to_cache(k, kv_cache.dtype, scales.k), to_cache(v, kv_cache.dtype, scales.v)
     k2 = k.reshape(num_tokens, -1)
     v2 = v.reshape(num_tokens, -1)
     if k2.stride(1) != 1 or v2.stride(1) != 1:
@@ -155,11 +157,8 @@ def write_kv_triton(
         slot_mapping,
         k2.stride(0),
         v2.stride(0),
-        1.0 / scales.k,
-        1.0 / scales.v,
         ROW=row,
         BLOCK=triton.next_power_of_2(row),
-        FP8=kv_cache.dtype == torch.float8_e4m3fn,
     )
 
 
