@@ -20,11 +20,11 @@ import torch
 VOCAB = 259
 CONFIG = dict(
     vocab_size=VOCAB,
-    hidden_size=256,
-    intermediate_size=768,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=3,
+    num_attention_heads=2,
+    num_key_value_heads=1,
     max_position_embeddings=1024,
     rms_norm_eps=1e-5,
     tie_word_embeddings=False,
@@ -49,16 +49,17 @@ def encode(text: bytes) -> list[int]:
 
 
 def corpus(files: list[Path], limit: int | None = None) -> torch.Tensor:
-    """The files' bytes as one token tensor (files separated by </s>)."""
-    out: list[int] = []
+    """The files' bytes as one token tensor (files separated by the token of byte 255)."""
+    buf = bytearray()
     for p in files:
         try:
-            out += encode(p.read_bytes()) + [2]
+            buf += p.read_bytes() + bytes([255])  # byte 255: never in UTF-8 text, a separator
         except OSError:
             continue
-        if limit is not None and len(out) >= limit:
+        if limit is not None and len(buf) >= limit:
             break
-    return torch.tensor(out[:limit] if limit else out, dtype=torch.long)
+    raw = torch.frombuffer(buf[:limit] if limit else buf, dtype=torch.uint8)
+    return raw.long() + 3
 
 
 def held_out_windows(count: int, length: int) -> list[list[int]]:
@@ -89,10 +90,10 @@ def trained_model(cache_dir: Path, seconds: float, log=print) -> Path:  # noqa: 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**CONFIG)).float().train()
     train_files, _ = stdlib_files()
-    data = corpus(train_files, limit=20_000_000)
+    data = corpus(train_files, limit=8_000_000)
     log(f"training on {len(data):,} stdlib bytes for {seconds:.0f} s")
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01, betas=(0.9, 0.95))
-    batch, seq = 16, 256
+    batch, seq = 8, 128
     g = torch.Generator().manual_seed(1)
     start, step, loss_ema = time.monotonic(), 0, None
     while (elapsed := time.monotonic() - start) < seconds:
@@ -112,7 +113,7 @@ def trained_model(cache_dir: Path, seconds: float, log=print) -> Path:  # noqa: 
         opt.step()
         step += 1
         loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
-        if step % 50 == 0:
+        if step % 25 == 0:
             log(f"  step {step} loss {loss_ema:.3f} ({elapsed:.0f}/{seconds:.0f} s)")
     path.mkdir(parents=True, exist_ok=True)
     model.eval().save_pretrained(str(path))

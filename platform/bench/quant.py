@@ -37,7 +37,7 @@ def _log(msg: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """Options of the benchmark."""
     p = argparse.ArgumentParser(prog="loraplex bench quant", description=__doc__)
-    p.add_argument("--train-seconds", type=float, default=120.0)
+    p.add_argument("--train-seconds", type=float, default=150.0)
     p.add_argument("--cache-dir", type=Path, default=None, help="default: <data dir>/bench-quant")
     p.add_argument("--kl-windows", type=int, default=6)
     p.add_argument("--window", type=int, default=384)

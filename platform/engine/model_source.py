@@ -320,9 +320,9 @@ _SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 def load_engine_model(config: EngineConfig, timeline: Timeline) -> LoadedModel:
     """Build the model of `config` from its source: validate the quantization choice and the
     checkpoint headers first, then allocate the model and stream the weights into it."""
-    quant = resolve_weight_quantization(config.quantization)
     source = open_model_source(config.model, config.storage, timeline, config.tokenizer)
     hf_config = source.read_config()
+    quant = resolve_weight_quantization(config.quantization, hf_config)
     cls = resolve_model_class(hf_config)
     dtype = quant.cast_to or resolve_dtype(config.dtype, hf_config)
     source.prepare_weights()  # a bad checkpoint fails here, before any weight is allocated

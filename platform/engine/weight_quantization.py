@@ -5,7 +5,8 @@ Casts (fp32 / bf16 / fp16) set the dtype the model runs in. int8 (W8A16), int4 /
 (`layers/quant/`); everything else (embeddings, norms, the head, MoE experts) and the
 activations stay in the engine's compute dtype (`EngineConfig.dtype`; deployments run
 quantized choices in bfloat16). The loader quantizes exactly the model's quantized Linears'
-weights as they stream in. Unknown choices are a ValueError.
+weights as they stream in. A compressed-tensors checkpoint fixes its own scheme: it is read
+into the same layout, never re-quantized. Unknown choices are a ValueError.
 """
 
 from __future__ import annotations
@@ -13,13 +14,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from loraplex.loader.quant import Quantizer, QuantScheme, resolve_scheme
+from loraplex.loader.quant.compressed_tensors import (
+    CompressedTensorsReader,
+    checkpoint_quant_method,
+    compressed_tensors_scheme,
+)
 from loraplex.platform.engine.layers.quant import linear_quantization
-from loraplex.platform.engine.models.weight_loading import quantized_weight_names
+from loraplex.platform.engine.models.weight_loading import (
+    quantized_linear_inputs,
+    quantized_weight_names,
+)
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,7 @@ class WeightQuantization:
     choice: str
     cast_to: torch.dtype | None
     scheme: QuantScheme
+    prequantized: bool = False  # the checkpoint stores the scheme (read, not re-quantized)
 
     @contextmanager
     def building(self) -> Iterator[None]:
@@ -36,9 +47,16 @@ class WeightQuantization:
         with linear_quantization(self.scheme):
             yield
 
-    def quantizer(self, model: nn.Module | None = None) -> Quantizer | None:
+    def quantizer(
+        self, model: nn.Module | None = None
+    ) -> Quantizer | CompressedTensorsReader | None:
         """The loader's per-tensor quantizer (None when nothing changes); given the built model,
-        it quantizes exactly the weights of the model's quantized Linears."""
+        it quantizes exactly the weights of the model's quantized Linears (a pre-quantized
+        checkpoint is read into the same layout instead)."""
+        if self.prequantized:
+            if model is None:
+                raise ValueError("reading a pre-quantized checkpoint needs the built model")
+            return CompressedTensorsReader(self.scheme, quantized_linear_inputs(model))
         if self.choice in ("none", "auto"):
             return None
         if model is None or not self.scheme.quantizes_linears:
@@ -47,10 +65,32 @@ class WeightQuantization:
         return Quantizer(self.scheme, targets=names.__contains__)
 
 
-def resolve_weight_quantization(choice: str | None) -> WeightQuantization:
-    """Validate a quantization choice for serving (ValueError if unknown)."""
-    scheme = resolve_scheme(choice)
-    return WeightQuantization(scheme.name, scheme.cast_to, scheme)
+def _family(name: str) -> str:
+    return "int4" if name.startswith("int4") else name
+
+
+def resolve_weight_quantization(
+    choice: str | None, hf_config: dict[str, Any] | None = None
+) -> WeightQuantization:
+    """Validate a quantization choice for serving the checkpoint of `hf_config` (ValueError if
+    unknown or if it contradicts a pre-quantized checkpoint's own scheme)."""
+    method = checkpoint_quant_method(hf_config or {})
+    if method is None:
+        scheme = resolve_scheme(choice)
+        return WeightQuantization(scheme.name, scheme.cast_to, scheme)
+    fixed = compressed_tensors_scheme(hf_config or {})
+    if fixed is None:
+        raise NotImplementedError(
+            f"pre-quantized {method!r} checkpoints are not read yet; served: compressed-tensors "
+            "(int4 pack-quantized, int8, fp8), or a bf16/fp16 checkpoint quantized on load"
+        )
+    asked = resolve_scheme(choice)
+    if asked.name not in ("none", "auto") and _family(asked.name) != _family(fixed.name):
+        raise ValueError(
+            f"the checkpoint is pre-quantized ({method}, {fixed.name}) and fixes its own scheme; "
+            f"serve it with quantization {_family(fixed.name)!r} (or none), not {choice!r}"
+        )
+    return WeightQuantization(fixed.name, None, fixed, prequantized=True)
 
 
 def model_weight_bytes(model: nn.Module) -> int:

@@ -37,17 +37,43 @@ def prequantized_method(hf_config: dict[str, Any]) -> str | None:
     return str(qc.get("quant_method") or qc.get("format") or "unknown")
 
 
+def compressed_tensors_choice(hf_config: dict[str, Any]) -> str | None:
+    """The deployment weight choice a compressed-tensors checkpoint fixes, when the engine
+    reads its scheme (int4 pack-quantized g128, int8 / fp8 per channel); else None."""
+    qc = hf_config.get("quantization_config") or {}
+    groups = list((qc.get("config_groups") or {}).values())
+    if qc.get("quant_method") != "compressed-tensors" or len(groups) != 1:
+        return None
+    w = groups[0].get("weights") or {}
+    fmt = groups[0].get("format") or qc.get("format")
+    key = (w.get("type"), w.get("num_bits"), w.get("strategy"), fmt)
+    if key == ("int", 4, "group", "pack-quantized") and w.get("group_size") == INT4_GROUP_SIZE:
+        return "int4"
+    if key[:3] == ("int", 8, "channel") and fmt in ("int-quantized", "naive-quantized"):
+        return "int8"
+    if key == ("float", 8, "channel", "float-quantized"):
+        return "fp8"
+    return None
+
+
 def check_quantization(
     weights: str, kv_cache: str, hf_config: dict[str, Any], device: str | None = None
 ) -> None:
     """Raise QuantizationRefused when `weights` / `kv_cache` cannot serve `hf_config` on
     `device` (None: any device the engine supports)."""
     method = prequantized_method(hf_config)
-    if method is not None:
+    fixed = compressed_tensors_choice(hf_config)
+    if method is not None and fixed is None:
         raise QuantizationRefused(
-            f"the base model's checkpoint is pre-quantized ({method}) and fixes its own scheme; "
-            "the engine does not read pre-quantized checkpoints yet: register the bf16/fp16 "
-            "checkpoint and deploy it with weights int8, int4 or fp8"
+            f"the base model's checkpoint is pre-quantized ({method}) in a scheme the engine "
+            "does not read; served pre-quantized: compressed-tensors int4 pack-quantized g128, "
+            "int8 or fp8 per channel. Or register the bf16/fp16 checkpoint and deploy it with "
+            "weights int8, int4 or fp8"
+        )
+    if fixed is not None and weights != fixed:
+        raise QuantizationRefused(
+            f"the base model's checkpoint is pre-quantized (compressed-tensors {fixed}) and "
+            f"fixes its own scheme; deploy it with weights {fixed}"
         )
     if weights == "int4":
         bad = {k: v for k, v in _linear_in_features(hf_config).items() if v % INT4_GROUP_SIZE}

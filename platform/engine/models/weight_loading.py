@@ -108,16 +108,22 @@ def load_hf_weights(
             mod.finish_loading()
 
 
-def quantized_weight_names(model: nn.Module) -> set[str]:
-    """The checkpoint names of the linear weights `model` stores quantized (q/k/v of a fused
-    qkv_proj by their own names), so the loader quantizes exactly those."""
-    names: set[str] = set()
+def quantized_linear_inputs(model: nn.Module) -> dict[str, int]:
+    """Checkpoint prefixes (`model.layers.0.self_attn.q_proj.`) of the linear weights `model`
+    stores quantized, q/k/v of a fused qkv_proj by their own names, with their in_features."""
+    found: dict[str, int] = {}
     for mod_name, mod in model.named_modules():
         if isinstance(mod, Linear) and mod.quant_method is not None:
-            parent = mod_name.rsplit(".", 1)[0] if "." in mod_name else ""
             if len(mod.slice_names) == 1 and mod_name.endswith(mod.slice_names[0]):
-                names.add(f"{mod_name}.weight")
+                found[f"{mod_name}."] = mod.in_features
                 continue
+            parent = mod_name.rsplit(".", 1)[0] + "." if "." in mod_name else ""
             for slice_name in mod.slice_names:
-                names.add(f"{parent}.{slice_name}.weight" if parent else f"{slice_name}.weight")
-    return names
+                found[f"{parent}{slice_name}."] = mod.in_features
+    return found
+
+
+def quantized_weight_names(model: nn.Module) -> set[str]:
+    """The checkpoint names of the linear weights `model` stores quantized, so the loader
+    quantizes exactly those."""
+    return {f"{prefix}weight" for prefix in quantized_linear_inputs(model)}

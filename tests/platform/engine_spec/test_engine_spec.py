@@ -30,6 +30,19 @@ LLAMA_8B = dict(
 )  # fmt: skip
 
 
+CT_INT4 = {
+    "quant_method": "compressed-tensors", "format": "pack-quantized",
+    "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+        "num_bits": 4, "type": "int", "strategy": "group", "group_size": 128,
+        "symmetric": True}}},
+}  # fmt: skip
+
+
+def test_a_compressed_tensors_checkpoint_deploys_with_its_own_scheme() -> None:
+    row = _row(weight_quantization="int4", config=dict(LLAMA_8B, quantization_config=CT_INT4))
+    assert engine_config_for_deployment(row, bucket="lpx").quantization == "int4"
+
+
 def _row(config=None, **kw):
     base = SimpleNamespace(
         name="llama-8b", object_prefix="models/llama-8b/", config=config or LLAMA_8B
@@ -120,7 +133,9 @@ def test_quantized_deployments_map_to_their_engine_options(weights: str) -> None
      (_row(kv_cache_dtype="fp8"), "mps", "fp8 KV cache runs on cpu or cuda"),
      (_row(config=dict(LLAMA_8B, quantization_config={"quant_method": "awq"})), None,
       r"pre-quantized \(awq\)"),
-     (_row(weight_quantization="fp6"), None, "'fp6' is not implemented")],
+     (_row(weight_quantization="fp6"), None, "'fp6' is not implemented"),
+     (_row(weight_quantization="int8", config=dict(LLAMA_8B, quantization_config=CT_INT4)),
+      None, r"pre-quantized \(compressed-tensors int4\).*deploy it with weights int4")],
 )  # fmt: skip
 def test_unservable_deployments_are_refused(row, device, match: str) -> None:
     extra = {"device": device} if device else {}
