@@ -15,6 +15,9 @@ from typing import Any
 from loraplex.loader.storage import StorageConfig
 
 DTYPES = ("float32", "float16", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "fp8")
+"""`auto` stores K/V in the model's dtype; `fp8` in e4m3 with per-layer scales (half the
+bytes of bf16: about twice the blocks in the same memory)."""
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -29,9 +32,10 @@ class EngineConfig:
     `num_gpu_blocks` fixes the KV block count; otherwise it comes from
     `kv_cache_memory_bytes` (or, on a GPU, `gpu_memory_utilization` of free memory).
     `model` is a local folder or `s3://bucket/prefix` (streamed with `storage`, which the server
-    builds from the environment, never from the command line). `quantization` (fp32 | bf16 |
-    fp16) casts the weights on the way in and sets the dtype the model runs in (it overrides
-    `dtype`); the engine refuses what it cannot serve when it loads the model.
+    builds from the environment, never from the command line). `quantization` casts the
+    weights on the way in (fp32 | bf16 | fp16, overriding `dtype`) or stores the Linear weights
+    quantized (int8 | int4 | int4_sym | fp8; the rest and the activations stay in `dtype`). `kv_cache_dtype` fp8
+    stores the KV cache in e4m3.
     """
 
     model: str = field(metadata={"help": "local HuggingFace folder or s3://BUCKET/PREFIX"})
@@ -55,8 +59,11 @@ class EngineConfig:
         None, "device bytes for adapter weights (default: max_loras x max_lora_rank rows)"
     )
     quantization: str | None = _opt(
-        None, "weights on load: fp32, bf16 or fp16 (a cast; the model runs in that dtype)"
+        None,
+        "weights on load: fp32, bf16, fp16 (casts, setting the compute dtype), or int8 "
+        "(W8A16), int4 / int4_sym (W4A16, groups of 128), fp8 (W8A8 e4m3), computing in dtype",
     )
+    kv_cache_dtype: str = _opt("auto", "KV cache storage: auto (the model's dtype) or fp8 (e4m3)")
     enforce_eager: bool = _opt(False, "never capture decode CUDA graphs")
     cuda_graph_sizes: list[int] | None = _opt(
         None, "decode batch sizes to capture, e.g. 1,2,4,8 (default: 1,2,4,8,16,... max_num_seqs)"
@@ -89,6 +96,11 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be >= 2")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         if self.max_loras < 0 or self.max_lora_rank < 0:

@@ -189,6 +189,11 @@ class ReplicaState(WireModel):
     prefix_cache_queries: int = Field(ge=0)
     prefix_cache_hits: int = Field(ge=0)
     num_preemptions: int = Field(ge=0)
+    # memory accounting: how the deployment's quantization choices spend the device
+    weight_quantization: str = "none"
+    weight_bytes: int = Field(default=0, ge=0)
+    kv_cache_dtype: str = "auto"
+    kv_cache_bytes: int = Field(default=0, ge=0)
 
 
 StreamEvent = Annotated[DeltaEvent | FinishEvent | ErrorEvent, Field(discriminator="type")]
