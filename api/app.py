@@ -13,6 +13,7 @@ from loraplex.platform.jobs.dispatch import CeleryDispatcher
 from loraplex.platform.settings import Settings
 
 from .errors import BodyLimitMiddleware, install_backend_down_handlers
+from .openapi import install_openapi, operation_id
 from .routes import adapters, admin, health, openai
 
 JSON_BODY_LIMIT = 1 << 20
@@ -41,6 +42,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="loraplex",
         description="Multi-tenant LoRA hosting: admin and tenant adapter API.",
         version="0.1.0",
+        generate_unique_id_function=operation_id,
     )
     app.state.settings = settings
     app.state.sessions = make_sessionmaker(settings.database_url) if settings.database_url else None
@@ -56,4 +58,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(adapters.router)
     app.include_router(openai.router)
+    install_openapi(app)
     return app
