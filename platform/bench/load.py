@@ -30,6 +30,7 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -230,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline-requests", type=int, default=8)
     p.add_argument("--idle-timeout", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep-logs", type=Path, help="local stack: copy its logs here at the end")
     return p
 
 
@@ -288,6 +290,6 @@ def main(argv: list[str]) -> int:
         return 0
     from loraplex.platform.bench.serve_stack import local_stack
 
-    with local_stack(args.adapters) as (url, key, replica_url, secret):
+    with local_stack(args.adapters, args.keep_logs) as (url, key, replica_url, secret):
         print_results(run(url, key, args, (replica_url, secret)))
     return 0
