@@ -319,6 +319,9 @@ class EngineCore:
             num_requests_running=self.scheduler.num_running,
             num_requests_waiting=self.scheduler.num_waiting,
             resident_adapters=list(resident),
+            adapter_references=(
+                0 if self.lora_runtime is None else self.lora_runtime.adapter_references
+            ),
             max_loras=self.config.max_loras,
             prefix_cache_queries=self.kv.queries,
             prefix_cache_hits=self.kv.hits,

@@ -147,6 +147,8 @@ def build_text_job(
             raise bad_request("The prompt is empty.", param="prompt")
     else:
         vocab = assets.tokenizer.vocab_size
+        if not prompt:
+            raise bad_request("The prompt is empty.", param="prompt")
         if any(t < 0 or t >= vocab for t in prompt):
             raise bad_request(f"Prompt token ids must be in [0, {vocab}).", param="prompt")
         ids = prompt

@@ -175,6 +175,12 @@ class LoraRuntime:
         pool = self.tiers.allocated_pool
         return [] if pool is None else pool.keys()
 
+    @property
+    def adapter_references(self) -> int:
+        """Device-slot references running requests hold (0 when the replica is idle)."""
+        pool = self.tiers.allocated_pool
+        return 0 if pool is None else pool.references()
+
     # -- observability -------------------------------------------------------------------
 
     def metrics(self) -> dict[str, Any]:
