@@ -54,6 +54,7 @@ class EngineCore:
         hf_config = loaded.hf_config
         self.model_id = loaded.model_id
         self.dtype = loaded.dtype
+        self.dtype_reason = loaded.dtype_reason  # why this compute dtype (reported in /state)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         eos = self.tokenizer.eos_token_ids if self.tokenizer is not None else []
@@ -311,6 +312,8 @@ class EngineCore:
             prefix_cache_queries=self.kv.queries,
             prefix_cache_hits=self.kv.hits,
             num_preemptions=self.scheduler.num_preemptions,
+            compute_dtype=str(self.dtype).removeprefix("torch."),
+            compute_dtype_reason=self.dtype_reason,
         )
 
     def close(self) -> None:

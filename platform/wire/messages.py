@@ -189,6 +189,9 @@ class ReplicaState(WireModel):
     prefix_cache_queries: int = Field(ge=0)
     prefix_cache_hits: int = Field(ge=0)
     num_preemptions: int = Field(ge=0)
+    # The dtype the model computes in and why ("auto" picks bf16 only where it is native).
+    compute_dtype: str = "float32"
+    compute_dtype_reason: str = ""
 
 
 StreamEvent = Annotated[DeltaEvent | FinishEvent | ErrorEvent, Field(discriminator="type")]
