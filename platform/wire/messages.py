@@ -197,6 +197,9 @@ class ReplicaState(WireModel):
     weight_bytes: int = Field(default=0, ge=0)
     kv_cache_dtype: str = "auto"
     kv_cache_bytes: int = Field(default=0, ge=0)
+    # The dtype the model computes in and why ("auto" picks bf16 only where it is native).
+    compute_dtype: str = "float32"
+    compute_dtype_reason: str = ""
 
 
 StreamEvent = Annotated[DeltaEvent | FinishEvent | ErrorEvent, Field(discriminator="type")]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from loraplex.loader.tensor_layout import require_contiguous, require_stride1_last
 from loraplex.platform.engine.layers.paged_attention_torch import (
     NO_SCALES,
     KVScales,
@@ -178,6 +179,9 @@ def decode_attention_triton(
         raise ValueError(f"q heads/dim ({hq}, {d}) do not fit the cache ({hkv}, {d_cache})")
     if q.stride(2) != 1:
         q = q.contiguous()
+    require_contiguous("decode_attention_triton", kv_cache=kv_cache)
+    require_stride1_last("decode_attention_triton", block_tables=block_tables)
+    require_contiguous("decode_attention_triton", seq_lens=seq_lens)
     out = torch.empty(s, hq, d, dtype=q.dtype, device=q.device)
     if s == 0:
         return out
