@@ -45,6 +45,7 @@ class TenantOut(_Out):
     id: str
     name: str
     created_at: str | None
+    suspended_at: str | None
     limits: TenantLimitsOut
 
 
@@ -102,6 +103,7 @@ class DeploymentOut(_Out):
     replicas: int
     expert_parallel_size: int
     share_prefix_cache: bool
+    cold_start_wait_s: float
     created_at: str | None
 
 
