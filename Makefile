@@ -28,8 +28,8 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml setup.py
 	@echo "installing $(TORCH_SPEC) (CPU build) into $(VENV)"
 	$(PIP) install $(PIP_FLAGS) "$(TORCH_SPEC)"
-	@echo "installing loraplex and its extras (embedded, test, dev, infra)"
-	$(PIP) install $(PIP_FLAGS) -e '.[embedded,test,dev,infra]'
+	@echo "installing loraplex and its extras (embedded, test, dev, infra, kubernetes)"
+	$(PIP) install $(PIP_FLAGS) -e '.[embedded,test,dev,infra,kubernetes]'
 	@touch $@
 
 $(CHECKOV_STAMP):

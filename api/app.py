@@ -7,6 +7,7 @@ from collections.abc import Callable
 from fastapi import FastAPI
 
 from loraplex.platform.db.session import make_sessionmaker
+from loraplex.platform.graceful import DrainGuard
 from loraplex.platform.http_errors import install_error_handlers
 from loraplex.platform.jobs.celery_app import create_celery
 from loraplex.platform.jobs.dispatch import CeleryDispatcher
@@ -14,6 +15,7 @@ from loraplex.platform.settings import Settings
 
 from .console import install_console
 from .errors import BodyLimitMiddleware, install_backend_down_handlers
+from .openapi import install_openapi, operation_id
 from .routes import adapters, admin, health, openai
 
 JSON_BODY_LIMIT = 1 << 20
@@ -44,6 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="loraplex",
         description="Multi-tenant LoRA hosting: admin and tenant adapter API.",
         version="0.1.0",
+        generate_unique_id_function=operation_id,
     )
     app.state.settings = settings
     app.state.sessions = make_sessionmaker(settings.database_url) if settings.database_url else None
@@ -53,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         else None
     )
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limit(settings))
+    app.add_middleware(DrainGuard)  # SIGTERM: new requests get 503 while streams finish
     install_error_handlers(app)  # after: request ids cover the body limit's answers too
     install_backend_down_handlers(app)
     app.include_router(health.router)
@@ -60,4 +64,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(adapters.router)
     app.include_router(openai.router)
     install_console(app)  # after the error handlers: its HTML pages wrap the JSON one
+    install_openapi(app)
     return app

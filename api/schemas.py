@@ -15,21 +15,31 @@ from loraplex.platform.db.models import (
     Tenant,
 )
 from loraplex.platform.db.models import BaseModel as BaseModelRow
+from loraplex.platform.services.tenants import LIMIT_RANGES
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# Documented in the OpenAPI (the services check them, answering 400 with the field's name).
+NAME_PATTERN = {"pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]*$"}
+
+
+def _limit(field: str) -> Any:
+    low, high = LIMIT_RANGES[field]
+    return Field(default=None, json_schema_extra={"minimum": low, "maximum": high})
+
+
 class TenantLimitsFields(_Strict):
     """A tenant's own limits (null: the deployment default); ranges are checked by the
     tenants service (400 naming the field)."""
 
-    requests_per_minute: StrictInt | None = None
-    tokens_per_minute: StrictInt | None = None
-    monthly_token_quota: StrictInt | None = None
-    max_concurrent_uploads: StrictInt | None = None
-    max_stored_adapter_bytes: StrictInt | None = None
+    requests_per_minute: StrictInt | None = _limit("requests_per_minute")
+    tokens_per_minute: StrictInt | None = _limit("tokens_per_minute")
+    monthly_token_quota: StrictInt | None = _limit("monthly_token_quota")
+    max_concurrent_uploads: StrictInt | None = _limit("max_concurrent_uploads")
+    max_stored_adapter_bytes: StrictInt | None = _limit("max_stored_adapter_bytes")
 
     def limits(self, only_sent: bool = False) -> dict[str, int | None]:
         """The limit fields (only those the body named when `only_sent`)."""
@@ -41,7 +51,7 @@ class TenantLimitsFields(_Strict):
 class TenantCreate(TenantLimitsFields):
     """`POST /admin/v1/tenants`."""
 
-    name: str = Field(min_length=1, max_length=128)
+    name: str = Field(min_length=1, max_length=128, json_schema_extra=NAME_PATTERN)
 
 
 class TenantUpdate(TenantLimitsFields):
@@ -69,10 +79,17 @@ class Quantization(_Strict):
     kv_cache: Literal["auto", "fp8"] = "auto"
 
 
+class DeploymentScale(_Strict):
+    """`PATCH /admin/v1/deployments/{id}`: the new replica count (range checked by the
+    deployments service: 400 naming `replicas`)."""
+
+    replicas: StrictInt
+
+
 class DeploymentCreate(_Strict):
     """`POST /admin/v1/deployments`."""
 
-    name: str = Field(min_length=1, max_length=128)
+    name: str = Field(min_length=1, max_length=128, json_schema_extra=NAME_PATTERN)
     base_model: str = Field(min_length=1, max_length=128)
     quantization: Quantization = Field(default_factory=Quantization)
     max_loras: int | None = Field(default=None, ge=1, le=4096)
@@ -80,6 +97,7 @@ class DeploymentCreate(_Strict):
     replicas: int = Field(default=1, ge=0, le=1024)
     expert_parallel_size: int = Field(default=1, ge=1, le=1024)
     share_prefix_cache: bool = False
+    cold_start_wait_s: float = Field(default=120.0, ge=0, le=3600)
 
 
 class PresignedUploadCreate(_Strict):
@@ -168,6 +186,7 @@ def deployment_view(d: Deployment) -> dict[str, Any]:
         "replicas": d.replicas,
         "expert_parallel_size": d.expert_parallel_size,
         "share_prefix_cache": d.share_prefix_cache,
+        "cold_start_wait_s": d.cold_start_wait_s,
         "created_at": _ts(d.created_at),
     }
 

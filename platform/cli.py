@@ -25,15 +25,15 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_api(args: argparse.Namespace) -> int:
-    """Serve the REST API (FastAPI app factory) with uvicorn."""
-    import uvicorn
+    """Serve the REST API (FastAPI app factory) with uvicorn; SIGTERM drains it (exit 0)."""
+    from loraplex.platform.graceful import serve
 
     settings = _settings(port=args.port, host=args.host)
     where = (
         {"fd": args.fd} if args.fd is not None else {"host": settings.host, "port": settings.port}
     )
-    uvicorn.run("loraplex.api.app:create_app", factory=True, log_level=args.log_level, **where)
-    return 0
+    return serve("loraplex.api.app:create_app", factory=True, log_level=args.log_level,
+                 drain_timeout_s=settings.drain_timeout_s, **where)  # fmt: skip
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -125,6 +125,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("usage: loraplex bench NAME [ARGS...]")
         print(f"available: {', '.join(names) or '(none)'}")
         return 0 if args.name else 2
+    args.name = args.name.replace("-", "_")  # `bench gpu-check` runs module gpu_check
     if args.name not in names:
         print(
             f"error: unknown benchmark {args.name!r}; available: {', '.join(names) or '(none)'}",
@@ -177,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", type=Path, default=Path("demo-model"))
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=cmd_models_demo)
+
+    from loraplex.platform.opcli.commands import add_parsers as add_operator_commands
+
+    add_operator_commands(sub)
 
     admin = sub.add_parser("admin", help="console operators")
     asub = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")

@@ -25,7 +25,7 @@ def start_engine_process(
     *,
     host: str = "127.0.0.1",
     log_level: str = "info",
-    timeout: float = 300,
+    timeout: float | None = 300,
     sock: socket.socket | None = None,
 ) -> tuple[str, ServiceProcess]:
     """Start `loraplex engine` for `config` on a listening socket bound here and wait for
@@ -33,7 +33,8 @@ def start_engine_process(
     fresh one on `host` (the OS picks the port; no bind-then-close race).
 
     `env` carries the storage settings (`LORAPLEX_S3_*`). Returns the replica URL and its
-    process (stopped if it does not come up)."""
+    process (stopped if it does not come up); `timeout=None` returns at once, without waiting
+    (a launcher announces it as starting and lets the gateway wait for it)."""
     own = sock is None
     sock = listen_socket(host, 0) if sock is None else sock
     bound_host, port = sock.getsockname()[:2]
@@ -45,18 +46,19 @@ def start_engine_process(
     finally:
         if own:
             sock.close()  # the child holds its own copy
-    proc.wait_ready(lambda: http_ok(url + "/health"), timeout)
+    if timeout is not None:
+        proc.wait_ready(lambda: http_ok(url + "/health"), timeout)
     return url, proc
 
 
 def start_api_process(
     env: dict[str, str], log: Path, *, log_level: str = "warning", timeout: float = 120
 ) -> tuple[str, ServiceProcess]:
-    """Start the API app (`loraplex.api.app:create_app` under uvicorn) on a free loopback port
-    and wait for /healthz; its settings come from `env`."""
+    """Start the API (`loraplex api`: the app under uvicorn, draining on SIGTERM) on a free
+    loopback port and wait for /healthz; its settings come from `env`."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "uvicorn", "--factory", "loraplex.api.app:create_app",
+    argv = [sys.executable, "-m", "loraplex.platform.cli", "api",
             "--host", "127.0.0.1", "--port", str(port), "--log-level", log_level]  # fmt: skip
     proc = ServiceProcess("api", log)
     proc.start(argv, env=env, cwd=log.parent)

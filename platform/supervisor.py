@@ -89,6 +89,17 @@ class Supervisor:
             self.states[child.name] = ChildState(child.name, pid=child.process.pid)
         self._save()
 
+    def remove(self, name: str) -> None:
+        """Stop watching `name` (a launcher scaling it away stops it); a restart of it that is
+        under way is abandoned."""
+        with self._lock:
+            self.children.pop(name, None)
+            self.states.pop(name, None)
+        self._save()
+
+    def _watching(self, child: Supervised) -> bool:
+        return self.children.get(child.name) is child
+
     def backoff_s(self, failures: int) -> float:
         """Seconds to wait before try number `failures` (1, 2, 4, ... up to the cap)."""
         return min(self.backoff_max_s, self.backoff_base_s * 2 ** max(0, failures - 1))
@@ -96,7 +107,9 @@ class Supervisor:
     def poll(self) -> None:
         """One pass: notice dead children and start their restarts."""
         for name, child in list(self.children.items()):
-            st = self.states[name]
+            st = self.states.get(name)
+            if st is None:  # removed meanwhile
+                continue
             if st.state != RUNNING or self._stopping.is_set():
                 continue
             if child.process.running():
@@ -130,26 +143,26 @@ class Supervisor:
             self._restarters[child.name] = queue.SimpleQueue()
             threading.Thread(
                 target=self._restarter,
-                args=(child, st, self._restarters[child.name]),
+                args=(self._restarters[child.name],),
                 name=f"restart-{child.name}",
                 daemon=True,
             ).start()
-        self._restarters[child.name].put(delay)
+        self._restarters[child.name].put((child, st, delay))
 
-    def _restarter(self, child: Supervised, st: ChildState, delays: queue.SimpleQueue) -> None:
+    def _restarter(self, todo: queue.SimpleQueue) -> None:
         while True:  # never returns: see the module docstring
-            self._restart(child, st, delays.get())
+            self._restart(*todo.get())
 
     def _restart(self, child: Supervised, st: ChildState, delay: float) -> None:
-        if self._stopping.wait(delay):
+        if self._stopping.wait(delay) or not self._watching(child):
             return
         began = time.monotonic()
         try:
             child.restart()
         except Exception as exc:  # noqa: BLE001 - a failed start counts as a crash
             st.last_error = str(exc)[-2000:]
-        if self._stopping.is_set():  # shut down while it started: do not leave it running
-            child.process.stop(timeout=10)
+        if self._stopping.is_set() or not self._watching(child):
+            child.process.stop(timeout=10)  # shut down or removed while it started
             return
         st.pid = child.process.pid
         st.restarts += 1

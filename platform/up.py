@@ -2,9 +2,11 @@
 
 Starts embedded PostgreSQL, SeaweedFS S3 and Redis (each unless its URL is set), migrates
 the database, creates the bucket, keeps an admin key, registers the demo model (or
-`--model`), then runs a Celery worker and the API as child processes. Ctrl-C (or SIGTERM)
-stops everything it started, last started first. A second `up` on the same data dir
-finds its data again.
+`--model`), then runs a Celery worker, the API and the deployment's engine replicas (through
+the local launcher, kept at the row's `replicas` by a reconcile loop) as child processes.
+Ctrl-C (or SIGTERM) stops everything it started, in order, each with SIGTERM: the API first
+(it stops taking requests and finishes its streams), then the replicas (they drain), the
+worker, and the services. A second `up` on the same data dir finds its data again.
 """
 
 from __future__ import annotations
@@ -211,6 +213,7 @@ def start_all(
     model: Path | None,
     model_name: str | None,
     engine: bool = True,
+    supervisor: Supervisor | None = None,
 ) -> tuple[Settings, str, list[Supervised]]:
     """Bring every part up in order; returns the final settings, the API URL and what the
     supervisor watches."""
@@ -250,14 +253,15 @@ def start_all(
     cli = [sys.executable, "-m", "loraplex.platform.cli"]
     url = f"http://{settings.host}:{settings.port}"
     fd = api_sock.fileno()
+    drain = settings.drain_timeout_s + 10
     with step(console, "Worker and API") as note:
         worker = _start_child(
             "worker", [*cli, "worker"], logs / "worker.log", child_env(settings, "worker")
         )
         api = _start_child("API", [*cli, "api", "--fd", str(fd)], logs / "api.log",
                            child_env(settings, "api"), pass_fds=(fd,))  # fmt: skip
-        # Both are clients of the services: stopped together (SIGINT = graceful for each).
-        stack.push("worker and API", lambda: stop_together([api, worker], signal.SIGINT, 20))
+        # Both are clients of the services: stopped before them (SIGTERM = graceful for each).
+        stack.push("worker and API", lambda: stop_together([api, worker], signal.SIGTERM, drain))
         api_ok = lambda: http_ok(url + "/healthz")  # noqa: E731
         api.wait_ready(api_ok, timeout=90)
         if not worker.running():
@@ -267,32 +271,48 @@ def start_all(
     watch.append(Supervised("API", api, lambda: _restart_and_wait(api, api_ok, 90)))
     if engine:
         env = child_env(settings, "engine")
-        watch += start_serving(settings, stack, folder, name, logs / "engine.log", env)
+        supervisor = supervisor or Supervisor(lambda text: None)
+        start_serving(settings, stack, folder, name, logs, env, supervisor)
+        # Closed before the replicas: the API finishes its streams while they still serve.
+        stack.push("API (draining)", lambda: api.stop(signal.SIGTERM, timeout=drain))
     return settings, url, watch
 
 
 def start_serving(
-    settings: Settings, stack: Stack, folder: Path, name: str, log: Path, env: dict[str, str]
-) -> list[ServiceProcess]:
-    """A deployment for the base model and one engine replica the gateway routes to."""
-    from loraplex.platform.up_replica import ensure_deployment, start_replica
+    settings: Settings,
+    stack: Stack,
+    folder: Path,
+    name: str,
+    logs: Path,
+    env: dict[str, str],
+    supervisor: Supervisor,
+) -> None:
+    """The base model's deployment, its replicas (the local launcher, each one handed to the
+    supervisor) and the reconcile loop that keeps them at the row's `replicas`."""
+    from loraplex.platform.db.session import make_sessionmaker
+    from loraplex.platform.launcher.local import LocalLauncher
+    from loraplex.platform.launcher.reconcile import Reconciler
+    from loraplex.platform.up_replica import ensure_deployment
 
     with step(stack.console, "Deployment") as note:
         deployment = ensure_deployment(settings, name, folder)
         note.append(f"{deployment.name} (max_loras {deployment.config.max_loras}, "
-                    f"max_lora_rank {deployment.config.max_lora_rank})")  # fmt: skip
-    with step(stack.console, "Engine replica") as note:
-        replica = start_replica(settings, deployment, name, log, env)
-
-        def stop() -> None:
-            replica.deregister()
-            replica.process.stop(signal.SIGINT, timeout=20)
-            replica.socket.close()
-
-        stack.push("engine replica", stop)
-        note.append(f"{replica.url}, serving {name!r}")
-    # Restarted on the same socket (same URL); its heartbeat re-registers it once healthy.
-    return [Supervised("engine replica", replica.process, replica.restart)]
+                    f"max_lora_rank {deployment.config.max_lora_rank}, "
+                    f"replicas {deployment.row.replicas})")  # fmt: skip
+    # `up`'s base model from its local folder; any other an operator registers, from S3.
+    launcher = LocalLauncher(settings, logs, env, local_models={name: folder},
+                             watch=supervisor.add, unwatch=supervisor.remove)  # fmt: skip
+    stack.push("engine replicas", launcher.stop_all)
+    with step(stack.console, "Engine replicas") as note:
+        launcher.scale(deployment.row, deployment.row.replicas)
+        launcher.wait_ready(deployment.name)
+        urls = [r.url for r in launcher.replicas(deployment.name)]
+        note.append(f"{', '.join(urls) or 'none (replicas 0)'}, serving {name!r}")
+    assert settings.database_url is not None
+    # Every deployment: one an operator creates or scales gets its replicas started here too.
+    reconciler = Reconciler(launcher, make_sessionmaker(settings.database_url))
+    reconciler.seen[deployment.name] = deployment.row.replicas
+    stack.push("reconcile loop", reconciler.start().close)
 
 
 def run_up(
@@ -314,14 +334,22 @@ def run_up(
         with data_dir_lock(data_dir):
             try:
                 console.print(f"loraplex up — data in {data_dir}")
-                settings, url, children = start_all(settings, stack, model, model_name, engine)
+                supervisor = Supervisor(
+                    lambda text: console.print(
+                        f"[yellow]![/] {text}", markup=True, highlight=False
+                    ),
+                    state_file=data_dir / "logs" / "supervisor.json",
+                )
+                settings, url, children = start_all(
+                    settings, stack, model, model_name, engine, supervisor
+                )
                 console.print()
                 console.print(f"URL: {url}")
                 console.print(f"Console: {url}/console/  (first sign-in: the admin key)")
                 console.print(f"Admin key: {settings.admin_key}")
                 console.print(f"Logs: {data_dir / 'logs'}")
                 console.print("Press Ctrl-C to stop.")
-                code = supervise(console, children, data_dir / "logs" / "supervisor.json", stack)
+                code = supervise(supervisor, children, stack)
             except KeyboardInterrupt:
                 console.print("\nShutting down…")
             except (UpError, EmbeddedServiceError, UnservableDeploymentError) as exc:
@@ -343,12 +371,8 @@ def run_up(
     return code
 
 
-def supervise(console: Console, children: list[Supervised], state: Path, stack: Stack) -> int:
+def supervise(supervisor: Supervisor, children: list[Supervised], stack: Stack) -> int:
     """Keep the children running until Ctrl-C / SIGTERM (raised as KeyboardInterrupt)."""
-    supervisor = Supervisor(
-        lambda text: console.print(f"[yellow]![/] {text}", markup=True, highlight=False),
-        state_file=state,
-    )
     for child in children:
         supervisor.add(child)
     stack.push("supervisor", supervisor.close)  # stopped first: no restart during shutdown

@@ -23,7 +23,8 @@ FIXTURE_MODULES = [
     "platform/local_processes.py", "platform/supervisor.py", "platform/child_env.py",
     "platform/replica_secret.py", "platform/wire/messages.py", "platform/tokenizing/chat.py",
     "platform/http_errors.py", "platform/object_keys.py", "platform/secret_files.py",
-    "platform/errors.py",
+    "platform/errors.py", "platform/opcli/commands.py", "platform/launcher/local.py",
+    "platform/graceful.py",
 ]  # fmt: skip
 # Imports that follow the direction: the fixture passes with these alone.
 GOOD = {
@@ -33,6 +34,7 @@ GOOD = {
     "platform/services/adapters.py": ["platform.db.models", "platform.settings"],
     "adapters/weights.py": ["loader.stream"],
     "platform/bench/run.py": ["platform.bench.common", "platform.up"],
+    "platform/cli.py": ["platform.opcli.commands", "platform.bench.run"],
 }
 
 

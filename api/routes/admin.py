@@ -8,18 +8,32 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
+from loraplex.platform.db.models import Deployment
 from loraplex.platform.db.session import session_scope
+from loraplex.platform.errors import HttpError
 from loraplex.platform.services import api_keys, base_models, deployments, tenants
 from loraplex.platform.services.errors import NotFound
 from loraplex.platform.settings import Settings
 
 from .. import idempotent
 from ..deps import get_db, get_sessions, get_settings, require_admin
+from ..response_models import (
+    ApiKeyCreated,
+    ApiKeyList,
+    ApiKeyOut,
+    BaseModelList,
+    DeploymentList,
+    DeploymentOut,
+    TenantList,
+    TenantOut,
+)
 from ..schemas import (
     ApiKeyCreate,
     BaseModelRegister,
     DeploymentCreate,
+    DeploymentScale,
     TenantCreate,
     TenantUpdate,
     api_key_view,
@@ -42,7 +56,7 @@ def _listing(items: list[dict[str, Any]]) -> dict[str, Any]:
     return {"object": "list", "data": items}
 
 
-@router.post("/tenants", status_code=201)
+@router.post("/tenants", status_code=201, response_model=TenantOut)
 async def create_tenant(
     body: TenantCreate,
     request: Request,
@@ -67,19 +81,19 @@ async def create_tenant(
     )
 
 
-@router.get("/tenants")
+@router.get("/tenants", response_model=TenantList)
 def list_tenants(session: Session = Depends(get_db)) -> dict[str, Any]:
     """Every tenant."""
     return _listing([tenant_view(t) for t in tenants.list_tenants(session)])
 
 
-@router.get("/tenants/{tenant_id}")
+@router.get("/tenants/{tenant_id}", response_model=TenantOut)
 def get_tenant(tenant_id: str, session: Session = Depends(get_db)) -> dict[str, Any]:
     """One tenant."""
     return tenant_view(tenants.get_tenant(session, _uuid(tenant_id, "tenant")))
 
 
-@router.patch("/tenants/{tenant_id}")
+@router.patch("/tenants/{tenant_id}", response_model=TenantOut)
 def update_tenant(
     tenant_id: str,
     body: TenantUpdate,
@@ -93,7 +107,7 @@ def update_tenant(
     return tenant_view(tenants.update_limits(session, tid, changes, actor=actor))
 
 
-@router.post("/tenants/{tenant_id}/api-keys", status_code=201)
+@router.post("/tenants/{tenant_id}/api-keys", status_code=201, response_model=ApiKeyCreated)
 async def create_api_key(
     tenant_id: str,
     body: ApiKeyCreate,
@@ -124,7 +138,7 @@ async def create_api_key(
     )
 
 
-@router.get("/tenants/{tenant_id}/api-keys")
+@router.get("/tenants/{tenant_id}/api-keys", response_model=ApiKeyList)
 def list_api_keys(tenant_id: str, session: Session = Depends(get_db)) -> dict[str, Any]:
     """A tenant's keys (no secrets)."""
     tid = _uuid(tenant_id, "tenant")
@@ -132,7 +146,7 @@ def list_api_keys(tenant_id: str, session: Session = Depends(get_db)) -> dict[st
     return _listing([api_key_view(k) for k in api_keys.list_api_keys(session, tid)])
 
 
-@router.delete("/api-keys/{key_id}")
+@router.delete("/api-keys/{key_id}", response_model=ApiKeyOut)
 def revoke_api_key(
     key_id: str, session: Session = Depends(get_db), actor: str = Depends(require_admin)
 ) -> dict[str, Any]:
@@ -140,7 +154,7 @@ def revoke_api_key(
     return api_key_view(api_keys.revoke_api_key(session, _uuid(key_id, "api_key"), actor=actor))
 
 
-@router.post("/deployments", status_code=201)
+@router.post("/deployments", status_code=201, response_model=DeploymentOut)
 async def create_deployment(
     body: DeploymentCreate,
     request: Request,
@@ -159,6 +173,7 @@ async def create_deployment(
         replicas=body.replicas,
         expert_parallel_size=body.expert_parallel_size,
         share_prefix_cache=body.share_prefix_cache,
+        cold_start_wait_s=body.cold_start_wait_s,
     )
 
     def handler() -> dict[str, Any]:
@@ -178,10 +193,49 @@ async def create_deployment(
     )
 
 
-@router.get("/deployments")
+@router.get("/deployments", response_model=DeploymentList)
 def list_deployments(session: Session = Depends(get_db)) -> dict[str, Any]:
     """Every deployment."""
     return _listing([deployment_view(d) for d in deployments.list_deployments(session)])
+
+
+@router.patch("/deployments/{deployment_id}")
+def scale_deployment(
+    deployment_id: str,
+    body: DeploymentScale,
+    session: Session = Depends(get_db),
+    actor: str = Depends(require_admin),
+) -> dict[str, Any]:
+    """Change a deployment's replica count (0 stops serving it)."""
+    did = _uuid(deployment_id, "deployment")
+    return deployment_view(deployments.set_replicas(session, did, body.replicas, actor=actor))
+
+
+@router.get("/deployments/{deployment_id}/replicas")
+async def deployment_replicas(
+    deployment_id: str, request: Request, sessions: sessionmaker[Session] = Depends(get_sessions)
+) -> dict[str, Any]:
+    """The deployment's replicas as the gateway sees them: how many are ready, how many are
+    still starting (cold start), against the `replicas` its row asks for."""
+    dep_id = _uuid(deployment_id, "deployment")
+
+    def load() -> tuple[str, int]:
+        with sessions() as session:
+            row = session.get(Deployment, dep_id)
+            if row is None:
+                raise NotFound(
+                    f"no deployment with id {deployment_id!r}", code="deployment_not_found"
+                )
+            return row.name, row.replicas
+
+    name, desired = await run_in_threadpool(load)
+    gw = getattr(request.app.state, "gateway", None)
+    if gw is None:
+        raise HttpError(503, "The inference gateway is not configured.", type="service_unavailable",
+                        code="gateway_unavailable")  # fmt: skip
+    ready = await gw.registry.live(name)
+    return {"object": "deployment.replicas", "deployment": name, "desired": desired,
+            "ready": len(ready), "starting": await gw.registry.starting(name)}  # fmt: skip
 
 
 @router.post("/base-models", status_code=201)
@@ -199,7 +253,7 @@ def register_base_model(
     return base_model_view(model)
 
 
-@router.get("/base-models")
+@router.get("/base-models", response_model=BaseModelList)
 def list_base_models(session: Session = Depends(get_db)) -> dict[str, Any]:
     """Every registered base model."""
     return _listing([base_model_view(m) for m in base_models.list_base_models(session)])

@@ -1,12 +1,14 @@
-"""`GET /healthz`: the API is up and its database answers."""
+"""`GET /healthz`: the API is up and its database answers; `GET /metrics`: the gateway's
+Prometheus metrics (time to first token, cold-start waits)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
+from loraplex.platform.gateway.metrics import CONTENT_TYPE_LATEST
 from loraplex.platform.http_errors import error_response
 
 router = APIRouter(tags=["health"])
@@ -33,3 +35,11 @@ async def healthz(request: Request) -> JSONResponse:
             type="server_error",
         )
     return JSONResponse({"status": "ok"})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """The gateway's metrics (Prometheus text); empty when inference is not configured."""
+    gw = getattr(request.app.state, "gateway", None)
+    body = gw.router.metrics.render() if gw is not None else b""
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -136,6 +136,7 @@ class Deployment(Base):
         CheckConstraint("max_lora_rank >= 1", name="max_lora_rank"),
         CheckConstraint("replicas >= 0", name="replicas"),
         CheckConstraint("expert_parallel_size >= 1", name="ep_size"),
+        CheckConstraint("cold_start_wait_s >= 0", name="cold_start_wait"),
     )
 
     id: Mapped[uuid.UUID] = _uuid_pk()
@@ -150,6 +151,9 @@ class Deployment(Base):
     replicas: Mapped[int] = mapped_column(Integer)
     expert_parallel_size: Mapped[int] = mapped_column(Integer)
     share_prefix_cache: Mapped[bool] = mapped_column(Boolean, server_default="false")
+    # How long a request waits for a first ready replica when all are still starting (a cold
+    # start, a scale from zero) before the gateway answers 503 with Retry-After.
+    cold_start_wait_s: Mapped[float] = mapped_column(Float, server_default="120")
     created_at: Mapped[datetime] = _created()
 
     base_model: Mapped[BaseModel] = relationship(lazy="joined")

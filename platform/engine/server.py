@@ -27,6 +27,7 @@ from loraplex.platform.engine.metrics import CONTENT_TYPE_LATEST
 from loraplex.platform.engine.ports import ServedEngine
 from loraplex.platform.engine.wire_mapping import EventWriter, adapter_reference, sampling_params
 from loraplex.platform.errors import HttpError
+from loraplex.platform.graceful import DrainGuard, serve
 from loraplex.platform.http_errors import error_response, install_error_handlers
 from loraplex.platform.wire import (
     WIRE_VERSION,
@@ -111,6 +112,7 @@ def create_app(core: ServedEngine, secret: str) -> FastAPI:
 
     app = FastAPI(title="loraplex engine", lifespan=lifespan)
     app.add_middleware(ReplicaGuard, secret=secret)
+    app.add_middleware(DrainGuard)  # outermost: once draining, new requests get 503
     # The platform's one error mapping; the request id is the gateway's, for joint logs.
     install_error_handlers(app, trust_incoming_request_id=True)
 
@@ -223,8 +225,6 @@ def main(argv: list[str] | None = None) -> int:
     `LORAPLEX_S3_*` environment (`Settings.storage()`), never from the command line."""
     import sys
 
-    import uvicorn
-
     from loraplex.platform.engine_spec.cli import parse_engine_args
     from loraplex.platform.settings import Settings
 
@@ -255,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
             where: dict[str, Any] = {"fd": server.fd}
         else:  # the replica API is for the gateway: an internal address, never the public one
             where = {"host": server.host or settings.replica_host, "port": server.port}
-        uvicorn.run(app, log_level=server.log_level, **where)
+        # SIGTERM: stop taking requests, finish the running ones, exit 0.
+        serve(app, log_level=server.log_level, drain_timeout_s=settings.drain_timeout_s, **where)
     finally:
         core.close()
     return 0

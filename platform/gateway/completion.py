@@ -147,6 +147,8 @@ def build_text_job(
             raise bad_request("The prompt is empty.", param="prompt")
     else:
         vocab = assets.tokenizer.vocab_size
+        if not prompt:
+            raise bad_request("The prompt is empty.", param="prompt")
         if any(t < 0 or t >= vocab for t in prompt):
             raise bad_request(f"Prompt token ids must be in [0, {vocab}).", param="prompt")
         ids = prompt
@@ -200,11 +202,21 @@ async def _choice_events(gw: Gateway, job: Job, index: int) -> AsyncGenerator[Ch
     )
     where: list[Dispatch] = []
     events = gw.router.generate(
-        job.resolved.deployment_name, req, job.resolved.adapter_key, where.append
+        job.resolved.deployment_name,
+        req,
+        job.resolved.adapter_key,
+        where.append,
+        cold_start_wait_s=job.resolved.cold_start_wait_s,
     )
     finished = False
+    first = True
     try:
         async for event in events:
+            if first:
+                first = False
+                gw.router.metrics.ttft.labels(job.resolved.deployment_name).observe(
+                    time.monotonic() - job.started
+                )
             if isinstance(event, FinishEvent):
                 finished = True
                 log.debug(

@@ -35,3 +35,14 @@ def no_replica(detail: str | None = None) -> HttpError:
         detail=detail,
         headers={"retry-after": str(NO_REPLICA_RETRY_AFTER_S)},
     )
+
+
+def still_starting(waited_s: float, retry_after_s: int = NO_REPLICA_RETRY_AFTER_S) -> HttpError:
+    """A 503 after a request waited its deployment's whole cold-start bound for a replica."""
+    return HttpError(
+        503,
+        f"The model's replicas are still starting (waited {waited_s:.0f}s); try again shortly.",
+        type="service_unavailable",
+        code="replicas_starting",
+        headers={"retry-after": str(retry_after_s)},
+    )

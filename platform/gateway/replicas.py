@@ -2,7 +2,10 @@
 in Redis; the gateway lists the live ones. A replica that stops beating expires after its TTL.
 
 Layout: `{prefix}:dep:{deployment}` is a sorted set of replica ids scored by expiry time (ms);
-`{prefix}:rep:{id}` holds the replica's JSON record with the same TTL.
+`{prefix}:rep:{id}` holds the replica's JSON record with the same TTL. A replica that has been
+started but is not ready yet (loading weights, capturing graphs) beats into
+`{prefix}:starting:{deployment}` instead, so the gateway can wait for it (cold start) rather
+than answer 503 at once.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from redis.asyncio import Redis
 
 DEFAULT_PREFIX = "loraplex:replicas"
 DEFAULT_TTL_S = 10.0
+STARTING_POLL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,10 @@ def _rep_key(prefix: str, replica_id: str) -> str:
     return f"{prefix}:rep:{replica_id}"
 
 
+def _starting_key(prefix: str, deployment: str) -> str:
+    return f"{prefix}:starting:{deployment}"
+
+
 def beat(
     client: sync_redis.Redis,
     info: ReplicaInfo,
@@ -60,7 +68,19 @@ def beat(
     pipe = client.pipeline()
     pipe.set(_rep_key(prefix, info.replica_id), info.to_json(), px=int(ttl_s * 1000))
     pipe.zadd(_dep_key(prefix, info.deployment), {info.replica_id: expires_ms})
+    pipe.zrem(_starting_key(prefix, info.deployment), info.replica_id)
     pipe.execute()
+
+
+def beat_starting(
+    client: sync_redis.Redis,
+    info: ReplicaInfo,
+    ttl_s: float = DEFAULT_TTL_S,
+    prefix: str = DEFAULT_PREFIX,
+) -> None:
+    """Announce `info` as starting (not ready yet) for `ttl_s` seconds."""
+    expires_ms = int((time.time() + ttl_s) * 1000)
+    client.zadd(_starting_key(prefix, info.deployment), {info.replica_id: expires_ms})
 
 
 def deregister(client: sync_redis.Redis, info: ReplicaInfo, prefix: str = DEFAULT_PREFIX) -> None:
@@ -68,11 +88,13 @@ def deregister(client: sync_redis.Redis, info: ReplicaInfo, prefix: str = DEFAUL
     pipe = client.pipeline()
     pipe.delete(_rep_key(prefix, info.replica_id))
     pipe.zrem(_dep_key(prefix, info.deployment), info.replica_id)
+    pipe.zrem(_starting_key(prefix, info.deployment), info.replica_id)
     pipe.execute()
 
 
 class Heartbeat:
-    """A daemon thread that keeps one replica registered until `stop()`."""
+    """A daemon thread that keeps one replica registered until `stop()`: announced as
+    starting until its first healthy check, then live while healthy."""
 
     def __init__(
         self,
@@ -91,6 +113,7 @@ class Heartbeat:
         self._prefix = prefix
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="replica-heartbeat", daemon=True)
+        self.ready = threading.Event()  # set at the first healthy beat
 
     def start(self) -> Heartbeat:
         """Register now (if healthy) and keep beating in the background."""
@@ -102,11 +125,16 @@ class Heartbeat:
         try:
             if self._healthy is None or self._healthy():
                 beat(self._client, self.info, self._ttl, self._prefix)
+                self.ready.set()
+            elif not self.ready.is_set():
+                beat_starting(self._client, self.info, self._ttl, self._prefix)
         except sync_redis.RedisError:
             pass  # Redis blip: try again next interval; the TTL covers the gap.
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        # While starting, check often: a request waiting for this replica should not also
+        # wait out a whole beat interval after it is ready.
+        while not self._stop.wait(self._interval if self.ready.is_set() else STARTING_POLL_S):
             self._beat_once()
 
     def stop(self, deregister_now: bool = True) -> None:
@@ -152,12 +180,25 @@ class ReplicaRegistry:
         raws = await self._redis.mget([_rep_key(self._prefix, i) for i in ids])
         return [ReplicaInfo.from_json(r) for r in raws if r is not None]
 
+    async def starting(self, deployment: str) -> int:
+        """How many replicas of `deployment` are starting (announced, not ready yet)."""
+        key = _starting_key(self._prefix, deployment)
+        await self._redis.zremrangebyscore(key, "-inf", int(time.time() * 1000))
+        return int(await self._redis.zcard(key))
+
+    async def announce_starting(self, info: ReplicaInfo, ttl_s: float = DEFAULT_TTL_S) -> None:
+        """Async `beat_starting` (tests and in-process replicas)."""
+        expires_ms = int((time.time() + ttl_s) * 1000)
+        await self._redis.zadd(_starting_key(self._prefix, info.deployment),
+                               {info.replica_id: expires_ms})  # fmt: skip
+
     async def register(self, info: ReplicaInfo, ttl_s: float = DEFAULT_TTL_S) -> None:
         """Async registration (tests and in-process replicas)."""
         expires_ms = int((time.time() + ttl_s) * 1000)
         pipe = self._redis.pipeline()
         pipe.set(_rep_key(self._prefix, info.replica_id), info.to_json(), px=int(ttl_s * 1000))
         pipe.zadd(_dep_key(self._prefix, info.deployment), {info.replica_id: expires_ms})
+        pipe.zrem(_starting_key(self._prefix, info.deployment), info.replica_id)
         await pipe.execute()
 
     async def remove(self, info: ReplicaInfo) -> None:
@@ -165,4 +206,5 @@ class ReplicaRegistry:
         pipe = self._redis.pipeline()
         pipe.delete(_rep_key(self._prefix, info.replica_id))
         pipe.zrem(_dep_key(self._prefix, info.deployment), info.replica_id)
+        pipe.zrem(_starting_key(self._prefix, info.deployment), info.replica_id)
         await pipe.execute()

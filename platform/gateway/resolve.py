@@ -57,6 +57,8 @@ class ResolvedModel:
     # never reads the tenant's patterns.
     adapter_targets: dict[str, Any] | None = None
     base_created: int = 0  # the base model row's creation time (epoch seconds)
+    # How long to wait for a starting replica before 503 (the deployment's setting).
+    cold_start_wait_s: float = 0.0
 
     @property
     def adapter_key(self) -> str | None:
@@ -131,6 +133,7 @@ def _resolved(session: Session, model: str, base: BaseModel, **adapter: Any) -> 
         deployment_id=dep.id,
         deployment_name=dep.name,
         share_prefix_cache=bool(dep.share_prefix_cache),
+        cold_start_wait_s=float(dep.cold_start_wait_s),
         base_created=int(base.created_at.timestamp()),
         **adapter,
     )

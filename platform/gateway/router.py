@@ -12,6 +12,11 @@ knows: the prompt's KV block keys are computed with the engine's own hash
 (`wire.prefix_hash`), the `model_id` and `block_size` that replica reports, the adapter and
 the cache salt, and matched against the keys this gateway has sent there. `queue_load` is the
 replica's running + waiting requests over the busiest one's. Candidates are tried best first.
+
+Cold starts: when a deployment has no live replica but some are starting (announced by their
+heartbeat, not healthy yet), a request waits up to the deployment's `cold_start_wait_s` for
+the first one to be ready instead of failing at once; the wait is part of its time to first
+token and is measured (`GatewayMetrics.cold_start_wait`). Past the bound: 503 + Retry-After.
 """
 
 from __future__ import annotations
@@ -26,13 +31,15 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from loraplex.platform.errors import GENERIC_MESSAGE, LoraplexError
-from loraplex.platform.gateway.errors import no_replica
+from loraplex.platform.gateway.errors import no_replica, still_starting
+from loraplex.platform.gateway.metrics import GatewayMetrics
 from loraplex.platform.gateway.replica_client import ReplicaClient, ReplicaUnavailable
 from loraplex.platform.gateway.replicas import ReplicaInfo, ReplicaRegistry
 from loraplex.platform.wire import DeltaEvent, FinishEvent, GenerateRequest, ReplicaState
 from loraplex.platform.wire.prefix_hash import block_hashes, max_cached_blocks
 
 W_LORA, W_PREFIX, W_KV, W_QUEUE = 2.0, 1.5, 1.0, 1.0
+COLD_START_POLL_S = (0.05, 0.5)  # first and longest pause between looks at the registry
 log = logging.getLogger(__name__)
 
 
@@ -182,9 +189,11 @@ class Router:
         *,
         state_ttl_s: float = 0.2,
         down_cooldown_s: float = 2.0,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.registry = registry
         self.client = client
+        self.metrics = metrics or GatewayMetrics()
         self.prefixes = PrefixIndex()
         self._state_ttl = state_ttl_s
         self._cooldown = down_cooldown_s
@@ -253,18 +262,46 @@ class Router:
         scored.sort(key=lambda s: s.score, reverse=True)
         return scored
 
+    async def wait_for_ready(
+        self, deployment: str, adapter_key: str | None, prompt: PromptKeys, bound_s: float
+    ) -> list[Scored]:
+        """Candidates once a starting replica of `deployment` is ready, waiting up to
+        `bound_s`; [] at once when none is starting. Raises 503 (`replicas_starting`, with
+        Retry-After) when the bound passes first."""
+        if bound_s <= 0 or await self.registry.starting(deployment) == 0:
+            return []
+        began = time.monotonic()
+        pause = COLD_START_POLL_S[0]
+        while True:
+            await asyncio.sleep(min(pause, max(0.0, began + bound_s - time.monotonic())))
+            pool = await self.candidates(deployment, adapter_key, prompt)
+            waited = time.monotonic() - began
+            if pool:
+                self.metrics.cold_start_wait.labels(deployment, "ready").observe(waited)
+                return pool
+            if waited >= bound_s or await self.registry.starting(deployment) == 0:
+                outcome = "timeout" if waited >= bound_s else "gone"
+                self.metrics.cold_start_wait.labels(deployment, outcome).observe(waited)
+                if outcome == "gone":  # the starting replica died: nothing is coming
+                    return []
+                self.metrics.cold_start_timeouts.labels(deployment).inc()
+                raise still_starting(waited)
+            pause = min(pause * 2, COLD_START_POLL_S[1])
+
     async def generate(
         self,
         deployment: str,
         req: GenerateRequest,
         adapter_key: str | None,
         on_dispatch: Callable[[Dispatch], None] | None = None,
+        cold_start_wait_s: float = 0.0,
     ) -> AsyncIterator[DeltaEvent | FinishEvent]:
         """Stream `req` from the best replica; retry on the next one until a token arrives.
 
         `on_dispatch` is told where each attempt runs (for aborts) and what the router
-        predicted it has cached. Raises 503 when no replica can take it, `ReplicaLost` when
-        one dies mid-stream.
+        predicted it has cached. With no live replica but some starting, waits up to
+        `cold_start_wait_s` for one (see the module docstring). Raises 503 when no replica can
+        take it, `ReplicaLost` when one dies mid-stream.
         """
         prompt = PromptKeys(req, adapter_key)
         tried: set[str] = set()
@@ -275,6 +312,8 @@ class Router:
                 for c in await self.candidates(deployment, adapter_key, prompt)
                 if c.replica.replica_id not in tried
             ]
+            if not pool and attempt == 0:
+                pool = await self.wait_for_ready(deployment, adapter_key, prompt, cold_start_wait_s)
             if not pool:
                 break
             best = pool[0]

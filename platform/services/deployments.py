@@ -14,6 +14,7 @@ from loraplex.platform.db.models import (
     WEIGHT_QUANTIZATIONS,
     Deployment,
 )
+from loraplex.platform.engine_spec.quantization import QuantizationRefused, check_quantization
 from loraplex.platform.engine_spec.supported_models import (
     SERVED_KV_CACHE_DTYPES,
     SERVED_WEIGHT_QUANTIZATIONS,
@@ -24,12 +25,13 @@ from loraplex.platform.settings import Settings
 
 from . import audit
 from .base_models import get_base_model
-from .errors import Conflict, InvalidInput
+from .errors import Conflict, InvalidInput, NotFound
 from .names import check_name
 
 MAX_DEPLOYMENT_NAME = 128
 MAX_LORA_RANK_LIMIT = 1024
 MAX_LORAS_LIMIT = 4096
+MAX_REPLICAS = 1024
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class DeploymentSpec:
     replicas: int = 1
     expert_parallel_size: int = 1
     share_prefix_cache: bool = False
+    cold_start_wait_s: float = 120.0
 
 
 def _check_range(value: int, what: str, low: int, high: int) -> int:
@@ -95,15 +98,28 @@ def create_deployment(
         1,
         MAX_LORA_RANK_LIMIT,
     )
-    replicas = _check_range(spec.replicas, "replicas", 0, 1024)
+    replicas = _check_range(spec.replicas, "replicas", 0, MAX_REPLICAS)
     ep = _check_range(spec.expert_parallel_size, "expert_parallel_size", 1, 1024)
     base = get_base_model(session, spec.base_model)
+    try:
+        check_quantization(spec.weight_quantization, spec.kv_cache_dtype, dict(base.config or {}))
+    except QuantizationRefused as exc:
+        raise InvalidInput(
+            str(exc), code="unsupported_quantization", param="quantization.weights"
+        ) from exc
     if ep > 1 and base.family != "moe":
         raise InvalidInput(
             f"expert_parallel_size > 1 needs a mixture-of-experts base model; "
             f"{base.name!r} is {base.family}",
             code="invalid_value",
             param="expert_parallel_size",
+        )
+    wait = spec.cold_start_wait_s
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= 3600:
+        raise InvalidInput(
+            f"cold_start_wait_s must be a number of seconds in 0..3600, got {wait!r}",
+            code="invalid_value",
+            param="cold_start_wait_s",
         )
     stmt = (
         insert(Deployment)
@@ -118,6 +134,7 @@ def create_deployment(
             replicas=replicas,
             expert_parallel_size=ep,
             share_prefix_cache=bool(spec.share_prefix_cache),
+            cold_start_wait_s=float(spec.cold_start_wait_s),
         )
         .on_conflict_do_nothing()
         .returning(Deployment.id)
@@ -145,6 +162,34 @@ def create_deployment(
 def list_deployments(session: Session) -> list[Deployment]:
     """Every deployment."""
     return list(session.scalars(select(Deployment).order_by(Deployment.created_at)))
+
+
+def set_replicas(
+    session: Session,
+    deployment_id: uuid.UUID,
+    replicas: int,
+    *,
+    actor: str = audit.ADMIN_ACTOR,
+) -> Deployment:
+    """Change how many replicas a deployment should run (0 stops it); the supervisor and
+    `loraplex up` read the count, so scaling is one audited row update."""
+    count = _check_range(replicas, "replicas", 0, MAX_REPLICAS)
+    locked = select(Deployment).where(Deployment.id == deployment_id)
+    dep = session.scalars(locked.with_for_update(of=Deployment)).one_or_none()
+    if dep is None:
+        raise NotFound(f"no deployment with id {deployment_id}", code="deployment_not_found")
+    before = dep.replicas
+    dep.replicas = count
+    session.flush()
+    audit.record(
+        session,
+        actor=actor,
+        action="deployment.scale",
+        resource_type="deployment",
+        resource_id=dep.id,
+        detail={"name": dep.name, "replicas_before": before, "replicas": count},
+    )
+    return dep
 
 
 def max_lora_rank_for(session: Session, settings: Settings, base_model_id: uuid.UUID) -> int:

@@ -149,7 +149,7 @@ def test_engine_pods_ask_for_their_gpus_and_wait_for_a_cold_start() -> None:
         res = _engine(spec.deployment)
         pod = res["Deployment"]["spec"]["template"]["spec"]
         engine = pod["containers"][0]
-        assert engine["resources"]["limits"]["nvidia.com/gpu"] == spec.gpus
+        assert engine["resources"]["limits"]["nvidia.com/gpu"] == str(spec.gpus)
         assert engine["resources"]["requests"]["memory"] == mem_times(
             values["memory_per_gpu"], spec.gpus
         )

@@ -8,9 +8,9 @@ import os
 import stat
 from pathlib import Path
 
+from loraplex.platform.launcher.local import replica_socket
 from loraplex.platform.replica_secret import SECRET_FILE, ensure_replica_secret
 from loraplex.platform.settings import Settings
-from loraplex.platform.up_replica import replica_socket
 
 
 def test_secret_is_made_once_owner_only(tmp_path: Path) -> None:

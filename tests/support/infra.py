@@ -150,3 +150,26 @@ def template_references(prefix: str) -> set[str]:
     for path in (INFRA / "k8s" / "templates").glob("*.j2"):
         names |= set(pattern.findall(path.read_text()))
     return names
+
+
+def kubernetes_version() -> str:
+    """The cluster's Kubernetes version (`x.y.0`), as every environment pins it."""
+    versions = {unq(next(iter(blocks(TERRAFORM / "envs" / e, "module").values()))["kubernetes_version"])
+                for e in ENVS}  # fmt: skip
+    [version] = versions
+    return f"{version}.0"
+
+
+def validate_resource(doc: dict[str, Any]) -> None:
+    """Raise unless `doc` is valid for the cluster's version (kubernetes-validate, strict) or,
+    for a custom resource, for its CRD's schema (`crd_schemas`)."""
+    import jsonschema
+    import kubernetes_validate
+
+    from support.crd_schemas import SCHEMAS
+
+    key = (doc["apiVersion"], doc["kind"])
+    if key in SCHEMAS:
+        jsonschema.validate(doc, SCHEMAS[key])
+    else:
+        kubernetes_validate.validate(doc, kubernetes_version(), strict=True)
