@@ -29,6 +29,14 @@ setup(
     package_data={
         "": ["*.html", "*.css", "*.js", "*.ini", "*.mako", "*.json", "*.jinja"],
         "loraplex.infra.k8s": ["templates/*.j2", "values/*.yaml"],
+        # The console's templates and static files, vendored libraries with their licences.
+        "loraplex.api.console": [
+            "templates/*.html",
+            "static/*.css",
+            "static/*.js",
+            "static/vendor/*.md",
+            "static/vendor/*/*",
+        ],
     },
     include_package_data=True,
 )

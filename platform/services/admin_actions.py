@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from loraplex.platform.db.models import Adapter, AdapterVersion, Job
@@ -79,22 +79,28 @@ def finish_version_delete(
 
 
 def retry_validation(session: Session, job_id: uuid.UUID, *, actor: str) -> Job:
-    """Queue a new validation for a failed job's version (the version back to `validating`);
-    the caller sends the returned job after commit."""
+    """Run a validation again whose job gave up on an infrastructure error (its version is
+    still `validating`, its files still stored): a new job for the version, which the caller
+    sends after commit. Only the version's newest job may be retried."""
     job = session.get(Job, job_id, with_for_update=True)
     if job is None:
         raise NotFound(f"no job with id {job_id}", code="job_not_found")
     if job.kind != records.VALIDATE or job.status != "failed" or job.subject_id is None:
         raise Conflict("only a failed validation job can be retried", code="job_not_retryable")
-    moved = session.execute(
-        update(AdapterVersion)
-        .where(AdapterVersion.id == job.subject_id, AdapterVersion.status == "failed")
-        .values(status="validating", error=None)
-    ).rowcount
-    if moved != 1:
+    version = session.get(AdapterVersion, job.subject_id)
+    if version is None or version.status != "validating":
         raise Conflict(
-            "the job's adapter version is no longer failed (deleted or validated since)",
+            "the job's adapter version is no longer waiting for validation",
             code="job_not_retryable",
+        )
+    newer = session.scalar(
+        select(func.count())
+        .select_from(Job)
+        .where(Job.subject_id == job.subject_id, Job.created_at > job.created_at)
+    )
+    if newer:
+        raise Conflict(
+            "this version has a newer validation job; retry that one", code="job_not_retryable"
         )
     new = records.create_job(
         session, records.VALIDATE, tenant_id=job.tenant_id, subject_id=job.subject_id

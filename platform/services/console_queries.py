@@ -204,7 +204,7 @@ def deployments_with_models(session: Session) -> tuple[list[Deployment], list[Ba
 
 
 def jobs_page(session: Session, status: str = "", kind: str = "", page: int = 1) -> Page:
-    """Background jobs newest first, with the tenant's name and the version they concern."""
+    """Background jobs newest first, with the tenant's name and their version's status."""
     page = _page_number(page)
     where = []
     if status:
@@ -213,8 +213,9 @@ def jobs_page(session: Session, status: str = "", kind: str = "", page: int = 1)
         where.append(Job.kind == kind)
     total = session.scalar(select(func.count()).select_from(Job).where(*where)) or 0
     stmt = (
-        select(Job, Tenant.name.label("tenant"))
+        select(Job, Tenant.name.label("tenant"), AdapterVersion.status.label("version_status"))
         .outerjoin(Tenant, Tenant.id == Job.tenant_id)
+        .outerjoin(AdapterVersion, AdapterVersion.id == Job.subject_id)
         .where(*where)
         .order_by(Job.created_at.desc(), Job.id)
         .limit(PAGE_SIZE)

@@ -13,7 +13,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 from sqlalchemy import func, select
@@ -21,6 +20,7 @@ from support.browser import axe_violations, chromium, new_page, screenshot
 from support.console import PASSWORD, make_operator
 from support.control_plane import drop_database, fresh_database
 from support.gateway_stack import Api, Replica, settings_env
+from support.opcli import OperatorShell
 from support.peft_adapters import make_peft_adapter
 from support.waiting import wait_until
 
@@ -137,16 +137,13 @@ def test_sign_in_create_tenant_and_see_key_once(stack: Stack, owner_page: Any) -
 
 
 def test_adapter_goes_validating_to_ready_without_reload(stack: Stack, owner_page: Any) -> None:
+    """Pushed with the operator CLI while no worker runs; the page shows it validating, then
+    (a worker started) ready, by htmx polling in the same document."""
     key, tid = stack.state["key"], stack.state["tenant_id"]
     folder = make_peft_adapter(stack.model_dir, stack.work / "adapter", seed=1, rank=4)
-    files = {
-        "adapter_config": ("adapter_config.json", (folder / "adapter_config.json").read_bytes()),
-        "adapter_model": ("adapter_model.safetensors",
-                          (folder / "adapter_model.safetensors").read_bytes()),
-    }  # fmt: skip
-    r = httpx.post(f"{stack.api.url}/v1/adapters", headers={"Authorization": f"Bearer {key}"},
-                   files=files, data={"name": "support-bot", "base_model": stack.base}, timeout=60)  # fmt: skip
-    assert r.status_code in (200, 201, 202), r.text
+    shell = OperatorShell(stack.api.url, stack.settings.admin_key, api_key=key)
+    shell.ok("adapters", "push", str(folder), "--name", "support-bot",
+             "--base-model", stack.base, "--no-wait")  # fmt: skip
     owner_page.goto(f"/console/tenants/{tid}")
     status = owner_page.locator('[data-adapter="support-bot"]')
     assert status.inner_text() == "validating"  # no worker runs yet

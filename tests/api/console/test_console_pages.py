@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 from support.console import make_operator, page_csrf, sign_in
-from support.uploads import adapter_files, upload, wait_for_version
+from support.uploads import (
+    adapter_files,
+    service_uploader,
+    upload,
+    upload_through_service,
+    wait_for_version,
+)
 
 from loraplex.platform.db.models import AdapterVersion, Tenant, UsageRecord
 from loraplex.platform.db.session import make_sessionmaker, session_scope
@@ -171,16 +177,30 @@ def test_adapters_across_tenants_and_delete_version(
     page = owner.get("/console/adapters", params={"status": "failed"}).text
     assert "toobig" in page and "good" not in page.split("<tbody>")[1]
     assert failed["error"][:30].replace("'", "&#39;") in page
-    ready = owner.get(
-        "/console/adapters", params={"status": "ready", "tenant": tid[:0] or "ad-"}
-    ).text
+    ready = owner.get("/console/adapters", params={"status": "ready", "tenant": "ad-"}).text
     assert "good" in ready and "q_proj" in ready
-    jobs = owner.get("/console/jobs", params={"status": "failed"}).text
-    assert "validate_adapter_version" in jobs
+    # A validation whose job gave up on an infrastructure error (the version still
+    # validating, its files stored) runs again from the Jobs page.
+    from loraplex.platform.db.models import Job
+    from loraplex.platform.jobs.validate import mark_transient_failure
+
+    up = service_uploader(console_settings, uuid.UUID(tid), queue="nobody-reads-this")
+    stuck = upload_through_service(up, "stuck", base_model, adapter_r4)
+    with make_sessionmaker(console_settings.database_url)() as s:
+        job_id = s.scalars(select(Job.id).where(Job.subject_id == stuck.id)).one()
+    mark_transient_failure(console_settings, job_id, "object storage timed out", final=True)
+    jobs = owner.get("/console/jobs", params={"status": "failed"}).text.split("<tbody>")[1]
+    assert "object storage timed out" in jobs and f"/console/jobs/{job_id}/retry" in jobs
+    r = owner.post(f"/console/jobs/{job_id}/retry", data={"csrf_token": owner.csrf})
+    assert r.status_code == 200 and "Validation queued again" in r.text, r.text[-800:]
+    assert wait_for_version(owner, auth, "stuck", 1)["status"] == "ready"
+    again = owner.post(f"/console/jobs/{job_id}/retry", data={"csrf_token": owner.csrf})
+    assert again.status_code == 409  # the version is validated now
     with make_sessionmaker(console_settings.database_url)() as s:
         vid = s.scalars(
             select(AdapterVersion.id).where(AdapterVersion.tenant_id == uuid.UUID(tid),
-                                            AdapterVersion.status == "ready")
+                                            AdapterVersion.status == "ready",
+                                            AdapterVersion.id != stuck.id)
         ).one()  # fmt: skip
     r = owner.post(f"/console/adapters/versions/{vid}/delete", data={"csrf_token": owner.csrf})
     assert r.status_code == 200 and "Version deleted" in r.text
