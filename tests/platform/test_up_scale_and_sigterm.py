@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from support.opcli import OperatorShell
 from support.up_process import UpProcess, alive
 
 pytestmark = pytest.mark.timeout(600)
@@ -73,6 +74,11 @@ def test_up_scales_with_the_row_and_drains_on_sigterm(
         second = _supervised(data)["engine replica 2"]["pid"]
         assert alive(second) and second != _supervised(data)["engine replica"]["pid"]
         _wait(lambda: registered() == 2, 240, "the second replica to be ready")
+        # What the operator sees (`loraplex deployments status`, the admin API's view).
+        shell = OperatorShell(url=url, admin_key=admin)
+        status = shell.run("deployments", "status", name)
+        assert status.returncode == 0, status.stderr
+        assert status.stdout.strip() == f"{name}: 2 ready, 0 starting, 2 desired"
         # Back to 1: the newest drains and exits, the supervisor lets it go.
         _scale(url, admin, name, 1)
         _wait(lambda: not alive(second), 120, "the second replica to exit")
