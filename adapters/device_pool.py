@@ -186,6 +186,10 @@ class DevicePool:
             raise RuntimeError(f"release of adapter {key[:12]} that holds no reference")
         entry.refs -= 1
 
+    def references(self) -> int:
+        """References held by running requests, all adapters together (0 when idle)."""
+        return sum(r.refs for r in self._entries.values())
+
     def touch(self, key: str) -> None:
         """Mark `key` most recently used."""
         if key in self._entries:

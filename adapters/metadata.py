@@ -49,9 +49,9 @@ class LoraBatchMeta:
     max_rank: int
     max_tokens_per_slot: int
     groups: list[LoraGroup]
-    # [T, sum of the groups' rows]: 1 where a token belongs to the column's adapter; built
-    # lazily (once per step) by the CPU path that runs every adapter as one stacked matmul.
-    dense_mask: torch.Tensor | None = None
+    # The gathered CPU path's chunking of this step (`kernels.lora_sgmv.SgmvPlan`), built
+    # lazily by the first Linear that needs it and shared by the rest of the step.
+    sgmv_plan: object | None = None
 
     @property
     def num_active(self) -> int:

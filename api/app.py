@@ -13,7 +13,9 @@ from loraplex.platform.jobs.celery_app import create_celery
 from loraplex.platform.jobs.dispatch import CeleryDispatcher
 from loraplex.platform.settings import Settings
 
+from .console import install_console
 from .errors import BodyLimitMiddleware, install_backend_down_handlers
+from .openapi import install_openapi, operation_id
 from .routes import adapters, admin, health, openai
 
 JSON_BODY_LIMIT = 1 << 20
@@ -28,7 +30,9 @@ def body_limit(settings: Settings) -> Callable[[str, str], int | None]:
     def limit_for(method: str, path: str) -> int | None:
         if method == "POST" and path.rstrip("/") == "/v1/adapters":
             return upload_limit
-        if path.startswith("/admin/") or (path.startswith("/v1/adapters/") and "/uploads" in path):
+        if path.startswith(("/admin/", "/console/")) or (
+            path.startswith("/v1/adapters/") and "/uploads" in path
+        ):
             return JSON_BODY_LIMIT
         return None
 
@@ -42,6 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="loraplex",
         description="Multi-tenant LoRA hosting: admin and tenant adapter API.",
         version="0.1.0",
+        generate_unique_id_function=operation_id,
     )
     app.state.settings = settings
     app.state.sessions = make_sessionmaker(settings.database_url) if settings.database_url else None
@@ -58,4 +63,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(adapters.router)
     app.include_router(openai.router)
+    install_console(app)  # after the error handlers: its HTML pages wrap the JSON one
+    install_openapi(app)
     return app

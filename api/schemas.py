@@ -15,21 +15,31 @@ from loraplex.platform.db.models import (
     Tenant,
 )
 from loraplex.platform.db.models import BaseModel as BaseModelRow
+from loraplex.platform.services.tenants import LIMIT_RANGES
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# Documented in the OpenAPI (the services check them, answering 400 with the field's name).
+NAME_PATTERN = {"pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]*$"}
+
+
+def _limit(field: str) -> Any:
+    low, high = LIMIT_RANGES[field]
+    return Field(default=None, json_schema_extra={"minimum": low, "maximum": high})
+
+
 class TenantLimitsFields(_Strict):
     """A tenant's own limits (null: the deployment default); ranges are checked by the
     tenants service (400 naming the field)."""
 
-    requests_per_minute: StrictInt | None = None
-    tokens_per_minute: StrictInt | None = None
-    monthly_token_quota: StrictInt | None = None
-    max_concurrent_uploads: StrictInt | None = None
-    max_stored_adapter_bytes: StrictInt | None = None
+    requests_per_minute: StrictInt | None = _limit("requests_per_minute")
+    tokens_per_minute: StrictInt | None = _limit("tokens_per_minute")
+    monthly_token_quota: StrictInt | None = _limit("monthly_token_quota")
+    max_concurrent_uploads: StrictInt | None = _limit("max_concurrent_uploads")
+    max_stored_adapter_bytes: StrictInt | None = _limit("max_stored_adapter_bytes")
 
     def limits(self, only_sent: bool = False) -> dict[str, int | None]:
         """The limit fields (only those the body named when `only_sent`)."""
@@ -41,11 +51,18 @@ class TenantLimitsFields(_Strict):
 class TenantCreate(TenantLimitsFields):
     """`POST /admin/v1/tenants`."""
 
-    name: str = Field(min_length=1, max_length=128)
+    name: str = Field(min_length=1, max_length=128, json_schema_extra=NAME_PATTERN)
 
 
 class TenantUpdate(TenantLimitsFields):
     """`PATCH /admin/v1/tenants/{id}`: the limits to change (null resets one to the default)."""
+
+
+class BaseModelRegister(_Strict):
+    """`POST /admin/v1/base-models`: a model already in the bucket under `object_prefix`."""
+
+    name: str = Field(min_length=1, max_length=128)
+    object_prefix: str = Field(min_length=1, max_length=512)
 
 
 class ApiKeyCreate(_Strict):
@@ -72,7 +89,7 @@ class DeploymentScale(_Strict):
 class DeploymentCreate(_Strict):
     """`POST /admin/v1/deployments`."""
 
-    name: str = Field(min_length=1, max_length=128)
+    name: str = Field(min_length=1, max_length=128, json_schema_extra=NAME_PATTERN)
     base_model: str = Field(min_length=1, max_length=128)
     quantization: Quantization = Field(default_factory=Quantization)
     max_loras: int | None = Field(default=None, ge=1, le=4096)
@@ -115,6 +132,7 @@ def tenant_view(t: Tenant) -> dict[str, Any]:
         "id": str(t.id),
         "name": t.name,
         "created_at": _ts(t.created_at),
+        "suspended_at": _ts(t.suspended_at) if t.suspended_at is not None else None,
         "limits": {
             "requests_per_minute": t.requests_per_minute,
             "tokens_per_minute": t.tokens_per_minute,

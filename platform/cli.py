@@ -80,6 +80,35 @@ def cmd_models_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_admin_create_user(args: argparse.Namespace) -> int:
+    """Create a console operator (the password from --password-stdin or a prompt)."""
+    import getpass
+
+    from loraplex.platform.db.session import make_sessionmaker, session_scope
+    from loraplex.platform.services.errors import ServiceError
+    from loraplex.platform.services.operators import create_operator
+
+    settings = _settings()
+    if not settings.database_url:
+        print("error: LORAPLEX_DATABASE_URL is not set", file=sys.stderr)
+        return 2
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Again: ") != password:
+            print("error: the passwords differ", file=sys.stderr)
+            return 2
+    try:
+        with session_scope(make_sessionmaker(settings.database_url)) as session:
+            op = create_operator(session, args.email, password, args.role, actor="cli")
+            print(f"created {op.role} {op.email}")
+    except ServiceError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def available_benches() -> list[str]:
     """Names of the modules under `loraplex.platform.bench`."""
     import loraplex.platform.bench as bench
@@ -96,6 +125,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("usage: loraplex bench NAME [ARGS...]")
         print(f"available: {', '.join(names) or '(none)'}")
         return 0 if args.name else 2
+    args.name = args.name.replace("-", "_")  # `bench gpu-check` runs module gpu_check
     if args.name not in names:
         print(
             f"error: unknown benchmark {args.name!r}; available: {', '.join(names) or '(none)'}",
@@ -156,6 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
     from loraplex.platform.opcli.commands import add_parsers as add_operator_commands
 
     add_operator_commands(sub)
+
+    admin = sub.add_parser("admin", help="console operators")
+    asub = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")
+    cu = asub.add_parser("create-user", help="create a console operator account")
+    cu.add_argument("email")
+    cu.add_argument("--role", choices=["owner", "operator", "viewer"], default="operator")
+    cu.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
+    cu.set_defaults(func=cmd_admin_create_user)
 
     bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
     bench.add_argument("name", nargs="?", default="")

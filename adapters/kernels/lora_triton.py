@@ -22,6 +22,7 @@ import torch
 
 from loraplex.adapters.metadata import LoraBatchMeta
 from loraplex.adapters.static_meta import StaticLoraView
+from loraplex.loader.tensor_layout import require_stride1_last
 
 try:
     import triton
@@ -185,6 +186,7 @@ def lora_shrink_triton(
     """`h [num_slices, T, max_rank]` (fp32): each token's shrink by its adapter's A, per slice."""
     if not HAS_TRITON:
         raise NotImplementedError("the Triton LoRA kernels need triton installed")
+    require_stride1_last("lora_shrink_triton", x=x, a_buf=a_buf)
     num_slices, k = a_buf.shape[1], a_buf.shape[2]
     t = x.shape[0]
     h = torch.empty(num_slices, t, max_rank, dtype=torch.float32, device=x.device)
@@ -233,6 +235,7 @@ def lora_expand_triton(
     """
     if not HAS_TRITON:
         raise NotImplementedError("the Triton LoRA kernels need triton installed")
+    require_stride1_last("lora_expand_triton", h=h, b_buf=b_buf, y=y)
     num_slices, t = h.shape[0], h.shape[1]
     if slice_tensors is None:
         offs = torch.tensor(list(slice_offsets), dtype=torch.int32, device=y.device)

@@ -22,6 +22,14 @@ from loraplex.platform.settings import Settings
 
 from .. import idempotent
 from ..deps import TenantCaller, get_db, get_dispatcher, get_sessions, get_settings, require_tenant
+from ..response_models import (
+    AdapterDeleted,
+    AdapterList,
+    AdapterOut,
+    PresignedUpload,
+    UploadAccepted,
+    VersionOut,
+)
 from ..schemas import (
     PresignedUploadCreate,
     UploadComplete,
@@ -93,7 +101,7 @@ def _sha256_file(fh: BinaryIO) -> str:
     return digest.hexdigest()
 
 
-@router.post("", status_code=202)
+@router.post("", status_code=202, response_model=UploadAccepted)
 async def upload_adapter(
     request: Request,
     settings: Settings = Depends(get_settings),
@@ -141,7 +149,7 @@ async def upload_adapter(
         )
 
 
-@router.post("/{name}/uploads", status_code=201)
+@router.post("/{name}/uploads", status_code=201, response_model=PresignedUpload)
 async def start_upload(
     name: str,
     body: PresignedUploadCreate,
@@ -178,7 +186,12 @@ async def start_upload(
     )
 
 
-@router.post("/{name}/uploads/{upload_id}/complete", status_code=202, name="complete_upload")
+@router.post(
+    "/{name}/uploads/{upload_id}/complete",
+    status_code=202,
+    name="complete_upload",
+    response_model=UploadAccepted,
+)
 async def complete_upload(
     name: str,
     upload_id: str,
@@ -212,7 +225,7 @@ async def complete_upload(
     )
 
 
-@router.get("")
+@router.get("", response_model=AdapterList)
 def list_adapters(
     session: Session = Depends(get_db), caller: TenantCaller = Depends(require_tenant)
 ) -> dict[str, Any]:
@@ -221,7 +234,7 @@ def list_adapters(
     return {"object": "list", "data": [adapter_view(a, v) for a, v in rows]}
 
 
-@router.get("/{name}")
+@router.get("/{name}", response_model=AdapterOut)
 def get_adapter(
     name: str, session: Session = Depends(get_db), caller: TenantCaller = Depends(require_tenant)
 ) -> dict[str, Any]:
@@ -230,7 +243,7 @@ def get_adapter(
     return adapter_view(adapter, latest)
 
 
-@router.get("/{name}/versions/{n}")
+@router.get("/{name}/versions/{n}", response_model=VersionOut)
 def get_version(
     name: str,
     n: int,
@@ -242,7 +255,7 @@ def get_version(
     return version_view(adapter, version)
 
 
-@router.delete("/{name}", status_code=202)
+@router.delete("/{name}", status_code=202, response_model=AdapterDeleted)
 def delete_adapter(
     name: str,
     settings: Settings = Depends(get_settings),

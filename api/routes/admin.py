@@ -19,8 +19,19 @@ from loraplex.platform.settings import Settings
 
 from .. import idempotent
 from ..deps import get_db, get_sessions, get_settings, require_admin
+from ..response_models import (
+    ApiKeyCreated,
+    ApiKeyList,
+    ApiKeyOut,
+    BaseModelList,
+    DeploymentList,
+    DeploymentOut,
+    TenantList,
+    TenantOut,
+)
 from ..schemas import (
     ApiKeyCreate,
+    BaseModelRegister,
     DeploymentCreate,
     DeploymentScale,
     TenantCreate,
@@ -45,7 +56,7 @@ def _listing(items: list[dict[str, Any]]) -> dict[str, Any]:
     return {"object": "list", "data": items}
 
 
-@router.post("/tenants", status_code=201)
+@router.post("/tenants", status_code=201, response_model=TenantOut)
 async def create_tenant(
     body: TenantCreate,
     request: Request,
@@ -70,19 +81,19 @@ async def create_tenant(
     )
 
 
-@router.get("/tenants")
+@router.get("/tenants", response_model=TenantList)
 def list_tenants(session: Session = Depends(get_db)) -> dict[str, Any]:
     """Every tenant."""
     return _listing([tenant_view(t) for t in tenants.list_tenants(session)])
 
 
-@router.get("/tenants/{tenant_id}")
+@router.get("/tenants/{tenant_id}", response_model=TenantOut)
 def get_tenant(tenant_id: str, session: Session = Depends(get_db)) -> dict[str, Any]:
     """One tenant."""
     return tenant_view(tenants.get_tenant(session, _uuid(tenant_id, "tenant")))
 
 
-@router.patch("/tenants/{tenant_id}")
+@router.patch("/tenants/{tenant_id}", response_model=TenantOut)
 def update_tenant(
     tenant_id: str,
     body: TenantUpdate,
@@ -96,7 +107,7 @@ def update_tenant(
     return tenant_view(tenants.update_limits(session, tid, changes, actor=actor))
 
 
-@router.post("/tenants/{tenant_id}/api-keys", status_code=201)
+@router.post("/tenants/{tenant_id}/api-keys", status_code=201, response_model=ApiKeyCreated)
 async def create_api_key(
     tenant_id: str,
     body: ApiKeyCreate,
@@ -127,7 +138,7 @@ async def create_api_key(
     )
 
 
-@router.get("/tenants/{tenant_id}/api-keys")
+@router.get("/tenants/{tenant_id}/api-keys", response_model=ApiKeyList)
 def list_api_keys(tenant_id: str, session: Session = Depends(get_db)) -> dict[str, Any]:
     """A tenant's keys (no secrets)."""
     tid = _uuid(tenant_id, "tenant")
@@ -135,7 +146,7 @@ def list_api_keys(tenant_id: str, session: Session = Depends(get_db)) -> dict[st
     return _listing([api_key_view(k) for k in api_keys.list_api_keys(session, tid)])
 
 
-@router.delete("/api-keys/{key_id}")
+@router.delete("/api-keys/{key_id}", response_model=ApiKeyOut)
 def revoke_api_key(
     key_id: str, session: Session = Depends(get_db), actor: str = Depends(require_admin)
 ) -> dict[str, Any]:
@@ -143,7 +154,7 @@ def revoke_api_key(
     return api_key_view(api_keys.revoke_api_key(session, _uuid(key_id, "api_key"), actor=actor))
 
 
-@router.post("/deployments", status_code=201)
+@router.post("/deployments", status_code=201, response_model=DeploymentOut)
 async def create_deployment(
     body: DeploymentCreate,
     request: Request,
@@ -182,7 +193,7 @@ async def create_deployment(
     )
 
 
-@router.get("/deployments")
+@router.get("/deployments", response_model=DeploymentList)
 def list_deployments(session: Session = Depends(get_db)) -> dict[str, Any]:
     """Every deployment."""
     return _listing([deployment_view(d) for d in deployments.list_deployments(session)])
@@ -227,7 +238,22 @@ async def deployment_replicas(
             "ready": len(ready), "starting": await gw.registry.starting(name)}  # fmt: skip
 
 
-@router.get("/base-models")
+@router.post("/base-models", status_code=201)
+def register_base_model(
+    body: BaseModelRegister,
+    session: Session = Depends(get_db),
+    settings: Settings = Depends(get_settings),
+    actor: str = Depends(require_admin),
+) -> dict[str, Any]:
+    """Register a base model whose files are already in the bucket under `object_prefix`
+    (a folder under `models/` with config.json and safetensors weights)."""
+    model = base_models.register_from_prefix(
+        session, settings, body.name, body.object_prefix, actor=actor
+    )
+    return base_model_view(model)
+
+
+@router.get("/base-models", response_model=BaseModelList)
 def list_base_models(session: Session = Depends(get_db)) -> dict[str, Any]:
     """Every registered base model."""
     return _listing([base_model_view(m) for m in base_models.list_base_models(session)])

@@ -24,6 +24,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway import completion, responses
 from loraplex.platform.gateway.errors import model_not_found
+from loraplex.platform.gateway.openai_models import (
+    ChatCompletion,
+    Limits,
+    ModelList,
+    ModelObject,
+    TextCompletion,
+    UsageList,
+)
 from loraplex.platform.gateway.openai_schemas import parse_chat_request, parse_completion_request
 from loraplex.platform.gateway.ratelimit import TenantLimits, tenant_limits
 from loraplex.platform.gateway.resolve import NoDeployment
@@ -229,31 +237,31 @@ async def _run(request: Request, kind: str, adapter: str | None) -> Response:
     return ClosingStreamingResponse(relay, media_type="text/event-stream", headers=stream_headers)
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", response_model=ChatCompletion)
 async def chat_completions(request: Request) -> Response:
     """OpenAI chat completions (streamed or not)."""
     return await _run(request, "chat", None)
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", response_model=TextCompletion)
 async def completions(request: Request) -> Response:
     """OpenAI (legacy) text completions."""
     return await _run(request, "text", None)
 
 
-@router.post("/v1/adapters/{name}/chat/completions")
+@router.post("/v1/adapters/{name}/chat/completions", response_model=ChatCompletion)
 async def adapter_chat_completions(name: str, request: Request) -> Response:
     """Chat completions against one adapter named in the path (its `model` field is ignored)."""
     return await _run(request, "chat", name)
 
 
-@router.post("/v1/adapters/{name}/completions")
+@router.post("/v1/adapters/{name}/completions", response_model=TextCompletion)
 async def adapter_completions(name: str, request: Request) -> Response:
     """Text completions against one adapter named in the path."""
     return await _run(request, "text", name)
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", response_model=ModelList)
 async def list_models(request: Request) -> Response:
     """Base models and the caller's adapters that have a ready version."""
     gw = _gateway(request)
@@ -262,7 +270,7 @@ async def list_models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": data})
 
 
-@router.get("/v1/models/{model_id:path}")
+@router.get("/v1/models/{model_id:path}", response_model=ModelObject)
 async def get_model(model_id: str, request: Request) -> Response:
     """One model: a base model, an adapter `NAME` or a version `NAME:N` the caller can use."""
     gw = _gateway(request)
@@ -280,7 +288,7 @@ async def get_model(model_id: str, request: Request) -> Response:
     return JSONResponse(entry)
 
 
-@router.get("/v1/usage")
+@router.get("/v1/usage", response_model=UsageList)
 async def get_usage(
     request: Request, start: date | None = None, end: date | None = None
 ) -> Response:
@@ -291,7 +299,7 @@ async def get_usage(
     return JSONResponse({"object": "list", "data": rows})
 
 
-@router.get("/v1/limits")
+@router.get("/v1/limits", response_model=Limits)
 async def get_limits(request: Request) -> Response:
     """The caller's rate limits and monthly token quota, and what remains of each now."""
     gw = _gateway(request)

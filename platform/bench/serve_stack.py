@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -68,9 +69,18 @@ def upload_and_wait(
     raise RuntimeError(f"adapter {name} was not validated in time")
 
 
+def _copy_logs(root: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for log in root.glob("*.log"):
+        shutil.copy2(log, dest / log.name)
+
+
 @contextlib.contextmanager
-def local_stack(num_adapters: int) -> Iterator[tuple[str, str, str, str]]:
-    """Start everything; yields (API URL, tenant API key, replica URL, replica secret)."""
+def local_stack(
+    num_adapters: int, keep_logs: Path | None = None
+) -> Iterator[tuple[str, str, str, str]]:
+    """Start everything; yields (API URL, tenant API key, replica URL, replica secret).
+    With `keep_logs`, the children's logs are copied there when the stack stops."""
     from loraplex.platform.db.migrate import upgrade
     from loraplex.platform.db.session import make_sessionmaker, session_scope
     from loraplex.platform.demo_model import make_demo_model
@@ -82,6 +92,8 @@ def local_stack(num_adapters: int) -> Iterator[tuple[str, str, str, str]]:
 
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lpx-bench-")))
+        if keep_logs is not None:
+            stack.callback(_copy_logs, root, keep_logs)
         base = Settings()
         with console.status("starting PostgreSQL, SeaweedFS and Redis…"):
             pg = EmbeddedPostgres(root / "pg", durable=False)

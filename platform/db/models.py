@@ -44,6 +44,7 @@ KV_CACHE_DTYPES = ("auto", "fp8")
 VERSION_STATUSES = ("uploading", "validating", "ready", "failed", "deleting")
 JOB_STATUSES = ("queued", "running", "succeeded", "failed")
 IDEMPOTENCY_STATES = ("in_flight", "done")
+OPERATOR_ROLES = ("owner", "operator", "viewer")
 
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
@@ -88,6 +89,8 @@ class Tenant(Base):
     # Upload bounds; NULL means the default from Settings.
     max_concurrent_uploads: Mapped[int | None] = mapped_column(Integer)
     max_stored_adapter_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # Set while the tenant is suspended: every one of its keys is refused (403).
+    suspended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class ApiKey(Base):
@@ -191,6 +194,9 @@ class AdapterVersion(Base):
     __tablename__ = "adapter_versions"
     __table_args__ = (
         UniqueConstraint("adapter_id", "n"),
+        # The console's adapter list across tenants: newest first, optionally by status.
+        Index(None, "created_at"),
+        Index(None, "status", "created_at"),
         CheckConstraint(_in("status", VERSION_STATUSES), name="status"),
         CheckConstraint("n >= 1", name="n_positive"),
     )
@@ -238,6 +244,7 @@ class Job(Base):
     __table_args__ = (
         CheckConstraint(_in("status", JOB_STATUSES), name="status"),
         Index(None, "kind", "status"),
+        Index(None, "created_at"),
     )
 
     id: Mapped[uuid.UUID] = _uuid_pk()
@@ -258,7 +265,16 @@ class UsageRecord(Base):
     """Tokens used by one request, for metering and quotas."""
 
     __tablename__ = "usage_records"
-    __table_args__ = (Index(None, "tenant_id", "created_at"),)
+    __table_args__ = (
+        Index(None, "tenant_id", "created_at"),
+        # The console's per-minute charts over every tenant read a time range: an index-only
+        # scan of the columns they aggregate.
+        Index(
+            None,
+            "created_at",
+            postgresql_include=["completion_tokens", "ttft_ms", "itl_ms", "failed"],
+        ),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     tenant_id: Mapped[uuid.UUID] = mapped_column(Uuid, ForeignKey("tenants.id", ondelete="CASCADE"))
@@ -270,6 +286,11 @@ class UsageRecord(Base):
     completion_tokens: Mapped[int] = mapped_column(Integer)
     cached_tokens: Mapped[int] = mapped_column(Integer, server_default="0")
     latency_ms: Mapped[int] = mapped_column(Integer, server_default="0")
+    # Time to the first token and the mean gap between later tokens (None: no token came);
+    # `failed`: the request broke after it was admitted (the console's error rate).
+    ttft_ms: Mapped[int | None] = mapped_column(Integer)
+    itl_ms: Mapped[float | None] = mapped_column(Float)
+    failed: Mapped[bool] = mapped_column(Boolean, server_default="false")
     created_at: Mapped[datetime] = _created()
 
 
@@ -277,10 +298,15 @@ class AuditLog(Base):
     """Who did what to which resource; admin actions have no tenant."""
 
     __tablename__ = "audit_log"
+    __table_args__ = (Index(None, "created_at"), Index(None, "action", "created_at"))
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     tenant_id: Mapped[uuid.UUID | None] = _tenant_fk(nullable=True)
     actor: Mapped[str] = mapped_column(String(128))
+    # The console operator who did it (None for the admin key, tenants and the system).
+    operator_id: Mapped[uuid.UUID | None] = mapped_column(
+        Uuid, ForeignKey("operators.id", ondelete="SET NULL"), index=True
+    )
     action: Mapped[str] = mapped_column(String(64))
     resource_type: Mapped[str] = mapped_column(String(64))
     resource_id: Mapped[str | None] = mapped_column(String(128))
@@ -306,3 +332,34 @@ class IdempotencyKey(Base):
     response_status: Mapped[int | None] = mapped_column(Integer)
     response_body: Mapped[Any | None] = mapped_column(JSONB)
     created_at: Mapped[datetime] = _created()
+
+
+class Operator(Base):
+    """A console user: email, argon2id password hash and role (owner, operator, viewer)."""
+
+    __tablename__ = "operators"
+    __table_args__ = (CheckConstraint(_in("role", OPERATOR_ROLES), name="role"),)
+
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    email: Mapped[str] = mapped_column(String(254), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(512))
+    role: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = _created()
+    last_login_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    disabled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class ConsoleSession(Base):
+    """A signed-in console session: only the sha256 of its cookie token is stored."""
+
+    __tablename__ = "console_sessions"
+
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    operator_id: Mapped[uuid.UUID] = mapped_column(
+        Uuid, ForeignKey("operators.id", ondelete="CASCADE"), index=True
+    )
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = _created()
+    last_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    operator: Mapped[Operator] = relationship(lazy="joined", innerjoin=True)

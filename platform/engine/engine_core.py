@@ -17,7 +17,7 @@ from loraplex.loader.timeline import Timeline
 from loraplex.platform.engine.block_pool import BlockPool
 from loraplex.platform.engine.cold_start import finish_cold_start
 from loraplex.platform.engine.decode_graphs import recapture_decode_graphs, setup_decode_graphs
-from loraplex.platform.engine.kv_cache import kv_cache_bytes_per_block
+from loraplex.platform.engine.kv_cache import kv_cache_bytes_per_block, kv_cache_torch_dtype
 from loraplex.platform.engine.metrics import EngineMetrics
 from loraplex.platform.engine.model_runner import ModelRunner
 from loraplex.platform.engine.model_source import load_engine_model
@@ -27,6 +27,7 @@ from loraplex.platform.engine.prefix_cache import KVCacheManager
 from loraplex.platform.engine.request import Request, RequestStatus
 from loraplex.platform.engine.sampling_params import SamplingParams
 from loraplex.platform.engine.scheduler import Scheduler, SchedulerOutput
+from loraplex.platform.engine.weight_quantization import model_weight_bytes
 from loraplex.platform.engine_spec.config import EngineConfig
 from loraplex.platform.tokenizing import IncrementalDetokenizer
 from loraplex.platform.wire import WIRE_VERSION, ReplicaState
@@ -54,6 +55,7 @@ class EngineCore:
         hf_config = loaded.hf_config
         self.model_id = loaded.model_id
         self.dtype = loaded.dtype
+        self.dtype_reason = loaded.dtype_reason  # why this compute dtype (reported in /state)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         eos = self.tokenizer.eos_token_ids if self.tokenizer is not None else []
@@ -64,6 +66,7 @@ class EngineCore:
         self.vocab_size = int(hf_config["vocab_size"])
         config.check_model_len(int(hf_config.get("max_position_embeddings", 2048)))
         max_len = int(config.max_model_len)  # type: ignore[arg-type]
+        self.kv_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, self.dtype)
         num_blocks = self._num_blocks(max_len)
         self.pool = BlockPool(num_blocks, config.enable_prefix_caching)
         self.kv = KVCacheManager(
@@ -82,11 +85,21 @@ class EngineCore:
             config.block_size,
             config.max_num_seqs,
             max_len,
-            self.dtype,
+            self.kv_dtype,
             config.device,
             config.seed,
         )
         self.metrics = EngineMetrics(loaded.name)
+        self.weight_quantization = loaded.weight_quantization
+        self.weight_bytes = model_weight_bytes(self.model)
+        self.kv_cache_bytes = sum(t.numel() * t.element_size() for t in self.runner.kv_caches)
+        self.metrics.set_memory(
+            self.weight_bytes,
+            self.weight_quantization,
+            self.kv_cache_bytes,
+            "fp8" if config.kv_cache_dtype == "fp8" else str(self.kv_dtype).removeprefix("torch."),
+            num_blocks,
+        )
         self.decode_graphs = setup_decode_graphs(self.runner, config, self.timeline)
         finish_cold_start(self.timeline, self.metrics.registry, loaded.name)
         self.lora_runtime: LoraRuntimeProtocol | None = None
@@ -101,7 +114,7 @@ class EngineCore:
         if cfg.num_gpu_blocks is not None:
             n = cfg.num_gpu_blocks
         else:
-            per_block = kv_cache_bytes_per_block(self.model, cfg.block_size, self.dtype)
+            per_block = kv_cache_bytes_per_block(self.model, cfg.block_size, self.kv_dtype)
             budget = cfg.kv_cache_memory_bytes
             if budget is None and torch.device(cfg.device).type == "cuda":
                 free, _ = torch.cuda.mem_get_info(torch.device(cfg.device))
@@ -307,10 +320,19 @@ class EngineCore:
             num_requests_running=self.scheduler.num_running,
             num_requests_waiting=self.scheduler.num_waiting,
             resident_adapters=list(resident),
+            adapter_references=(
+                0 if self.lora_runtime is None else self.lora_runtime.adapter_references
+            ),
             max_loras=self.config.max_loras,
             prefix_cache_queries=self.kv.queries,
             prefix_cache_hits=self.kv.hits,
             num_preemptions=self.scheduler.num_preemptions,
+            weight_quantization=self.weight_quantization,
+            weight_bytes=self.weight_bytes,
+            kv_cache_dtype=self.config.kv_cache_dtype,
+            kv_cache_bytes=self.kv_cache_bytes,
+            compute_dtype=str(self.dtype).removeprefix("torch."),
+            compute_dtype_reason=self.dtype_reason,
         )
 
     def close(self) -> None:

@@ -14,6 +14,15 @@ def attention_layers(model: nn.Module) -> list[Attention]:
     return sorted(layers, key=lambda a: a.layer_idx)
 
 
+def kv_cache_torch_dtype(choice: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The cache's storage dtype: the model's for `auto`, e4m3 for `fp8`."""
+    if choice == "auto":
+        return model_dtype
+    if choice in ("fp8", "fp8_e4m3"):
+        return torch.float8_e4m3fn
+    raise ValueError(f"unknown KV cache dtype {choice!r}; expected auto or fp8")
+
+
 def kv_cache_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one block of `block_size` tokens takes across all layers (K and V)."""
     elem = torch.empty((), dtype=dtype).element_size()

@@ -61,8 +61,28 @@ class EngineMetrics:
             P + "generation_tokens", "Tokens generated.", lbl, registry=r
         )
         self.finished = Counter(P + "request_success", "Finished requests by reason.", [*lbl, "finished_reason"], registry=r)  # fmt: skip
+        self.memory_bytes = Gauge(
+            P + "memory_bytes",
+            "Device bytes held by the model's weights and by the KV cache.",
+            [*lbl, "kind", "dtype"],
+            registry=r,
+        )
+        self.kv_blocks = Gauge(
+            P + "kv_cache_num_blocks", "KV-cache blocks allocated.", lbl, registry=r
+        )
         self._seen = {"queries": 0, "hits": 0, "preemptions": 0}
         self._children: dict[int, object] = {}
+
+    def set_memory(
+        self, weight_bytes: int, weight_dtype: str, kv_bytes: int, kv_dtype: str, blocks: int
+    ) -> None:
+        """Record the replica's memory accounting (set once the cache is allocated)."""
+        name = self.model_name
+        self.memory_bytes.labels(model_name=name, kind="weights", dtype=weight_dtype).set(
+            weight_bytes
+        )
+        self.memory_bytes.labels(model_name=name, kind="kv_cache", dtype=kv_dtype).set(kv_bytes)
+        self.label(self.kv_blocks).set(blocks)
 
     def label(self, metric):  # type: ignore[no-untyped-def]
         """The metric's child for this engine's model (cached: `labels()` is not free)."""

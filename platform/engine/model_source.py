@@ -29,6 +29,7 @@ from loraplex.loader.quantize import Quantizer
 from loraplex.loader.select import ExpertShare
 from loraplex.loader.stream_reader import LoadPlan, StreamLoader, narrow_plan, open_loader
 from loraplex.loader.timeline import Timeline
+from loraplex.platform.engine.compute_dtype import ComputeDtype, auto_compute_dtype
 from loraplex.platform.engine.hf_folder import iter_weights, read_config, safetensors_files
 from loraplex.platform.engine.model_loading import resolve_dtype
 from loraplex.platform.engine.models.registry import resolve_model_class
@@ -311,22 +312,34 @@ class LoadedModel:
     dtype: torch.dtype
     model_id: str
     name: str
+    weight_quantization: str = "none"
+    dtype_reason: str = "asked for"  # why this compute dtype (engine_spec "auto" explains)
+
+
+_SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def load_engine_model(config: EngineConfig, timeline: Timeline) -> LoadedModel:
     """Build the model of `config` from its source: validate the quantization choice and the
     checkpoint headers first, then allocate the model and stream the weights into it."""
-    quant = resolve_weight_quantization(config.quantization)
     source = open_model_source(config.model, config.storage, timeline, config.tokenizer)
     hf_config = source.read_config()
+    quant = resolve_weight_quantization(config.quantization, hf_config)
     cls = resolve_model_class(hf_config)
-    dtype = quant.cast_to or resolve_dtype(config.dtype, hf_config)
+    compute = (
+        auto_compute_dtype(config.device)
+        if config.dtype == "auto"
+        else ComputeDtype(resolve_dtype(config.dtype, hf_config), "asked for")
+    )
+    if quant.cast_to is not None:
+        compute = ComputeDtype(quant.cast_to, f"quantization {config.quantization}")
+    dtype = compute.dtype
     source.prepare_weights()  # a bad checkpoint fails here, before any weight is allocated
     device = torch.device(config.device)
-    with torch.device(device):
+    with torch.device(device), quant.building():
         model = cls(hf_config, dtype)
     # Under expert parallelism the built model knows its experts: read only those.
-    model.load_weights(source.iter_weights(device, quant.quantizer(), expert_share(model)))
+    model.load_weights(source.iter_weights(device, quant.quantizer(model), expert_share(model)))
     model.eval()
     model.requires_grad_(False)
     return LoadedModel(
@@ -336,4 +349,6 @@ def load_engine_model(config: EngineConfig, timeline: Timeline) -> LoadedModel:
         dtype,
         config.model_id or source.model_id,
         source.name,
+        quant.choice if quant.choice not in ("none", "auto") else _SHORT.get(dtype, str(dtype)),
+        compute.reason,
     )

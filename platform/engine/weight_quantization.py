@@ -1,50 +1,106 @@
-"""The deployment's weight quantization choice, as the engine can serve it.
+"""The deployment's weight quantization choice, as the engine serves it.
 
-The loader (`loraplex.loader.quantize`) applies a choice to each tensor on the way in. The
-engine serves only what its layers can run: fp32 / bf16 / fp16 are casts (the model then runs
-in that dtype); int8 weight-only also needs Linear layers that consume the `weight_scale` tensor
-the loader emits, which the engine's Linear does not yet, so int8 is refused with a clear
-NotImplementedError (as are fp8 and int4); unknown choices are a ValueError.
+Casts (fp32 / bf16 / fp16) set the dtype the model runs in. int8 (W8A16), int4 / int4_sym
+(W4A16, groups of 128) and fp8 (W8A8 e4m3) store the Linear layers' weights quantized
+(`layers/quant/`); everything else (embeddings, norms, the head, MoE experts) and the
+activations stay in the engine's compute dtype (`EngineConfig.dtype`; deployments run
+quantized choices in bfloat16). The loader quantizes exactly the model's quantized Linears'
+weights as they stream in. A compressed-tensors checkpoint fixes its own scheme: it is read
+into the same layout, never re-quantized. Unknown choices are a ValueError.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
 
-from loraplex.loader.quantize import Quantizer, parse_quantization
-
-_NO_OP = ("none", "auto")
-
-
-def linear_consumes_weight_scale() -> bool:
-    """Whether the engine's Linear layers can run int8 weights with a per-channel `weight_scale`."""
-    from loraplex.platform.engine.layers.linear import Linear
-
-    return bool(getattr(Linear, "consumes_weight_scale", False))
+from loraplex.loader.quant import Quantizer, QuantScheme, resolve_scheme
+from loraplex.loader.quant.compressed_tensors import (
+    CompressedTensorsReader,
+    checkpoint_quant_method,
+    compressed_tensors_scheme,
+)
+from loraplex.platform.engine.layers.quant import linear_quantization
+from loraplex.platform.engine.models.weight_loading import (
+    quantized_linear_inputs,
+    quantized_weight_names,
+)
 
 
 @dataclass(frozen=True)
 class WeightQuantization:
-    """A validated choice: its canonical name and, for a cast, the dtype the model runs in."""
+    """A validated choice: its canonical name, scheme and, when set, the model's dtype."""
 
     choice: str
     cast_to: torch.dtype | None
+    scheme: QuantScheme
+    prequantized: bool = False  # the checkpoint stores the scheme (read, not re-quantized)
 
-    def quantizer(self) -> Quantizer | None:
-        """The loader's per-tensor quantizer for this choice (None when nothing changes)."""
-        return None if self.choice in _NO_OP else Quantizer(self.choice)
+    @contextmanager
+    def building(self) -> Iterator[None]:
+        """Build the model inside this block so its Linears store weights as the scheme says."""
+        with linear_quantization(self.scheme):
+            yield
+
+    def quantizer(
+        self, model: nn.Module | None = None
+    ) -> Quantizer | CompressedTensorsReader | None:
+        """The loader's per-tensor quantizer (None when nothing changes); given the built model,
+        it quantizes exactly the weights of the model's quantized Linears (a pre-quantized
+        checkpoint is read into the same layout instead)."""
+        if self.prequantized:
+            if model is None:
+                raise ValueError("reading a pre-quantized checkpoint needs the built model")
+            return CompressedTensorsReader(self.scheme, quantized_linear_inputs(model))
+        if self.choice in ("none", "auto"):
+            return None
+        if model is None or not self.scheme.quantizes_linears:
+            return Quantizer(self.scheme)
+        names = quantized_weight_names(model)
+        return Quantizer(self.scheme, targets=names.__contains__)
 
 
-def resolve_weight_quantization(choice: str | None) -> WeightQuantization:
-    """Validate a quantization choice for serving; ValueError if unknown, NotImplementedError
-    if the loader or the engine's layers cannot do it."""
-    canonical = parse_quantization(choice)
-    if canonical == "int8" and not linear_consumes_weight_scale():
+def _family(name: str) -> str:
+    return "int4" if name.startswith("int4") else name
+
+
+def resolve_weight_quantization(
+    choice: str | None, hf_config: dict[str, Any] | None = None
+) -> WeightQuantization:
+    """Validate a quantization choice for serving the checkpoint of `hf_config` (ValueError if
+    unknown or if it contradicts a pre-quantized checkpoint's own scheme)."""
+    method = checkpoint_quant_method(hf_config or {})
+    if method is None:
+        scheme = resolve_scheme(choice)
+        return WeightQuantization(scheme.name, scheme.cast_to, scheme)
+    fixed = compressed_tensors_scheme(hf_config or {})
+    if fixed is None:
         raise NotImplementedError(
-            "int8 weight-only quantization is not served yet: the loader can produce int8 "
-            "weights with a per-channel weight_scale, but the engine's Linear layers have no "
-            "int8 path that consumes weight_scale; use fp32, bf16 or fp16"
+            f"pre-quantized {method!r} checkpoints are not read yet; served: compressed-tensors "
+            "(int4 pack-quantized, int8, fp8), or a bf16/fp16 checkpoint quantized on load"
         )
-    return WeightQuantization(canonical, Quantizer(canonical).cast_to)
+    asked = resolve_scheme(choice)
+    if asked.name not in ("none", "auto") and _family(asked.name) != _family(fixed.name):
+        raise ValueError(
+            f"the checkpoint is pre-quantized ({method}, {fixed.name}) and fixes its own scheme; "
+            f"serve it with quantization {_family(fixed.name)!r} (or none), not {choice!r}"
+        )
+    return WeightQuantization(fixed.name, None, fixed, prequantized=True)
+
+
+def model_weight_bytes(model: nn.Module) -> int:
+    """Bytes the model's parameters and buffers hold (a tied tensor counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for t in [*model.parameters(), *model.buffers()]:
+        key = t.data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.numel() * t.element_size()
+    return total

@@ -14,7 +14,10 @@ from typing import Any
 
 from loraplex.loader.storage import StorageConfig
 
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "fp8")
+"""`auto` stores K/V in the model's dtype; `fp8` in e4m3 with per-layer scales (half the
+bytes of bf16: about twice the blocks in the same memory)."""
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -29,13 +32,17 @@ class EngineConfig:
     `num_gpu_blocks` fixes the KV block count; otherwise it comes from
     `kv_cache_memory_bytes` (or, on a GPU, `gpu_memory_utilization` of free memory).
     `model` is a local folder or `s3://bucket/prefix` (streamed with `storage`, which the server
-    builds from the environment, never from the command line). `quantization` (fp32 | bf16 |
-    fp16) casts the weights on the way in and sets the dtype the model runs in (it overrides
-    `dtype`); the engine refuses what it cannot serve when it loads the model.
+    builds from the environment, never from the command line). `quantization` casts the
+    weights on the way in (fp32 | bf16 | fp16, overriding `dtype`) or stores the Linear weights
+    quantized (int8 | int4 | int4_sym | fp8; the rest and the activations stay in `dtype`). `kv_cache_dtype` fp8
+    stores the KV cache in e4m3.
     """
 
     model: str = field(metadata={"help": "local HuggingFace folder or s3://BUCKET/PREFIX"})
-    dtype: str = _opt("float32", "compute dtype when no quantization is given")
+    dtype: str = _opt(
+        "float32", "compute dtype when no quantization is given; auto: bfloat16 where the device "
+        "computes it natively (CUDA, CPUs with AVX512_BF16 or AMX), else float32",
+    )  # fmt: skip
     device: str = _opt("cpu", "torch device, e.g. cpu or cuda:0")
     block_size: int = _opt(16, "tokens per KV-cache block (a power of two)")
     num_gpu_blocks: int | None = _opt(None, "fixed KV-cache block count (else from memory)")
@@ -49,14 +56,24 @@ class EngineConfig:
     seed: int = _opt(0, "sampler seed")
     model_id: str | None = _opt(None, "model identity in prefix-cache keys and /state")
     tokenizer: str | None = _opt(None, "tokenizer folder (default: the model's)")
-    max_loras: int = _opt(8, "adapters in one step, at most (0: no multi-LoRA runtime)")
+    max_loras: int = _opt(
+        256, "distinct adapters in one step, a cap (0: no multi-LoRA runtime); memory is the "
+        "adapter_memory budget's",
+    )  # fmt: skip
     max_lora_rank: int = _opt(64, "largest adapter rank served")
     adapter_memory_bytes: int | None = _opt(
-        None, "device bytes for adapter weights (default: max_loras x max_lora_rank rows)"
+        None, "device bytes for adapter weights (default: adapter_memory_rank_rows rank rows)"
     )
+    adapter_memory_rank_rows: int = _opt(
+        2048, "device adapter memory in rank rows when adapter_memory_bytes is unset, at most "
+        "max_loras x max_lora_rank (2048 rows: 256 rank-8 or 32 rank-64 adapters resident)",
+    )  # fmt: skip
     quantization: str | None = _opt(
-        None, "weights on load: fp32, bf16 or fp16 (a cast; the model runs in that dtype)"
+        None,
+        "weights on load: fp32, bf16, fp16 (casts, setting the compute dtype), or int8 "
+        "(W8A16), int4 / int4_sym (W4A16, groups of 128), fp8 (W8A8 e4m3), computing in dtype",
     )
+    kv_cache_dtype: str = _opt("auto", "KV cache storage: auto (the model's dtype) or fp8 (e4m3)")
     enforce_eager: bool = _opt(False, "never capture decode CUDA graphs")
     cuda_graph_sizes: list[int] | None = _opt(
         None, "decode batch sizes to capture, e.g. 1,2,4,8 (default: 1,2,4,8,16,... max_num_seqs)"
@@ -89,12 +106,21 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be >= 2")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
+            )
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+            raise ValueError(
+                f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}"
+            )
         if self.max_loras < 0 or self.max_lora_rank < 0:
             raise ValueError("max_loras and max_lora_rank must be >= 0")
         if self.adapter_memory_bytes is not None and self.adapter_memory_bytes < 1:
             raise ValueError("adapter_memory_bytes must be positive")
+        if self.adapter_memory_rank_rows < 1:
+            raise ValueError("adapter_memory_rank_rows must be >= 1")
         if self.cuda_graph_sizes is not None and (
             not self.cuda_graph_sizes or min(self.cuda_graph_sizes) < 1
         ):
@@ -103,6 +129,13 @@ class EngineConfig:
             raise ValueError(f"ep_size must be >= 1, got {self.ep_size}")
         if self.ep_redundant_experts < 0 or self.eplb_interval < 0:
             raise ValueError("ep_redundant_experts and eplb_interval must be >= 0")
+
+    def adapter_rank_rows(self) -> int:
+        """Rank rows of device adapter memory when no byte budget is given: the rows budget,
+        capped by what `max_loras` adapters of `max_lora_rank` could use, and enough for one
+        adapter of `max_lora_rank`."""
+        cap = self.max_loras * self.max_lora_rank
+        return max(self.max_lora_rank, min(self.adapter_memory_rank_rows, cap))
 
     @property
     def serves_adapters(self) -> bool:

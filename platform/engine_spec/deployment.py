@@ -13,6 +13,11 @@ from typing import Any, Protocol
 
 from loraplex.platform.engine_spec.cli import ServerOptions, engine_args
 from loraplex.platform.engine_spec.config import EngineConfig
+from loraplex.platform.engine_spec.quantization import (
+    QUANTIZED_WEIGHTS,
+    QuantizationRefused,
+    check_quantization,
+)
 from loraplex.platform.engine_spec.supported_models import (
     SERVED_KV_CACHE_DTYPES,
     SERVED_WEIGHT_QUANTIZATIONS,
@@ -26,6 +31,7 @@ class BaseModelRow(Protocol):
 
     name: str
     object_prefix: str
+    config: dict[str, Any]  # the checkpoint's HuggingFace config (quantization checks)
 
 
 class DeploymentRow(Protocol):
@@ -62,7 +68,7 @@ def engine_config_for_deployment(
     the same files (`up` serves its local folder). `model_id` is the base model's name, so
     every replica (and the router) keys cached prefixes alike. `overrides` set per-launcher
     fields (device, KV memory). Raises UnservableDeploymentError for a weight quantization or
-    KV-cache dtype the engine does not serve.
+    KV-cache dtype the engine does not serve, or cannot serve for this model and device.
     """
     quant = deployment.weight_quantization
     if quant not in SERVED_WEIGHT_QUANTIZATIONS:
@@ -74,6 +80,15 @@ def engine_config_for_deployment(
             f"deployment {deployment.name!r}: "
             f"{unserved_kv_cache_message(deployment.kv_cache_dtype)}"
         )
+    try:
+        check_quantization(
+            quant,
+            deployment.kv_cache_dtype,
+            dict(getattr(deployment.base_model, "config", None) or {}),
+            overrides.get("device"),
+        )
+    except QuantizationRefused as exc:
+        raise UnservableDeploymentError(f"deployment {deployment.name!r}: {exc}") from exc
     if model is None:
         if not bucket:
             raise ValueError("give the bucket holding the base model (or a model location)")
@@ -82,6 +97,8 @@ def engine_config_for_deployment(
         "model": model,
         "model_id": deployment.base_model.name,
         "quantization": quant,
+        "kv_cache_dtype": deployment.kv_cache_dtype,
+        **({"dtype": "bfloat16"} if quant in QUANTIZED_WEIGHTS else {}),
         "max_loras": deployment.max_loras,
         "max_lora_rank": deployment.max_lora_rank,
         "ep_size": deployment.expert_parallel_size,

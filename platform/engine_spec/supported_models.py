@@ -38,14 +38,14 @@ def served_architecture(hf_config: dict[str, Any]) -> str | None:
     return None
 
 
-SERVED_WEIGHT_QUANTIZATIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
-"""Deployment weight choices the engine implements (casts on load); int8, fp8 and int4 are
-refused by `weight_quantization.resolve_weight_quantization` until its layers can run them."""
+SERVED_WEIGHT_QUANTIZATIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8", "int4", "fp8")
+"""Deployment weight choices the engine implements: casts on load, int8 (W8A16), int4 (W4A16,
+asymmetric, groups of 128) and fp8 (W8A8 e4m3) quantized on load."""
 
 
-SERVED_KV_CACHE_DTYPES: tuple[str, ...] = ("auto",)
-"""KV-cache choices the engine implements: `auto` stores K/V in the model's dtype; an fp8
-cache is refused until the attention kernels can read and write it."""
+SERVED_KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")
+"""KV-cache choices the engine implements: `auto` stores K/V in the model's dtype, `fp8` in
+e4m3 with per-layer scales."""
 
 
 def unserved_kv_cache_message(choice: str) -> str:

@@ -147,6 +147,8 @@ def build_text_job(
             raise bad_request("The prompt is empty.", param="prompt")
     else:
         vocab = assets.tokenizer.vocab_size
+        if not prompt:
+            raise bad_request("The prompt is empty.", param="prompt")
         if any(t < 0 or t >= vocab for t in prompt):
             raise bad_request(f"Prompt token ids must be in [0, {vocab}).", param="prompt")
         ids = prompt
@@ -281,13 +283,31 @@ class Tally:
         self.completion_tokens = 0
         self.cached_tokens = 0
         self.served = False
+        # Set when the request broke after admission (counted in the console's error rate).
+        self.failed = False
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
 
     def add(self, event: ChoiceEvent) -> None:
-        """Count one event."""
+        """Count one event (and when its tokens arrived, for TTFT and inter-token latency)."""
         self.served = True
         self.completion_tokens += event.num_tokens
+        if event.num_tokens:
+            now = time.monotonic()
+            if self.first_token_at is None:
+                self.first_token_at = now
+            self.last_token_at = now
         if event.cached_tokens is not None:
             self.cached_tokens = max(self.cached_tokens, event.cached_tokens)
+
+    def latencies(self, started: float) -> tuple[int | None, float | None]:
+        """(time to first token in ms, mean gap between later tokens in ms), None if unknown."""
+        if self.first_token_at is None or self.last_token_at is None:
+            return None, None
+        ttft = int((self.first_token_at - started) * 1000)
+        later = self.completion_tokens - 1
+        itl = (self.last_token_at - self.first_token_at) * 1000 / later if later > 0 else None
+        return ttft, None if itl is None else round(itl, 3)
 
     def usage(self) -> dict[str, Any]:
         """The OpenAI `usage` object."""
@@ -300,24 +320,32 @@ def release_job(gw: Gateway, job: Job) -> None:
         spawn(gw.limiter.refund(str(job.tenant_id), job.limit, 0))
 
 
+def _usage(job: Job, tally: Tally) -> Usage:
+    ttft_ms, itl_ms = tally.latencies(job.started)
+    return Usage(
+        tenant_id=job.tenant_id,
+        model=job.model,
+        prompt_tokens=tally.prompt_tokens,
+        completion_tokens=tally.completion_tokens,
+        cached_tokens=tally.cached_tokens,
+        latency_ms=int((time.monotonic() - job.started) * 1000),
+        api_key_id=job.api_key_id,
+        deployment_id=job.resolved.deployment_id,
+        adapter_version_id=job.resolved.adapter_version_id,
+        ttft_ms=ttft_ms,
+        itl_ms=itl_ms,
+        failed=tally.failed,
+    )
+
+
 def finish_job(gw: Gateway, job: Job, tally: Tally) -> None:
     """Meter usage and give back unused rate-limit tokens (all of them if nothing ran)."""
     if not tally.served:
         release_job(gw, job)
+        if tally.failed:
+            gw.usage.record(_usage(job, tally))
         return
-    gw.usage.record(
-        Usage(
-            tenant_id=job.tenant_id,
-            model=job.model,
-            prompt_tokens=tally.prompt_tokens,
-            completion_tokens=tally.completion_tokens,
-            cached_tokens=tally.cached_tokens,
-            latency_ms=int((time.monotonic() - job.started) * 1000),
-            api_key_id=job.api_key_id,
-            deployment_id=job.resolved.deployment_id,
-            adapter_version_id=job.resolved.adapter_version_id,
-        )
-    )
+    gw.usage.record(_usage(job, tally))
     if job.limit is not None:
         spawn(
             gw.limiter.refund(

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from loraplex.platform.errors import HttpError
+from loraplex.platform.tokenizing.token_bytes import display_bytes
 
 MAX_N = 8
 MAX_STOP = 4
@@ -226,9 +227,9 @@ def chat_logprobs_entry(token: str, logprob: float, top: list[tuple[str, float]]
     return {
         "token": token,
         "logprob": logprob,
-        "bytes": list(token.encode("utf-8")),
+        "bytes": list(display_bytes(token)),
         "top_logprobs": [
-            {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for t, lp in top
+            {"token": t, "logprob": lp, "bytes": list(display_bytes(t))} for t, lp in top
         ],
     }
 

@@ -6,6 +6,7 @@ propagate to the app's exception handlers.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -16,6 +17,7 @@ from loraplex.platform.gateway.completion import Job, Tally, finish_job, merged_
 from loraplex.platform.gateway.outputs import ChoiceEvent
 from loraplex.platform.gateway.service import Gateway
 from loraplex.platform.gateway.streaming import DONE, sse, stream_error
+from loraplex.platform.tokenizing import display_bytes
 
 
 def chat_logprobs(event: ChoiceEvent) -> list[dict[str, Any]]:
@@ -32,13 +34,16 @@ def text_logprobs(events: list[ChoiceEvent], offset: int = 0) -> dict[str, Any]:
         "text_offset": [],
     }
     pos = offset
+    chars = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for event in events:
         for lp in event.logprobs:
             out["tokens"].append(lp.token)
             out["token_logprobs"].append(lp.logprob)
             out["top_logprobs"].append(dict(lp.top))
             out["text_offset"].append(pos)
-            pos += len(lp.token)
+            # offsets count characters of the text: a token that is part of a character
+            # moves the offset only once the character is complete
+            pos += len(chars.decode(display_bytes(lp.token)))
     return out
 
 
@@ -51,6 +56,9 @@ async def complete(gw: Gateway, job: Job) -> dict[str, Any]:
             async for event in events:
                 tally.add(event)
                 per_choice[event.index].append(event)
+    except LoraplexError as exc:
+        tally.failed = exc.status >= 500
+        raise
     finally:
         finish_job(gw, job, tally)
     choices = []
@@ -151,6 +159,7 @@ async def sse_frames(
                 if out:
                     yield out
         except LoraplexError as exc:  # after the first byte an error can only be an event
+            tally.failed = True
             yield stream_error(exc)
             return
         if u:

@@ -33,6 +33,9 @@ class Usage:
     api_key_id: uuid.UUID | None = None
     deployment_id: uuid.UUID | None = None
     adapter_version_id: uuid.UUID | None = None
+    ttft_ms: int | None = None
+    itl_ms: float | None = None
+    failed: bool = False
 
     def row(self) -> dict[str, Any]:
         """The insert row."""

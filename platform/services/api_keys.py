@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from loraplex.platform.db.models import ApiKey
 
 from . import audit
-from .errors import InvalidInput, NotFound
+from .errors import InvalidInput, NotFound, TenantSuspended
 from .names import check_label
 from .tenants import get_tenant
 
@@ -85,11 +85,18 @@ def list_api_keys(session: Session, tenant_id: uuid.UUID) -> list[ApiKey]:
 
 
 def verify_api_key(session: Session, plain: str) -> ApiKey | None:
-    """The live (not revoked) key matching `plain`, or None."""
+    """The live (not revoked) key matching `plain`, or None; `TenantSuspended` (403) when its
+    tenant is suspended (the tenant comes in the same query)."""
     if not plain.startswith(KEY_PREFIX) or len(plain) > 256:
         return None
     stmt = select(ApiKey).where(ApiKey.key_hash == hash_key(plain), ApiKey.revoked_at.is_(None))
-    return session.scalars(stmt).one_or_none()
+    key = session.scalars(stmt).one_or_none()
+    if key is not None and key.tenant.suspended_at is not None:
+        raise TenantSuspended(
+            "This API key's organization is suspended. Contact the platform operator.",
+            code="tenant_suspended",
+        )
+    return key
 
 
 @dataclass(frozen=True)

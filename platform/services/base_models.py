@@ -19,7 +19,7 @@ from loraplex.platform.engine_spec.supported_models import (
     config_architectures,
     served_architecture,
 )
-from loraplex.platform.object_keys import model_prefix
+from loraplex.platform.object_keys import MODELS, model_prefix
 from loraplex.platform.settings import Settings
 
 from . import audit, objects
@@ -143,3 +143,67 @@ def get_base_model(session: Session, name: str) -> BaseModel:
 def list_base_models(session: Session) -> list[BaseModel]:
     """Every registered base model."""
     return list(session.scalars(select(BaseModel).order_by(BaseModel.name)))
+
+
+def register_from_prefix(
+    session: Session, settings: Settings, name: str, object_prefix: str, *, actor: str
+) -> BaseModel:
+    """Register a model whose files are already in the bucket under `object_prefix` (a folder
+    under `models/` holding config.json and safetensors weights); updates an existing row."""
+    check_name(name, "name", MAX_MODEL_NAME)
+    prefix = (object_prefix or "").strip()
+    prefix = prefix if prefix.endswith("/") else prefix + "/"
+    root = MODELS.template.split("{")[0]  # "models/"
+    if not prefix.startswith(root) or prefix == root or ".." in prefix:
+        raise InvalidInput(
+            "object_prefix must be a folder under models/ (e.g. models/llama-8b/)",
+            code="invalid_prefix",
+            param="object_prefix",
+        )
+    client = objects.s3_client(settings)
+    keys = objects.list_keys(client, settings.s3_bucket, prefix)
+    if prefix + "config.json" not in keys:
+        raise InvalidInput(
+            f"no config.json under {prefix}: not a HuggingFace model folder",
+            code="model_files_missing",
+            param="object_prefix",
+        )
+    if not any(k.endswith(".safetensors") for k in keys):
+        raise InvalidInput(
+            f"no .safetensors weights under {prefix}",
+            code="model_files_missing",
+            param="object_prefix",
+        )
+    try:
+        raw = objects.read_all(client, settings.s3_bucket, prefix + "config.json", MAX_CONFIG_BYTES)
+        config = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInput(
+            f"{prefix}config.json is not a JSON object under {MAX_CONFIG_BYTES} bytes",
+            code="invalid_model_config",
+            param="object_prefix",
+        ) from exc
+    if not isinstance(config, dict):
+        raise InvalidInput(
+            f"{prefix}config.json must hold a JSON object", code="invalid_model_config"
+        )
+    family = family_of(config)
+    stmt = insert(BaseModel).values(
+        id=uuid.uuid4(), name=name, family=family, object_prefix=prefix, config=config
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[BaseModel.name],
+        set_={"family": family, "object_prefix": prefix, "config": config},
+    ).returning(BaseModel.id)
+    model_id = session.execute(stmt).scalar_one()
+    audit.record(
+        session,
+        actor=actor,
+        action="base_model.register",
+        resource_type="base_model",
+        resource_id=model_id,
+        detail={"name": name, "family": family, "object_prefix": prefix},
+    )
+    model = session.get(BaseModel, model_id, populate_existing=True)
+    assert model is not None
+    return model

@@ -14,6 +14,7 @@ from loraplex.platform.db.models import (
     WEIGHT_QUANTIZATIONS,
     Deployment,
 )
+from loraplex.platform.engine_spec.quantization import QuantizationRefused, check_quantization
 from loraplex.platform.engine_spec.supported_models import (
     SERVED_KV_CACHE_DTYPES,
     SERVED_WEIGHT_QUANTIZATIONS,
@@ -100,6 +101,12 @@ def create_deployment(
     replicas = _check_range(spec.replicas, "replicas", 0, MAX_REPLICAS)
     ep = _check_range(spec.expert_parallel_size, "expert_parallel_size", 1, 1024)
     base = get_base_model(session, spec.base_model)
+    try:
+        check_quantization(spec.weight_quantization, spec.kv_cache_dtype, dict(base.config or {}))
+    except QuantizationRefused as exc:
+        raise InvalidInput(
+            str(exc), code="unsupported_quantization", param="quantization.weights"
+        ) from exc
     if ep > 1 and base.family != "moe":
         raise InvalidInput(
             f"expert_parallel_size > 1 needs a mixture-of-experts base model; "

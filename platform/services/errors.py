@@ -35,6 +35,13 @@ class NotFound(ServiceError):
     status = 404
 
 
+class TenantSuspended(ServiceError):
+    """The caller's tenant is suspended: every one of its keys is refused (403)."""
+
+    status = 403
+    default_code = "tenant_suspended"
+
+
 class Conflict(ServiceError):
     """The resource exists already or is in the wrong state (409)."""
 

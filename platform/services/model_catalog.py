@@ -1,5 +1,6 @@
 """The models a tenant can call, as OpenAI model objects: every base model, and the tenant's
-adapters that have a ready version (`GET /v1/models`)."""
+adapters that have a ready version (`GET /v1/models`). Each object lists the deployments that
+serve it with their quantization (weights and KV cache), so a caller sees what it runs on."""
 
 from __future__ import annotations
 
@@ -9,14 +10,20 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from loraplex.platform.db.models import Adapter, AdapterVersion, BaseModel
+from loraplex.platform.db.models import Adapter, AdapterVersion, BaseModel, Deployment
 
 
 def model_object(
-    model_id: str, created: int, owned_by: str, parent: str | None, root: str | None = None
+    model_id: str,
+    created: int,
+    owned_by: str,
+    parent: str | None,
+    root: str | None = None,
+    deployments: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """One OpenAI model object (`parent` is the base model of an adapter, else None)."""
-    return {
+    """One OpenAI model object (`parent` is the base model of an adapter, else None), with
+    the deployments serving it when known."""
+    obj: dict[str, Any] = {
         "id": model_id,
         "object": "model",
         "created": created,
@@ -24,13 +31,36 @@ def model_object(
         "root": root or parent or model_id,
         "parent": parent,
     }
+    if deployments is not None:
+        obj["deployments"] = deployments
+    return obj
+
+
+def deployments_by_base(session: Session) -> dict[uuid.UUID, list[dict[str, Any]]]:
+    """Each base model's deployments: name and quantization (weights, kv_cache)."""
+    out: dict[uuid.UUID, list[dict[str, Any]]] = {}
+    for d in session.execute(select(Deployment).order_by(Deployment.name)).scalars().all():
+        out.setdefault(d.base_model_id, []).append(
+            {
+                "name": d.name,
+                "quantization": {"weights": d.weight_quantization, "kv_cache": d.kv_cache_dtype},
+            }
+        )
+    return out
 
 
 def list_models(sessions: sessionmaker[Session], tenant_id: uuid.UUID) -> list[dict[str, Any]]:
     """Base models, then the tenant's adapters with a ready version (call off the event loop)."""
     with sessions() as session:
         bases = session.execute(select(BaseModel).order_by(BaseModel.name)).scalars().all()
-        out = [model_object(b.name, int(b.created_at.timestamp()), "loraplex", None) for b in bases]
+        deps = deployments_by_base(session)
+        out = [
+            model_object(
+                b.name, int(b.created_at.timestamp()), "loraplex", None,
+                deployments=deps.get(b.id, []),
+            )
+            for b in bases
+        ]  # fmt: skip
         ready = (
             select(Adapter)
             .where(Adapter.tenant_id == tenant_id)
@@ -43,5 +73,10 @@ def list_models(sessions: sessionmaker[Session], tenant_id: uuid.UUID) -> list[d
         )
         for a in session.execute(ready).scalars().all():
             created = int(a.created_at.timestamp())
-            out.append(model_object(a.name, created, str(tenant_id), a.base_model.name))
+            out.append(
+                model_object(
+                    a.name, created, str(tenant_id), a.base_model.name,
+                    deployments=deps.get(a.base_model_id, []),
+                )
+            )  # fmt: skip
         return out

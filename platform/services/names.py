@@ -40,3 +40,17 @@ def check_label(value: object, what: str, max_length: int = 128) -> str:
             param=what,
         )
     return value
+
+
+def check_display_name(value: object, what: str, max_length: int = 128) -> str:
+    """A name shown to people but never used in a path or key (a tenant's): printable text
+    without surrounding spaces, slashes or '..'. Pages escape it; it may hold markup."""
+    check_label(value, what, max_length)
+    assert isinstance(value, str)
+    if value != value.strip() or "/" in value or "\\" in value or ".." in value:
+        raise InvalidInput(
+            f"{what} {value[:80]!r} is not allowed: no surrounding spaces, slashes or '..'",
+            code="invalid_name",
+            param=what,
+        )
+    return value

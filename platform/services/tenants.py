@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from loraplex.platform.db.models import Tenant
+from loraplex.platform.db.models import Adapter, Tenant
 
 from . import audit
 from .errors import Conflict, InvalidInput, NotFound
-from .names import check_name
+from .names import check_display_name
 
 MAX_TENANT_NAME = 128
 # Each limit's allowed range; None (NULL) means "the deployment default".
@@ -53,7 +54,7 @@ def create_tenant(
     actor: str = audit.ADMIN_ACTOR,
 ) -> Tenant:
     """Create a tenant with a unique name (Conflict if taken) and optional own limits."""
-    check_name(name, "name", MAX_TENANT_NAME)
+    check_display_name(name, "name", MAX_TENANT_NAME)
     own = check_limits(limits or {})
     stmt = insert(Tenant).values(id=uuid.uuid4(), name=name, **own).on_conflict_do_nothing()
     stmt = stmt.returning(Tenant.id)
@@ -119,3 +120,54 @@ def get_tenant(session: Session, tenant_id: uuid.UUID) -> Tenant:
     if tenant is None:
         raise NotFound(f"no tenant with id {tenant_id}", code="tenant_not_found")
     return tenant
+
+
+def set_suspended(
+    session: Session, tenant_id: uuid.UUID, suspended: bool, *, actor: str = audit.ADMIN_ACTOR
+) -> Tenant:
+    """Suspend a tenant (every one of its keys is refused with 403 `tenant_suspended` from
+    the next request on: keys are checked against the tenant on each use) or lift it."""
+    tenant = session.get(Tenant, tenant_id, with_for_update=True)
+    if tenant is None:
+        raise NotFound(f"no tenant with id {tenant_id}", code="tenant_not_found")
+    if suspended == (tenant.suspended_at is not None):
+        return tenant
+    tenant.suspended_at = datetime.now(UTC) if suspended else None
+    session.flush()
+    audit.record(
+        session,
+        actor=actor,
+        action="tenant.suspend" if suspended else "tenant.unsuspend",
+        resource_type="tenant",
+        resource_id=tenant.id,
+        tenant_id=tenant.id,
+    )
+    return tenant
+
+
+def delete_tenant(session: Session, tenant_id: uuid.UUID, *, actor: str = audit.ADMIN_ACTOR) -> str:
+    """Delete a tenant with its keys, jobs and usage; refused (Conflict) while it has adapters,
+    so no stored object loses its row. Returns the deleted tenant's name."""
+    tenant = session.get(Tenant, tenant_id, with_for_update=True)
+    if tenant is None:
+        raise NotFound(f"no tenant with id {tenant_id}", code="tenant_not_found")
+    live = session.scalar(
+        select(func.count()).select_from(Adapter).where(Adapter.tenant_id == tenant_id)
+    )
+    if live:
+        raise Conflict(
+            f"tenant {tenant.name!r} still has {live} adapter(s); delete them first",
+            code="tenant_has_adapters",
+        )
+    name = tenant.name
+    session.delete(tenant)
+    session.flush()
+    audit.record(
+        session,
+        actor=actor,
+        action="tenant.delete",
+        resource_type="tenant",
+        resource_id=tenant_id,
+        detail={"name": name},
+    )
+    return name

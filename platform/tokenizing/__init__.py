@@ -4,8 +4,10 @@
   special tokens and end-of-sequence ids, and its chat template (`ModelTokenizer`).
 - `chat_template.py`: where a model's template comes from (ONE precedence) and the ONE
   sandboxed Jinja environment every template renders in.
-- `detokenizer.py`: incremental detokenization with stop strings, and how one token reads
-  in logprobs.
+- `detokenizer.py`: incremental detokenization with stop strings (partial characters held
+  back until complete), and how one token reads in logprobs.
+- `token_bytes.py`: a token's raw bytes, and OpenAI's `bytes:\\xNN` form for tokens that are
+  part of a UTF-8 character (so logprob keys stay distinct).
 
 Who detokenizes: the replica. The gateway tokenizes prompts (it must count tokens for limits
 and routing, and hash them for prefix affinity) and passes the replica's text through; it
@@ -28,6 +30,7 @@ from loraplex.platform.tokenizing.loading import (
     TokenizerNotFound,
     load_tokenizer,
 )
+from loraplex.platform.tokenizing.token_bytes import TokenBytes, display_bytes, display_token
 
 __all__ = [
     "DEFAULT_CHAT_TEMPLATE",
@@ -36,8 +39,11 @@ __all__ = [
     "IncrementalDetokenizer",
     "ModelTokenizer",
     "TemplateRenderError",
+    "TokenBytes",
     "TokenizerNotFound",
     "load_chat_template",
+    "display_bytes",
+    "display_token",
     "load_tokenizer",
     "token_text",
 ]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from loraplex.platform.tokenizing.token_bytes import display_token
+
 PROMPT_CONTEXT = 5
 
 
@@ -25,9 +27,18 @@ class Decoder(Protocol):
         ...
 
 
-def token_text(tokenizer: Decoder, token_id: int) -> str:
-    """How one token reads in logprobs: its text alone, special tokens included."""
-    return tokenizer.decode([token_id], skip_special_tokens=False)
+class ByteSource(Protocol):
+    """Anything with `token_bytes(id)` (a `ModelTokenizer`)."""
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """Raw bytes of one token."""
+        ...
+
+
+def token_text(tokenizer: ByteSource, token_id: int) -> str:
+    """How one token reads in logprobs: its text alone (special tokens included), or
+    `bytes:\\xNN...` when it is part of a UTF-8 character (see `token_bytes.py`)."""
+    return display_token(tokenizer.token_bytes(token_id))
 
 
 class IncrementalDetokenizer:
@@ -85,8 +96,25 @@ class IncrementalDetokenizer:
         self.stopped = True
         return True
 
+    def _flush(self) -> None:
+        """At the end, text still held for an incomplete character is added as decoded
+        (U+FFFD for bytes that never completed one)."""
+        if self.stopped or self.read_offset == len(self.ids):
+            return
+        dec = self.tokenizer.decode
+        before = dec(self.ids[self.prefix_offset : self.read_offset], self.skip_special)
+        after = dec(self.ids[self.prefix_offset :], self.skip_special)
+        self.read_offset = len(self.ids)
+        if len(after) > len(before):
+            old_len = len(self.text)
+            self.text += after[len(before) :]
+            self._check_stop(old_len)
+
     def take_new_text(self, finished: bool) -> str:
-        """Text not yet handed out; while running, withholds a possible stop-string prefix."""
+        """Text not yet handed out; while running, withholds a possible stop-string prefix
+        and any incomplete character."""
+        if finished:
+            self._flush()
         end = len(self.text) if finished or self.stopped else len(self.text) - self.holdback
         if end <= self.emitted:
             return ""

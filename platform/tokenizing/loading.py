@@ -17,6 +17,7 @@ from loraplex.platform.tokenizing.chat_template import (
     load_chat_template,
 )
 from loraplex.platform.tokenizing.detokenizer import token_text
+from loraplex.platform.tokenizing.token_bytes import TokenBytes
 
 # The files that make up a tokenizer (fetched whole when a model lives in object storage).
 TOKENIZER_FILES = (
@@ -60,6 +61,7 @@ class ModelTokenizer:
     pad_token: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    _bytes: TokenBytes | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def vocab_size(self) -> int:
@@ -78,8 +80,14 @@ class ModelTokenizer:
         """The id of a token string (None when it is not in the vocabulary)."""
         return self.tokenizer.token_to_id(token)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """Raw bytes of one token (a byte-level token may be part of a character)."""
+        if self._bytes is None:
+            self._bytes = TokenBytes(self.tokenizer)
+        return self._bytes(token_id)
+
     def token_text(self, token_id: int) -> str:
-        """How one token reads in logprobs."""
+        """How one token reads in logprobs (`bytes:\\xNN` for part of a character)."""
         return token_text(self, token_id)
 
     def apply_chat_template(

@@ -172,7 +172,9 @@ class AbortResult(WireModel):
 class ReplicaState(WireModel):
     """`GET /state`: what the router scores, and what it needs to predict the prefix cache.
 
-    `kv_cache_usage` is the fraction (0..1) of KV blocks in use; `model_id`, `block_size` and
+    `kv_cache_usage` is the fraction (0..1) of KV blocks in use (`num_blocks -
+    num_free_blocks` of them), `adapter_references` the device-slot references running
+    requests hold (both 0 when idle); `model_id`, `block_size` and
     `prefix_caching` are the inputs of the replica's block hashes (`wire.prefix_hash`)."""
 
     wire_version: Literal[WIRE_VERSION]  # type: ignore[valid-type]
@@ -185,10 +187,19 @@ class ReplicaState(WireModel):
     num_requests_running: int = Field(ge=0)
     num_requests_waiting: int = Field(ge=0)
     resident_adapters: list[str]
+    adapter_references: int = Field(default=0, ge=0)  # held by running requests
     max_loras: int = Field(ge=0)
     prefix_cache_queries: int = Field(ge=0)
     prefix_cache_hits: int = Field(ge=0)
     num_preemptions: int = Field(ge=0)
+    # memory accounting: how the deployment's quantization choices spend the device
+    weight_quantization: str = "none"
+    weight_bytes: int = Field(default=0, ge=0)
+    kv_cache_dtype: str = "auto"
+    kv_cache_bytes: int = Field(default=0, ge=0)
+    # The dtype the model computes in and why ("auto" picks bf16 only where it is native).
+    compute_dtype: str = "float32"
+    compute_dtype_reason: str = ""
 
 
 StreamEvent = Annotated[DeltaEvent | FinishEvent | ErrorEvent, Field(discriminator="type")]

@@ -7,14 +7,8 @@ import torch
 from support.lora_reference import llama_specs, random_adapter, reference_delta
 
 from loraplex.adapters.device_pool import DevicePool
-from loraplex.adapters.kernels.lora_torch import (
-    dense_is_cheaper,
-    dense_token_mask,
-    lora_delta_torch,
-    lora_delta_torch_bmm,
-    lora_delta_torch_dense,
-    stack_dense_weights,
-)
+from loraplex.adapters.kernels.lora_sgmv import build_sgmv_plan, lora_delta_sgmv
+from loraplex.adapters.kernels.lora_torch import lora_delta_torch
 from loraplex.adapters.metadata import build_lora_meta
 
 RANK_SETS = [
@@ -53,17 +47,16 @@ LAYOUTS = [
 ]
 
 
-def lora_delta_dense(x, y, a_buf, b_buf, meta, lid, offsets, sizes):
-    """The stacked path end to end (weights stacked, mask built), as the runtime drives it."""
+def lora_delta_gathered(x, y, a_buf, b_buf, meta, lid, offsets, sizes):
+    """The gathered SGMV path as the runtime drives it (one plan per step, shared)."""
     if not meta.groups:
         return
-    a_stack, b_stack = stack_dense_weights(a_buf, b_buf, meta, lid, offsets, sizes)
-    lora_delta_torch_dense(x, y, a_stack, b_stack, dense_token_mask(meta, x.dtype), offsets, sizes)
+    if meta.sgmv_plan is None:
+        meta.sgmv_plan = build_sgmv_plan(meta, a_buf.shape[0], x.dtype)
+    lora_delta_sgmv(x, y, a_buf, b_buf, meta.sgmv_plan, lid, offsets, sizes)
 
 
-@pytest.mark.parametrize(
-    "fn", [lora_delta_torch, lora_delta_torch_bmm, lora_delta_dense], ids=["loop", "bmm", "dense"]
-)
+@pytest.mark.parametrize("fn", [lora_delta_torch, lora_delta_gathered], ids=["loop", "sgmv"])
 @pytest.mark.parametrize("layout", range(len(LAYOUTS)))
 def test_torch_path_matches_oracle(layout, fn):
     specs, pool, adapters, residents = setup_pool()
@@ -100,7 +93,8 @@ def test_metadata_groups_tokens_by_slot():
         build_lora_meta(seqs, max_loras=1, num_linears=len(specs), max_slices=3)
 
 
-def test_bf16_path_close():
+@pytest.mark.parametrize("fn", [lora_delta_torch, lora_delta_gathered], ids=["loop", "sgmv"])
+def test_bf16_path_close(fn):
     specs, pool, adapters, residents = setup_pool(torch.bfloat16)
     seqs = [(residents[i], 2) for i in range(6)]
     per_token = [adapters[i] for i in range(6) for _ in range(2)]
@@ -108,19 +102,42 @@ def test_bf16_path_close():
     spec = specs[0]
     x = torch.randn(12, spec.in_features).bfloat16()
     y = torch.zeros(12, spec.out_features, dtype=torch.bfloat16)
-    lora_delta_torch(x, y, pool.a[0], pool.b[0], meta, 0, spec.slice_offsets, spec.slice_sizes)
+    fn(x, y, pool.a[0], pool.b[0], meta, 0, spec.slice_offsets, spec.slice_sizes)
     want = reference_delta(x.float(), per_token, spec)
     torch.testing.assert_close(y.double(), want, atol=0.05, rtol=0.05)
 
 
-def test_dense_path_chosen_only_when_small_and_scattered():
+def test_sgmv_chunks_bound_padding_and_mask_other_adapters_rows():
+    """32 adapters x 2 tokens and one skewed batch: at most 2x adapters chunks and 2x tokens
+    padded rows; each chunk's rank mask stops at its adapter's own rows."""
     specs, pool, adapters, residents = setup_pool()
-    one_run = build_lora_meta(
-        [(residents[0], 4)], max_loras=4, num_linears=len(specs), max_slices=3
-    )
-    mixed = build_lora_meta(
-        [(residents[i % 2], 1) for i in range(8)], max_loras=4, num_linears=len(specs), max_slices=3
-    )
-    assert not dense_is_cheaper(one_run, 4, 64, 192, 3)  # one contiguous run: views, no gather
-    assert dense_is_cheaper(mixed, 8, 64, 192, 3)
-    assert not dense_is_cheaper(mixed, 100_000, 64, 192, 3)  # too much masked-out work
+    even = build_lora_meta(
+        [(residents[i % 6], 1) for i in range(64)], max_loras=8, num_linears=len(specs),
+        max_slices=3,
+    )  # fmt: skip
+    plan = build_sgmv_plan(even, pool.num_rows)
+    assert plan.num_chunks <= 2 * 6 and plan.num_chunks * plan.chunk_size <= 2 * 64
+    skew = build_lora_meta(
+        [(residents[0], 40)] + [(residents[i], 1) for i in range(1, 6)],
+        max_loras=8, num_linears=len(specs), max_slices=3,
+    )  # fmt: skip
+    plan = build_sgmv_plan(skew, pool.num_rows)
+    assert plan.num_chunks <= 2 * 6 and plan.num_chunks * plan.chunk_size <= 2 * 45
+    assert plan.rank == 64
+    rows = plan.mask[:, 0, :, 0].sum(1).tolist()  # first chunk row of each chunk is a token
+    assert rows[0] == residents[0].rows and residents[0].rows < 64
+    assert plan.mask.sum() == sum(g.num_tokens * g.rows for g in skew.groups)
+
+
+def test_sgmv_refuses_strided_last_dimension():
+    specs, pool, adapters, residents = setup_pool()
+    meta = build_lora_meta(
+        [(residents[0], 1), (residents[1], 1)], max_loras=8, num_linears=len(specs),
+        max_slices=3,
+    )  # fmt: skip
+    spec = specs[0]
+    plan = build_sgmv_plan(meta, pool.num_rows)
+    x = torch.randn(spec.in_features, 2).t()  # stride (1, 2): last dim not stride 1
+    y = torch.zeros(2, spec.out_features)
+    with pytest.raises(ValueError, match="stride-1"):
+        lora_delta_sgmv(x, y, pool.a[0], pool.b[0], plan, 0, spec.slice_offsets, spec.slice_sizes)

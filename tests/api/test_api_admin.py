@@ -104,21 +104,23 @@ def test_deployments(
     assert deployment["max_lora_rank"] == 8 and deployment["base_model"] == base_model
     listed = client.get("/admin/v1/deployments", headers=admin_headers).json()["data"]
     assert deployment["id"] in {d["id"] for d in listed}
-    # Choices the engine does not implement are refused at creation, saying so.
-    for weights in ("int8", "fp8", "int4"):
-        unserved = {"name": f"{weights}-dep", "base_model": base_model,
-                    "quantization": {"weights": weights}}  # fmt: skip
-        resp = client.post("/admin/v1/deployments", headers=admin_headers, json=unserved)
-        assert resp.status_code == 400, resp.text
-        err = resp.json()["error"]
-        assert err["param"] == "quantization.weights" and err["code"] == "unsupported_quantization"
-        assert "not implemented by the engine" in err["message"] and "bf16" in err["message"]
-    fp8_kv = {"name": "fp8kv-dep", "base_model": base_model,
-              "quantization": {"weights": "fp16", "kv_cache": "fp8"}}  # fmt: skip
-    resp = client.post("/admin/v1/deployments", headers=admin_headers, json=fp8_kv)
+    # Quantized choices are stored and shown; one that cannot serve this base model (int4:
+    # the tiny model's hidden size 64 is not a multiple of the group size 128) is refused at
+    # creation, saying why and what would work.
+    for weights, kv in (("int8", "auto"), ("fp8", "fp8")):
+        body = {"name": f"{weights}-dep", "base_model": base_model,
+                "quantization": {"weights": weights, "kv_cache": kv}}  # fmt: skip
+        resp = client.post("/admin/v1/deployments", headers=admin_headers, json=body)
+        assert resp.status_code == 201, resp.text
+        assert resp.json()["quantization"] == {"weights": weights, "kv_cache": kv}
+    int4 = {"name": "int4-dep", "base_model": base_model, "quantization": {"weights": "int4"}}
+    resp = client.post("/admin/v1/deployments", headers=admin_headers, json=int4)
     assert resp.status_code == 400, resp.text
     err = resp.json()["error"]
-    assert err["param"] == "quantization.kv_cache" and err["code"] == "unsupported_quantization"
+    assert err["param"] == "quantization.weights" and err["code"] == "unsupported_quantization"
+    assert "multiple of 128" in err["message"] and "int8 or fp8 would work" in err["message"]
+    listed = client.get("/admin/v1/deployments", headers=admin_headers).json()["data"]
+    assert "int4-dep" not in {d["name"] for d in listed}  # nothing half-written
     body = {
         "name": "fp16-dep",
         "base_model": base_model,

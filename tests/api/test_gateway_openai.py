@@ -299,6 +299,10 @@ def test_models_listing(stack: Stack) -> None:
     models = stack.client().models.list()
     ids = {m.id for m in models.data}
     assert stack.base in ids
+    base = next(m for m in models.data if m.id == stack.base)
+    assert base.model_extra["deployments"] == [
+        {"name": stack.deployment, "quantization": {"weights": "fp32", "kv_cache": "auto"}}
+    ]
     one = stack.client().models.retrieve(stack.base)
     assert one.id == stack.base
     with pytest.raises(openai.NotFoundError):

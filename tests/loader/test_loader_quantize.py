@@ -1,4 +1,4 @@
-"""Quantization on the way in: casts, int8 weight-only with its dequant, refusals."""
+"""Quantization on the way in: casts, int8 / int4 / fp8 with their dequant, refusals."""
 
 from __future__ import annotations
 
@@ -17,9 +17,12 @@ def test_choices_are_parsed_and_unknown_ones_refused() -> None:
     assert parse_quantization(None) == "none"
     assert parse_quantization("BF16") == "bf16"
     assert parse_quantization("w8a16") == "int8"
+    assert parse_quantization("W4A16") == "int4"
+    assert parse_quantization("int4_sym") == "int4_sym"
+    assert parse_quantization("fp8_e4m3") == "fp8"
     with pytest.raises(ValueError, match="unknown weight quantization 'q3'"):
         parse_quantization("q3")
-    for choice in ("fp8", "int4", "awq"):
+    for choice in ("awq", "gptq", "fp8_e5m2"):
         with pytest.raises(NotImplementedError, match="not implemented"):
             Quantizer(choice)
 
@@ -82,3 +85,27 @@ def test_int8_quantizer_targets_linear_weights_only() -> None:
     assert q.apply("model.layers.0.mlp.gate.weight", w)[0][1] is w  # MoE router stays precise
     bias = torch.randn(16)
     assert q.apply("x.bias", bias)[0][1] is bias
+
+
+@pytest.mark.parametrize("choice", ["int4", "int4_sym", "fp8"])
+def test_low_bit_quantizers_emit_the_canonical_layout(choice: str) -> None:
+    from loraplex.loader.quant.weight_only import dequantize_fp8, dequantize_int4
+
+    w = torch.randn(32, 256)
+    out = dict(Quantizer(choice).apply("model.layers.0.mlp.down_proj.weight", w))
+    p = "model.layers.0.mlp.down_proj."
+    q, scale = out[p + "weight"], out[p + "weight_scale"]
+    if choice == "fp8":
+        assert set(out) == {p + "weight", p + "weight_scale"} and q.dtype == torch.float8_e4m3fn
+        back = dequantize_fp8(q, scale, torch.float32)
+        tol = 0.07 * w.abs().amax(dim=1, keepdim=True)  # 3 mantissa bits
+    else:
+        sym = choice == "int4_sym"
+        assert (p + "weight_zero" in out) is not sym and q.dtype == torch.uint8
+        assert scale.shape == (32, 2) and int(q.max()) <= 15
+        zero = out.get(p + "weight_zero", torch.full_like(scale, 8.0))
+        back = dequantize_int4(q, scale, zero, torch.float32)
+        tol = scale.repeat_interleave(128, dim=1) * (1.0 if sym else 0.5) + 1e-6
+    assert ((back - w).abs() <= tol).all()
+    for name in ("model.layers.0.mlp.experts.3.up_proj.weight", "model.embed_tokens.weight"):
+        assert Quantizer(choice).apply(name, w)[0][1] is w

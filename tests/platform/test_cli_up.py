@@ -6,8 +6,6 @@ leaves no process behind, and a second `up` on the same data dir finds the data 
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -17,8 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.up_process import UpProcess
-from support.up_process import alive as _alive
+from support.up_process import UpProcess, alive, restarted, supervised
 
 from loraplex.platform.demo_model import make_demo_model
 
@@ -96,31 +93,16 @@ def _chat(client: httpx.Client, url: str, headers: dict, model: str) -> httpx.Re
     )  # fmt: skip
 
 
-def _supervised(data_dir: Path) -> dict:
-    return json.loads((data_dir / "logs" / "supervisor.json").read_text())
-
-
 def _environ(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(e.decode().split("=", 1) for e in raw if b"=" in e)
-
-
-def _restarted(data_dir: Path, name: str, old_pid: int, timeout: float = 120) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            child = _supervised(data_dir)[name]
-            if child["pid"] != old_pid and child["state"] == "running" and _alive(child["pid"]):
-                return child["pid"]
-        time.sleep(0.2)
-    pytest.fail(f"{name} was not restarted: {_supervised(data_dir)}")
 
 
 def _check_secrets(data_dir: Path) -> None:
     for secret in ("admin_key", "postgres/password", "redis/password", "redis/redis.conf",
                    "seaweedfs/s3-secret-key", "seaweedfs/s3-identities.json"):  # fmt: skip
         assert (data_dir / secret).stat().st_mode & 0o777 == 0o600, secret
-    pids = {name: c["pid"] for name, c in _supervised(data_dir).items()}
+    pids = {name: c["pid"] for name, c in supervised(data_dir).items()}
     engine, worker, api = (_environ(pids[n]) for n in ("engine replica", "worker", "API"))
     assert "LORAPLEX_ADMIN_KEY" in api and "LORAPLEX_DATABASE_URL" in api
     assert "LORAPLEX_ADMIN_KEY" not in worker and "LORAPLEX_DATABASE_URL" in worker
@@ -159,6 +141,10 @@ def test_up_serves_supervises_stops_and_restarts(service_tmp_path: Path, tmp_pat
             assert client.get(f"{url}/healthz").json() == {"status": "ok"}
             no_auth = client.get(f"{url}/admin/v1/tenants")
             assert no_auth.status_code == 401
+            console = first.value("Console")
+            assert console is not None and console.startswith(f"{url}/console/")
+            sign_in = client.get(console.split()[0] + "sign-in")
+            assert sign_in.status_code == 200 and "admin key" in sign_in.text
             tenant_id, tenant_h = _upload_ready(client, url, admin, adapter)
             answers = {}
             for model in ("demo", "support-bot"):
@@ -171,7 +157,7 @@ def test_up_serves_supervises_stops_and_restarts(service_tmp_path: Path, tmp_pat
 
             # kill -9 the replica: the API stays up, inference answers 503 + Retry-After
             # until the supervisor has it back, then the same answer again.
-            engine_pid = _supervised(up_dir)["engine replica"]["pid"]
+            engine_pid = supervised(up_dir)["engine replica"]["pid"]
             os.kill(engine_pid, signal.SIGKILL)
             saw_503 = False
             deadline = time.monotonic() + 180
@@ -189,12 +175,12 @@ def test_up_serves_supervises_stops_and_restarts(service_tmp_path: Path, tmp_pat
                 time.sleep(0.2)
             assert saw_503 and got.status_code == 200, got.text
             assert got.json()["choices"][0]["message"]["content"] == answers["support-bot"]
-            assert _restarted(up_dir, "engine replica", engine_pid) != engine_pid
+            assert restarted(up_dir, "engine replica", engine_pid) != engine_pid
 
             # kill -9 the worker: it comes back and validates a new version.
-            worker_pid = _supervised(up_dir)["worker"]["pid"]
+            worker_pid = supervised(up_dir)["worker"]["pid"]
             os.kill(worker_pid, signal.SIGKILL)
-            _restarted(up_dir, "worker", worker_pid)
+            restarted(up_dir, "worker", worker_pid)
             assert _wait_ready(client, url, tenant_h, adapter, version=2)
         children = first.descendants()
         assert len(children) >= 5  # postgres, weed, redis, worker, API (+ postgres helpers)
@@ -202,9 +188,9 @@ def test_up_serves_supervises_stops_and_restarts(service_tmp_path: Path, tmp_pat
         code = first.interrupt()
     assert code == 0, "\n".join(first.lines)
     deadline = time.monotonic() + 10
-    while [pid for pid in children if _alive(pid)] and time.monotonic() < deadline:
+    while [pid for pid in children if alive(pid)] and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [pid for pid in children if _alive(pid)], "children outlived `up`"
+    assert not [pid for pid in children if alive(pid)], "children outlived `up`"
     assert any(line.startswith("stopped PostgreSQL") for line in first.lines)
 
     second = UpProcess(up_dir, 0)

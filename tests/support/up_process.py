@@ -1,7 +1,10 @@
-"""`loraplex up` as a user runs it: a subprocess, the lines it printed, its descendants."""
+"""`loraplex up` as a subprocess for tests: start it on a data dir, read what it printed, find
+its supervised children (`logs/supervisor.json`) and wait for one to be restarted."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -92,9 +95,25 @@ class UpProcess:
 
 
 def alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+def supervised(data_dir: Path) -> dict:
+    """The supervisor's record of its children (name -> pid, state, restarts)."""
+    return json.loads((data_dir / "logs" / "supervisor.json").read_text())
+
+
+def restarted(data_dir: Path, name: str, old_pid: int, timeout: float = 120) -> int:
+    """Wait until the supervisor runs `name` again under a new pid; that pid."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            child = supervised(data_dir)[name]
+            if child["pid"] != old_pid and child["state"] == "running" and alive(child["pid"]):
+                return child["pid"]
+        time.sleep(0.2)
+    pytest.fail(f"{name} was not restarted: {supervised(data_dir)}")

@@ -13,6 +13,8 @@ from torch import nn
 from loraplex.platform.engine.forward_context import get_forward_context
 from loraplex.platform.engine.layers.attention_metadata import AttentionMetadata
 from loraplex.platform.engine.layers.paged_attention_torch import (
+    NO_SCALES,
+    KVScales,
     paged_attention_torch,
     write_kv_torch,
 )
@@ -43,6 +45,7 @@ class Attention(nn.Module):
         self.scale = scale
         self.layer_idx = layer_idx
         self.kv_cache: torch.Tensor | None = None
+        self.kv_scales: KVScales = NO_SCALES  # dequantization scales of an fp8 cache
         self.use_triton = True  # may be switched off to force the torch path on CUDA
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -59,12 +62,13 @@ class Attention(nn.Module):
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         fast = self.use_triton and triton_available_for(q)
+        sc = self.kv_scales
         if fast:
-            write_kv_triton(self.kv_cache, k, v, md.slot_mapping)
-            out = paged_attention_torch(q, self.kv_cache, md, self.scale, _triton_decode)
+            write_kv_triton(self.kv_cache, k, v, md.slot_mapping, sc)
+            out = paged_attention_torch(q, self.kv_cache, md, self.scale, _triton_decode, sc)
         else:
-            write_kv_torch(self.kv_cache, k, v, md.slot_mapping)
-            out = paged_attention_torch(q, self.kv_cache, md, self.scale)
+            write_kv_torch(self.kv_cache, k, v, md.slot_mapping, sc)
+            out = paged_attention_torch(q, self.kv_cache, md, self.scale, scales=sc)
         return out.reshape(t, self.num_heads * self.head_dim)
 
 
@@ -75,6 +79,7 @@ def _triton_decode(
     seq_lens: torch.Tensor,
     max_seq_len: int,
     scale: float,
+    scales: KVScales = NO_SCALES,
 ) -> torch.Tensor:
     """The Triton decode kernel behind the torch path's decode signature (no max needed)."""
-    return decode_attention_triton(q, kv_cache, block_tables, seq_lens, scale)
+    return decode_attention_triton(q, kv_cache, block_tables, seq_lens, scale, scales)

@@ -3,6 +3,11 @@
 Forward is `y = x @ W^T (+ b)`; when the multi-LoRA runtime has set `lora_delta`, it is called as
 `lora_delta(x, y, module)` and adds the batched low-rank delta into `y` in place. With
 `lora_delta` None the cost is one attribute check on top of the matmul.
+
+A Linear built inside `layers.quant.linear_quantization(scheme)` stores its weight quantized
+(`quant_method`: int8 / int4 / fp8 codes plus `weight_scale`, maybe `weight_zero`); every one of
+those tensors has output channels as rows, so slices load the same way. The LoRA delta still
+runs in the activation dtype on top of the quantized matmul.
 """
 
 from __future__ import annotations
@@ -12,6 +17,12 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from loraplex.platform.engine.layers.quant.base import (
+    QuantMethod,
+    current_linear_scheme,
+    make_quant_method,
+)
 
 LoraDelta = Callable[[torch.Tensor, torch.Tensor, "Linear"], None]
 
@@ -49,9 +60,22 @@ class Linear(nn.Module):
             raise ValueError(
                 f"slice sizes {self.slice_sizes} do not sum to out_features={out_features}"
             )
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
+        scheme = current_linear_scheme()
+        self.quant_method: QuantMethod | None = (
+            make_quant_method(scheme) if scheme is not None else None
+        )
+        if self.quant_method is None:
+            self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
+        else:
+            self.quant_method.create_weights(self, dtype)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
         self.lora_delta: LoraDelta | None = None
+
+    @property
+    def sliced_params(self) -> tuple[str, ...]:
+        """Local names of the tensors whose rows are split between the output slices."""
+        names = ["weight", "weight_scale", "weight_zero", "bias"]
+        return tuple(n for n in names if getattr(self, n, None) is not None)
 
     @property
     def slice_offsets(self) -> list[int]:
@@ -64,29 +88,46 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Base projection, plus the LoRA delta when a runtime has hooked this module."""
-        y = F.linear(x, self.weight, self.bias)
+        if self.quant_method is None:
+            y = F.linear(x, self.weight, self.bias)
+        else:
+            y = self.quant_method.apply(self, x)
         if self.lora_delta is not None:
             self.lora_delta(x, y, self)
         return y
 
-    def load_slice(self, slice_name: str, tensor: torch.Tensor, *, is_bias: bool = False) -> None:
-        """Copy a HuggingFace weight (or bias) of one slice into its rows of the fused tensor."""
+    def load_slice(
+        self,
+        slice_name: str,
+        tensor: torch.Tensor,
+        *,
+        is_bias: bool = False,
+        piece: str | None = None,
+    ) -> None:
+        """Copy a HuggingFace weight (bias, weight_scale, weight_zero: `piece`) of one slice
+        into its rows of the fused tensor."""
+        piece = piece or ("bias" if is_bias else "weight")
         try:
             idx = self.slice_names.index(slice_name)
         except ValueError:
             raise KeyError(f"{slice_name!r} is not a slice of {self.slice_names}") from None
         start, size = self.slice_offsets[idx], self.slice_sizes[idx]
-        target = self.bias if is_bias else self.weight
+        target = getattr(self, piece, None) if piece in self.sliced_params else None
         if target is None:
-            raise KeyError(f"checkpoint has a bias for {slice_name!r} but the layer has none")
-        expected = (size,) if is_bias else (size, self.in_features)
+            raise KeyError(f"checkpoint has a {piece} for {slice_name!r} but the layer has none")
+        expected = (size, *target.shape[1:])
         if tuple(tensor.shape) != expected:
             raise ValueError(
-                f"{slice_name} {'bias' if is_bias else 'weight'}: checkpoint shape "
-                f"{tuple(tensor.shape)} != expected {expected}"
+                f"{slice_name} {piece}: checkpoint shape {tuple(tensor.shape)} != expected "
+                f"{expected}"
             )
         with torch.no_grad():
             target[start : start + size].copy_(tensor)
+
+    def finish_loading(self) -> None:
+        """Repack quantized tensors for the kernel once every slice has loaded."""
+        if self.quant_method is not None:
+            self.quant_method.finish_loading(self)
 
     def extra_repr(self) -> str:
         return (

@@ -3,6 +3,9 @@
 Runs on CPU (and on GPU when Triton is unavailable). Decodes are batched: K/V of all decoding
 sequences are gathered through their block tables and one masked batched attention runs. Prefill
 chunks loop over sequences (one SDPA call each, with the causal mask offset by the context).
+
+An fp8 (e4m3) cache stores `k / k_scale` and `v / v_scale` (one scale per layer, `KVScales`)
+and every read multiplies back: the same block layout in half the bytes of a bf16 cache.
 """
 
 from __future__ import annotations
@@ -15,9 +18,46 @@ import torch.nn.functional as F
 
 from loraplex.platform.engine.layers.attention_metadata import AttentionMetadata
 
+FP8_KV_DTYPES = (torch.float8_e4m3fn,)
+_FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
+
+
+@dataclass(frozen=True)
+class KVScales:
+    """Per-layer dequantization scales of an fp8 KV cache (1.0 for a float cache)."""
+
+    k: float = 1.0
+    v: float = 1.0
+
+
+NO_SCALES = KVScales()
+
+
+def is_fp8_cache(kv_cache: torch.Tensor) -> bool:
+    """Whether the cache stores e4m3 codes (reads must multiply by the layer's scales)."""
+    return kv_cache.dtype in FP8_KV_DTYPES
+
+
+def to_cache(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """x in the cache's dtype: fp8 codes of x / scale (saturated), or a plain cast."""
+    if dtype in FP8_KV_DTYPES:
+        return (x.float() / scale).clamp_(-_FP8_MAX, _FP8_MAX).to(dtype)
+    return x.to(dtype)
+
+
+def from_cache(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """Cache contents as `dtype`: fp8 codes times their scale, or a plain cast."""
+    if x.dtype in FP8_KV_DTYPES:
+        return (x.float() * scale).to(dtype)
+    return x.to(dtype)
+
 
 def write_kv_torch(
-    kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+    kv_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    scales: KVScales = NO_SCALES,
 ) -> None:
     """Store k, v [T, Hkv, D] at their slots of kv_cache [2, N, bs, Hkv, D]; slot -1 is skipped."""
     num_kv_heads, head_dim = kv_cache.shape[-2], kv_cache.shape[-1]
@@ -25,8 +65,8 @@ def write_kv_torch(
     v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
-    k_flat[slots] = k[valid].to(kv_cache.dtype)
-    v_flat[slots] = v[valid].to(kv_cache.dtype)
+    k_flat[slots] = to_cache(k[valid], kv_cache.dtype, scales.k)
+    v_flat[slots] = to_cache(v[valid], kv_cache.dtype, scales.v)
 
 
 def gather_kv(
@@ -49,6 +89,7 @@ def decode_attention_torch(
     seq_lens: torch.Tensor,
     max_seq_len: int,
     scale: float,
+    scales: KVScales = NO_SCALES,
 ) -> torch.Tensor:
     """One query token per sequence: q [S, Hq, D] -> out [S, Hq, D]; no host sync.
 
@@ -63,8 +104,8 @@ def decode_attention_torch(
     mask = key_pos[None, :] < seq_lens[:, None].to(key_pos.dtype)
     out = F.scaled_dot_product_attention(
         q.float()[:, :, None, :],
-        k.float().transpose(1, 2),
-        v.float().transpose(1, 2),
+        from_cache(k, torch.float32, scales.k).transpose(1, 2),
+        from_cache(v, torch.float32, scales.v).transpose(1, 2),
         attn_mask=mask[:, None, None, :],
         scale=scale,
         enable_gqa=hq != hkv,
@@ -79,6 +120,7 @@ def prefill_attention_torch(
     context_len: int,
     seq_len: int,
     scale: float,
+    scales: KVScales = NO_SCALES,
 ) -> torch.Tensor:
     """One sequence's chunk q [n, Hq, D] at positions context_len.. over its cached context."""
     n, hq, d = q.shape
@@ -92,8 +134,8 @@ def prefill_attention_torch(
     mask = key_pos[None, :] <= q_pos[:, None]  # [n, L]
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1),
-        k.to(q.dtype),
-        v.to(q.dtype),
+        from_cache(k, q.dtype, scales.k),
+        from_cache(v, q.dtype, scales.v),
         attn_mask=mask,
         scale=scale,
         enable_gqa=hq != hkv,
@@ -139,7 +181,7 @@ def _plan(md: AttentionMetadata, device: torch.device) -> _BatchPlan:
 
 
 DecodeFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float, KVScales], torch.Tensor
 ]
 
 
@@ -149,15 +191,18 @@ def paged_attention_torch(
     md: AttentionMetadata,
     scale: float,
     decode_fn: DecodeFn = decode_attention_torch,
+    scales: KVScales = NO_SCALES,
 ) -> torch.Tensor:
     """Attention for a mixed batch q [T, Hq, D] (K/V already written) -> out [T, Hq, D].
 
-    `decode_fn(q, kv_cache, block_tables, seq_lens, max_seq_len, scale)` serves the rows with
+    `decode_fn(q, kv_cache, block_tables, seq_lens, max_seq_len, scale, scales)` serves the rows with
     a single query token (the Triton kernel on GPU, the batched torch gather otherwise).
     """
     if md.is_decode_only:
         s = md.num_seqs
-        out = decode_fn(q[:s], kv_cache, md.block_tables, md.seq_lens, md.max_seq_len, scale)
+        out = decode_fn(
+            q[:s], kv_cache, md.block_tables, md.seq_lens, md.max_seq_len, scale, scales
+        )
         if q.shape[0] == s:
             return out
         full = torch.zeros_like(q)
@@ -173,9 +218,10 @@ def paged_attention_torch(
             md.seq_lens[plan.decode_seq_idx],
             plan.decode_max_len,
             scale,
+            scales,
         )
     for i, a, b, ctx_len, seq_len in plan.prefills:
         out[a:b] = prefill_attention_torch(
-            q[a:b], kv_cache, md.block_tables[i], ctx_len, seq_len, scale
+            q[a:b], kv_cache, md.block_tables[i], ctx_len, seq_len, scale, scales
         )
     return out

@@ -4,12 +4,22 @@ The decode kernel handles one query token per sequence; a program owns one (sequ
 head) pair, walks the sequence's block table block by block and keeps an online softmax, so it
 never materialises the gathered context. GQA maps query head h to KV head h // group. Both
 kernels take their sizes from device tensors only, so they are CUDA-graph capturable. On CPU
-they run under `TRITON_INTERPRET=1` (tests only).
+they run under `TRITON_INTERPRET=1` (tests only). An fp8 cache stores `k / k_scale` (and v)
+in e4m3 (rounded by torch before the store kernel copies the codes) and the decode kernel
+multiplies the scale back in registers.
 """
 
 from __future__ import annotations
 
 import torch
+
+from loraplex.loader.tensor_layout import require_contiguous, require_stride1_last
+from loraplex.platform.engine.layers.paged_attention_torch import (
+    NO_SCALES,
+    KVScales,
+    is_fp8_cache,
+    to_cache,
+)
 
 try:
     import triton
@@ -59,6 +69,8 @@ if HAS_TRITON:
         seq_lens_ptr,
         out_ptr,
         scale,
+        k_scale,
+        v_scale,
         stride_q_seq,
         stride_q_head,
         stride_c_block,
@@ -94,8 +106,8 @@ if HAS_TRITON:
             base = block * stride_c_block + kv_head * stride_c_head
             ptrs = base + offs_t[:, None] * stride_c_tok + offs_d[None, :]
             kv_mask = t_mask[:, None] & d_mask[None, :]
-            k = tl.load(k_cache_ptr + ptrs, mask=kv_mask, other=0.0).to(tl.float32)
-            v = tl.load(v_cache_ptr + ptrs, mask=kv_mask, other=0.0).to(tl.float32)
+            k = tl.load(k_cache_ptr + ptrs, mask=kv_mask, other=0.0).to(tl.float32) * k_scale
+            v = tl.load(v_cache_ptr + ptrs, mask=kv_mask, other=0.0).to(tl.float32) * v_scale
             scores = tl.sum(k * q[None, :], axis=1) * scale
             scores = tl.where(t_mask, scores, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, axis=0))
@@ -118,7 +130,11 @@ def _require_triton() -> None:
 
 
 def write_kv_triton(
-    kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+    kv_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    scales: KVScales = NO_SCALES,
 ) -> None:
     """Store k, v [T, Hkv, D] at their slots of kv_cache [2, N, bs, Hkv, D]; slot -1 is skipped."""
     _require_triton()
@@ -127,6 +143,8 @@ def write_kv_triton(
         return
     if not kv_cache.is_contiguous():
         raise ValueError("the KV cache must be contiguous")
+    if is_fp8_cache(kv_cache):  # round to e4m3 with torch's (RNE, saturating) conversion
+        k, v = to_cache(k, kv_cache.dtype, scales.k), to_cache(v, kv_cache.dtype, scales.v)
     k2 = k.reshape(num_tokens, -1)
     v2 = v.reshape(num_tokens, -1)
     if k2.stride(1) != 1 or v2.stride(1) != 1:
@@ -151,6 +169,7 @@ def decode_attention_triton(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    scales: KVScales = NO_SCALES,
 ) -> torch.Tensor:
     """Paged decode attention: q [S, Hq, D] (one token per sequence) -> out [S, Hq, D]."""
     _require_triton()
@@ -160,6 +179,9 @@ def decode_attention_triton(
         raise ValueError(f"q heads/dim ({hq}, {d}) do not fit the cache ({hkv}, {d_cache})")
     if q.stride(2) != 1:
         q = q.contiguous()
+    require_contiguous("decode_attention_triton", kv_cache=kv_cache)
+    require_stride1_last("decode_attention_triton", block_tables=block_tables)
+    require_contiguous("decode_attention_triton", seq_lens=seq_lens)
     out = torch.empty(s, hq, d, dtype=q.dtype, device=q.device)
     if s == 0:
         return out
@@ -172,6 +194,8 @@ def decode_attention_triton(
         seq_lens,
         out,
         scale,
+        scales.k,
+        scales.v,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),

@@ -2,7 +2,8 @@
 
 A request names its adapter by reference (an `AdapterRef` in object storage, or, in-process
 only, a local directory). `resolve` turns it into the version key at once (so the request can
-be keyed before any bytes arrive) and remembers where the bytes come from; `prefetch` then
+be keyed before any bytes arrive) and remembers where the bytes come from (every tenant's
+copy of identical bytes, `source_map.py`); `prefetch` then
 reads, checks and parses them on one background thread into the host tier, while the engine
 keeps stepping. A failed fetch is remembered until a new request for the key retries it.
 """
@@ -20,6 +21,7 @@ import torch
 from loraplex.adapters.host_cache import HostCache
 from loraplex.adapters.targets import ResolvedTargets
 from loraplex.adapters.weights import LoadedAdapter, load_adapter
+from loraplex.platform.engine.lora.source_map import SourceMap
 from loraplex.platform.engine.lora.sources import (
     AdapterRef,
     DirSource,
@@ -49,7 +51,8 @@ class AdapterFetcher:
         self.object_store = object_store
         # A replica serving HTTP must not read paths its callers name: refs only there.
         self.allow_local_paths = allow_local_paths
-        self.sources: dict[str, ObjectSource | DirSource] = {}
+        # every copy of each version (one per tenant and place), so a deleted copy falls back
+        self.sources = SourceMap()
         self.fetch_seconds: dict[str, float] = {}
         self._fetches: dict[str, Future] = {}
         self._failed: dict[str, BaseException] = {}
@@ -76,7 +79,7 @@ class AdapterFetcher:
             if self.object_store is None:
                 raise ValueError("this engine has no object store to fetch adapters from")
             source = ObjectSource(ref, self.object_store)
-            self.sources.setdefault(source.key, source)
+            self.sources.add(source)
             self._failed.pop(source.key, None)  # a new request retries a failed fetch
             return source.key, ref.tenant
         if isinstance(ref, str | Path | LocalAdapterRef):
@@ -88,7 +91,7 @@ class AdapterFetcher:
             dir_source, cfg, weights = DirSource.open(path, tenant)
             if dir_source.key not in self.host and not resident(dir_source.key):
                 self.host.put(self._load(cfg, weights, dir_source.key))
-            self.sources[dir_source.key] = dir_source
+            self.sources.add(dir_source)
             return dir_source.key, tenant
         raise TypeError(
             f"an adapter reference is a directory path, LocalAdapterRef or AdapterRef, not {ref!r}"
@@ -104,8 +107,7 @@ class AdapterFetcher:
 
     def _fetch(self, key: str) -> None:
         t0 = time.perf_counter()
-        source = self.sources[key]
-        cfg, weights = source.fetch()
+        source, cfg, weights = self.sources.fetch(key)
         # Object-store versions carry their resolved targets: no tenant pattern runs here.
         self.host.put(self._load(cfg, weights, key, getattr(source, "targets", None)))
         self.fetch_seconds[key] = time.perf_counter() - t0

@@ -3,9 +3,10 @@
 Every LoRA-targetable `Linear` (its slices are modules a PEFT adapter may target) gets a
 `lora_delta` hook. Each call reads the step's metadata from the forward context and adds the
 adapters' low-rank deltas into the output in place, with the fastest path for the device and
-batch: the Triton shrink/expand on a GPU (graph-static for captured decode steps), the stacked
-dense path for small CPU batches, the per-adapter torch path otherwise. Weights come from the
-device pool the tiers own (`weights()`), read at call time.
+batch: the Triton shrink/expand on a GPU (graph-static for captured decode steps); on CPU the
+view-only torch path when one adapter owns one contiguous run of tokens, else the gathered
+SGMV-style path, whose cost does not grow with the number of distinct adapters. Weights come
+from the device pool the tiers own (`weights()`), read at call time.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from loraplex.adapters.device_pool import DevicePool, LoraLinearSpec
+from loraplex.adapters.kernels.lora_sgmv import build_sgmv_plan, lora_delta_sgmv
 from loraplex.adapters.kernels.lora_torch import lora_delta_torch
 from loraplex.adapters.kernels.lora_triton import (
     lora_delta_triton,
@@ -28,7 +30,6 @@ from loraplex.adapters.peft_format import module_dims
 from loraplex.adapters.static_meta import StaticLoraView
 from loraplex.platform.engine.forward_context import peek_forward_context
 from loraplex.platform.engine.layers.linear import Linear
-from loraplex.platform.engine.lora.dense_path import DenseLoraPath
 
 
 def lora_linears(model: nn.Module, hf_config: dict) -> list[tuple[Linear, LoraLinearSpec]]:
@@ -64,7 +65,6 @@ class LoraHooks:
         self.device = device
         self._weights = weights
         self._slice_tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._dense = DenseLoraPath(self.specs, weights)  # CPU, small batches
         for lid, module in enumerate(self.modules):
             module.lora_delta = functools.partial(self._delta, lid)
 
@@ -88,10 +88,17 @@ class LoraHooks:
                 x, y, pool.a[lid], pool.b[lid], meta, lid, spec.slice_offsets,
                 spec.slice_sizes, self.max_lora_rank, self.slice_tensors(lid),
             )  # fmt: skip
-        elif not self._dense.try_delta(lid, x, y, meta):
+        elif len(meta.groups) == 1 and len(meta.groups[0].runs) == 1:  # views, no gather
             lora_delta_torch(
                 x, y, pool.a[lid], pool.b[lid], meta, lid, spec.slice_offsets, spec.slice_sizes
             )
+        else:
+            if meta.sgmv_plan is None:
+                meta.sgmv_plan = build_sgmv_plan(meta, pool.num_rows, x.dtype)
+            lora_delta_sgmv(
+                x, y, pool.a[lid], pool.b[lid], meta.sgmv_plan, lid, spec.slice_offsets,
+                spec.slice_sizes,
+            )  # fmt: skip
 
     def slice_tensors(self, lid: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Linear `lid`'s int32 slice offsets and sizes on the device (built once)."""

@@ -44,7 +44,8 @@ class LoraRuntime:
     """Multi-LoRA serving state of one engine replica (see the module docstring).
 
     `max_loras` adapters at most per step, of rank `max_lora_rank` at most, in
-    `adapter_memory_bytes` of device memory (default: `max_loras` adapters of that rank) and
+    `adapter_memory_bytes` of device memory (default: `adapter_rank_rows` rank rows, an adapter
+    taking its own rank's rows; default `max_loras` adapters of that rank) and
     `host_memory_bytes` of host memory (default: four times the device budget, >= 64 MiB).
     """
 
@@ -56,6 +57,7 @@ class LoraRuntime:
         max_loras: int,
         max_lora_rank: int,
         adapter_memory_bytes: int | None = None,
+        adapter_rank_rows: int | None = None,
         host_memory_bytes: int | None = None,
         object_store: ObjectReader | None = None,
         max_wait_steps: int = 32,
@@ -71,7 +73,8 @@ class LoraRuntime:
         linears = lora_linears(model, hf_config)
         specs = [s for _, s in linears]
         row_bytes = DevicePool.bytes_per_row(specs, dtype)
-        self.adapter_memory_bytes = adapter_memory_bytes or row_bytes * max_loras * max_lora_rank
+        rows = adapter_rank_rows or max_loras * max_lora_rank
+        self.adapter_memory_bytes = adapter_memory_bytes or row_bytes * rows
         self.host = HostCache(host_memory_bytes or max(4 * self.adapter_memory_bytes, 64 << 20))
         self.fetcher = AdapterFetcher(
             self.host,
@@ -97,12 +100,14 @@ class LoraRuntime:
     @classmethod
     def for_engine(cls, core: EngineCore, **overrides: Any) -> LoraRuntime:
         """A runtime sized by an engine's config (`max_loras`, `max_lora_rank`,
-        `adapter_memory_bytes`), hooked onto its model, exported on its metrics registry."""
+        `adapter_memory_bytes` or `adapter_rank_rows()`), hooked onto its model, exported on its
+        metrics registry."""
         cfg = core.config
         args: dict[str, Any] = dict(
             max_loras=cfg.max_loras,
             max_lora_rank=cfg.max_lora_rank,
             adapter_memory_bytes=cfg.adapter_memory_bytes,
+            adapter_rank_rows=cfg.adapter_rank_rows(),
         )
         args.update(overrides)
         runtime = cls(core.model, core.model.hf_config, **args)
@@ -174,6 +179,12 @@ class LoraRuntime:
         """Keys of adapters in device memory (least recently used first)."""
         pool = self.tiers.allocated_pool
         return [] if pool is None else pool.keys()
+
+    @property
+    def adapter_references(self) -> int:
+        """Device-slot references running requests hold (0 when the replica is idle)."""
+        pool = self.tiers.allocated_pool
+        return 0 if pool is None else pool.references()
 
     # -- observability -------------------------------------------------------------------
 

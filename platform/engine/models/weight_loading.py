@@ -57,8 +57,8 @@ def load_hf_weights(
     pending: dict[str, set[str]] = {name: {""} for name in params}
     for mod_name, mod in modules.items():
         if isinstance(mod, Linear):
-            for piece in ("weight", "bias"):
-                if getattr(mod, piece) is not None and f"{mod_name}.{piece}" in pending:
+            for piece in mod.sliced_params:
+                if f"{mod_name}.{piece}" in pending:
                     pending[f"{mod_name}.{piece}"] = set(mod.slice_names)
 
     for name, tensor in weights:
@@ -79,7 +79,7 @@ def load_hf_weights(
             if not isinstance(module, Linear):
                 raise WeightLoadingError(f"checkpoint tensor {name!r} has no place in the model")
             try:
-                module.load_slice(parts[-2], tensor, is_bias=parts[-1] == "bias")
+                module.load_slice(parts[-2], tensor, piece=parts[-1])
             except (KeyError, ValueError) as exc:
                 raise WeightLoadingError(f"{name}: {exc}") from exc
             pending.get(f"{fused}.{parts[-1]}", set()).discard(parts[-2])
@@ -91,6 +91,10 @@ def load_hf_weights(
             raise WeightLoadingError(
                 f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(param.shape)}"
             )
+        if param.dtype != tensor.dtype and not (
+            param.is_floating_point() and tensor.is_floating_point()
+        ):
+            raise WeightLoadingError(f"{name}: checkpoint dtype {tensor.dtype} != {param.dtype}")
         with torch.no_grad():
             param.copy_(tensor)
         pending.pop(name, None)
@@ -99,3 +103,27 @@ def load_hf_weights(
     if missing:
         shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
         raise WeightLoadingError(f"checkpoint lacks {len(missing)} tensor(s): {shown}")
+    for mod in modules.values():
+        if isinstance(mod, Linear):
+            mod.finish_loading()
+
+
+def quantized_linear_inputs(model: nn.Module) -> dict[str, int]:
+    """Checkpoint prefixes (`model.layers.0.self_attn.q_proj.`) of the linear weights `model`
+    stores quantized, q/k/v of a fused qkv_proj by their own names, with their in_features."""
+    found: dict[str, int] = {}
+    for mod_name, mod in model.named_modules():
+        if isinstance(mod, Linear) and mod.quant_method is not None:
+            if len(mod.slice_names) == 1 and mod_name.endswith(mod.slice_names[0]):
+                found[f"{mod_name}."] = mod.in_features
+                continue
+            parent = mod_name.rsplit(".", 1)[0] + "." if "." in mod_name else ""
+            for slice_name in mod.slice_names:
+                found[f"{parent}{slice_name}."] = mod.in_features
+    return found
+
+
+def quantized_weight_names(model: nn.Module) -> set[str]:
+    """The checkpoint names of the linear weights `model` stores quantized, so the loader
+    quantizes exactly those."""
+    return {f"{prefix}weight" for prefix in quantized_linear_inputs(model)}

@@ -16,6 +16,7 @@ import torch  # noqa: E402
 
 from loraplex.platform.engine.layers import attention as attention_mod  # noqa: E402
 from loraplex.platform.engine.layers.paged_attention_torch import (  # noqa: E402
+    KVScales,
     decode_attention_torch,
     write_kv_torch,
 )
@@ -60,6 +61,28 @@ def store_case() -> float:
     return float((kv_a - kv_b).abs().max()) if untouched else float("inf")
 
 
+def fp8_cases() -> dict[str, float]:
+    """An e4m3 cache with per-layer scales: the Triton store and decode vs the torch path."""
+    g = torch.Generator().manual_seed(2)
+    s, hq, hkv, d, bs, lens = 3, 8, 2, 16, 4, [2, 9, 21]
+    scales = KVScales(k=0.02, v=0.05)
+    kv_a = torch.zeros(2, 32, bs, hkv, d, dtype=torch.float8_e4m3fn)
+    kv_b = kv_a.clone()
+    n = 32 * bs
+    k, v = torch.randn(n, hkv, d, generator=g) * 3, torch.randn(n, hkv, d, generator=g) * 9
+    slots = torch.randperm(n, generator=g)
+    write_kv_triton(kv_a, k, v, slots, scales)
+    write_kv_torch(kv_b, k, v, slots, scales)
+    store = float((kv_a.float() - kv_b.float()).abs().max())
+    width = max(-(-x // bs) for x in lens)
+    tables = torch.randperm(32, generator=g)[: s * width].view(s, width).to(torch.int32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    q = torch.randn(s, hq, d, generator=g)
+    got = decode_attention_triton(q, kv_b, tables, seq_lens, d**-0.5, scales)
+    ref = decode_attention_torch(q, kv_b, tables, seq_lens, max(lens), d**-0.5, scales)
+    return {"fp8_store_kv": store, "fp8_decode": float((got - ref).abs().max())}
+
+
 def model_case() -> float:
     """A whole Llama decode through the Attention module's Triton branch vs transformers."""
     from support.paged_harness import PagedHarness, hf_logits
@@ -88,6 +111,7 @@ def model_case() -> float:
 def main() -> None:
     results = {name: decode_case(*args) for name, args in DECODE_CASES.items()}
     results["store_kv"] = store_case()
+    results.update(fp8_cases())
     results["model_decode"] = model_case()
     sys.stdout.write("RESULTS " + json.dumps(results) + "\n")
 

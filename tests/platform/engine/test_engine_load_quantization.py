@@ -1,6 +1,6 @@
-"""The deployment's weight quantization on load: bf16 / fp16 casts run close to fp32; int8 is
-refused while the Linear layers cannot consume `weight_scale`; fp8 / int4 are not implemented;
-unknown choices are rejected."""
+"""The deployment's weight quantization on load: bf16 / fp16 casts run close to fp32; int4 on
+a model whose widths are not multiples of 128 is refused; pre-quantized formats are not
+re-quantized; unknown choices are rejected. (int8 / int4 / fp8 serving: `quant/`.)"""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from support.paged_harness import PagedHarness  # noqa: E402
 
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
 from loraplex.platform.engine.weight_quantization import (  # noqa: E402
-    linear_consumes_weight_scale,
     resolve_weight_quantization,
 )
 from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
@@ -66,14 +65,13 @@ def test_fp32_choice_is_a_plain_load(tiny: Path) -> None:
     assert core.dtype == torch.float32
 
 
-def test_int8_is_refused_while_linear_cannot_consume_weight_scale(tiny: Path) -> None:
-    assert not linear_consumes_weight_scale()
-    with pytest.raises(NotImplementedError, match="weight_scale"):
-        EngineCore(EngineConfig(str(tiny), quantization="int8"))
+def test_int4_needs_widths_in_whole_groups(tiny: Path) -> None:
+    with pytest.raises(ValueError, match="divisible by the group size 128"):
+        EngineCore(EngineConfig(str(tiny), quantization="int4"))
 
 
-@pytest.mark.parametrize("choice", ["fp8", "int4", "awq"])
-def test_unbuilt_choices_are_not_implemented(tiny: Path, choice: str) -> None:
+@pytest.mark.parametrize("choice", ["awq", "gptq"])
+def test_prequantized_formats_are_not_requantized(tiny: Path, choice: str) -> None:
     with pytest.raises(NotImplementedError, match="not implemented"):
         EngineCore(EngineConfig(str(tiny), quantization=choice))
 

@@ -23,6 +23,8 @@ TOLERANCES = {
     "mqa_dim24": 1e-5,
     "gqa_fp16": 2e-3,
     "store_kv": 0.0,
+    "fp8_store_kv": 0.0,
+    "fp8_decode": 1e-4,
     "model_decode": 1e-4,
 }
 

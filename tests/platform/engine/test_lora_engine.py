@@ -402,3 +402,51 @@ def test_moe_model_attention_adapters_match_peft(tmp_path):
     check_against_peft(hf, prompts, refs, outs, rows)
     with pytest.raises(ValueError, match="not supported yet|unexpected tensor name"):
         llm.generate([[5, 6, 7]], SamplingParams(max_tokens=1), adapters=[str(router)])
+
+
+def test_identical_bytes_of_two_tenants_survive_the_first_tenants_delete(
+    world, s3_client, s3_bucket, s3_endpoint, s3_prefix
+):
+    """Two tenants upload the same adapter bytes (one version key, two object copies). The
+    first deletes its copy; once the version is evicted from host and device, the second
+    tenant's requests fetch from its own copy and match peft."""
+    from loraplex.loader.object_store import ObjectStore
+    from loraplex.platform.settings import Settings
+
+    base_dir, hf, dirs = world
+    src = dirs["r4_qv"]
+    files = {
+        n: (src / n).read_bytes() for n in ("adapter_config.json", "adapter_model.safetensors")
+    }
+    prefix_a, prefix_b = s3_prefix + "tenant-a/", s3_prefix + "tenant-b/"
+    for prefix in (prefix_a, prefix_b):
+        for name, body in files.items():
+            s3_client.put_object(Bucket=s3_bucket, Key=prefix + name, Body=body)
+    llm = LLM(base_dir, max_loras=2, block_size=4, max_num_batched_tokens=64, max_num_seqs=4)
+    core = llm.core
+    core.lora_runtime.fetcher.object_store = ObjectStore(
+        Settings(s3_endpoint_url=s3_endpoint, s3_bucket=s3_bucket).storage()
+    )
+    sha = hashlib.sha256(files["adapter_model.safetensors"]).hexdigest()
+    targets = _targets_json(src, core)
+    ref_a = AdapterRef(prefix_a, sha, tenant="tenant-a", targets=targets)
+    ref_b = AdapterRef(prefix_b, sha, tenant="tenant-b", targets=targets)
+    assert ref_a.key == ref_b.key
+    rows = record_logits(llm)
+    prompt = make_prompts(1)[0]
+    params = SamplingParams(max_tokens=4, **GREEDY)
+    first = llm.generate([prompt], params, adapters=[ref_a])[0]
+    llm.generate([prompt], params, adapters=[ref_b])  # same key: served from memory
+    llm.generate([prompt], params, adapters=[ref_a])  # tenant a's copy requested last
+    for name in files:
+        s3_client.delete_object(Bucket=s3_bucket, Key=prefix_a + name)
+    runtime = core.lora_runtime
+    runtime.tiers.allocated_pool.evict(ref_a.key)
+    assert runtime.host.discard(ref_a.key)
+    rows.clear()
+    params_b = SamplingParams(max_tokens=4, **GREEDY)
+    again = llm.generate([prompt + [7]], params_b, adapters=[ref_b])[0]  # a new prompt: no KV reuse
+    assert again.finish_reason == "length" and len(again.outputs[0].token_ids) == 4
+    check_against_peft(hf, [prompt + [7]], [src], [again], rows)
+    assert first.outputs[0].token_ids  # the first tenant's requests ran too
+    assert runtime.metrics()["adapters"][ref_b.key]["on_host"]

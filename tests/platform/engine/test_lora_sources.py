@@ -58,3 +58,31 @@ def test_oversized_objects_are_refused_before_reading(stored, s3_prefix) -> None
     source = ObjectSource(AdapterRef(s3_prefix, _sha(weights)), store, max_bytes=1000)
     with pytest.raises(AdapterFormatError, match="over the limit of 1000"):
         source.fetch()
+
+
+def test_source_map_falls_back_to_another_tenants_copy(
+    stored, s3_client, s3_bucket, s3_prefix
+) -> None:
+    """The most recently requested copy is gone: the fetch takes the other tenant's copy of
+    the same bytes, and tries that one first from then on."""
+    from loraplex.platform.engine.lora.source_map import SourceMap
+
+    store, cfg, weights = stored
+    other = s3_prefix + "other-tenant/"
+    for name, body in (("adapter_config.json", cfg), ("adapter_model.safetensors", weights)):
+        s3_client.put_object(Bucket=s3_bucket, Key=other + name, Body=body)
+    targets = {"modules": []}
+    kept = ObjectSource(AdapterRef(other, _sha(weights), _sha(cfg), "t2", targets), store)
+    gone = ObjectSource(AdapterRef(s3_prefix, _sha(weights), _sha(cfg), "t1", targets), store)
+    sources = SourceMap()
+    sources.add(kept)
+    sources.add(gone)
+    sources.add(gone)  # the same copy again is one entry
+    assert sources.copies(kept.key) == [gone, kept]
+    s3_client.delete_object(Bucket=s3_bucket, Key=s3_prefix + "adapter_model.safetensors")
+    source, got_cfg, got_weights = sources.fetch(kept.key)
+    assert source is kept and (got_cfg, got_weights) == (cfg, weights)
+    assert sources.copies(kept.key) == [kept, gone]
+    s3_client.delete_object(Bucket=s3_bucket, Key=other + "adapter_model.safetensors")
+    with pytest.raises(Exception, match="not found"):
+        sources.fetch(kept.key)

@@ -24,9 +24,29 @@ from loraplex.platform.engine_spec import (
     parse_engine_args,
 )
 
+LLAMA_8B = dict(
+    architectures=["LlamaForCausalLM"], hidden_size=4096, intermediate_size=14336,
+    num_attention_heads=32, num_key_value_heads=8,
+)  # fmt: skip
 
-def _row(**kw):
-    base = SimpleNamespace(name="llama-8b", object_prefix="models/llama-8b/")
+
+CT_INT4 = {
+    "quant_method": "compressed-tensors", "format": "pack-quantized",
+    "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+        "num_bits": 4, "type": "int", "strategy": "group", "group_size": 128,
+        "symmetric": True}}},
+}  # fmt: skip
+
+
+def test_a_compressed_tensors_checkpoint_deploys_with_its_own_scheme() -> None:
+    row = _row(weight_quantization="int4", config=dict(LLAMA_8B, quantization_config=CT_INT4))
+    assert engine_config_for_deployment(row, bucket="lpx").quantization == "int4"
+
+
+def _row(config=None, **kw):
+    base = SimpleNamespace(
+        name="llama-8b", object_prefix="models/llama-8b/", config=config or LLAMA_8B
+    )
     fields = dict(
         name="dep", weight_quantization="bf16", kv_cache_dtype="auto", max_loras=12,
         max_lora_rank=32, expert_parallel_size=1, base_model=base,
@@ -94,14 +114,33 @@ def test_deployment_row_maps_to_one_config_and_command_line() -> None:
     assert local.model == "/data/llama" and local.model_id == "llama-8b"
 
 
+@pytest.mark.parametrize("weights", ["int8", "int4", "fp8"])
+def test_quantized_deployments_map_to_their_engine_options(weights: str) -> None:
+    row = _row(weight_quantization=weights, kv_cache_dtype="fp8")
+    config = engine_config_for_deployment(row, bucket="lpx", device="cuda:0")
+    assert (config.quantization, config.kv_cache_dtype) == (weights, "fp8")
+    assert config.dtype == "bfloat16"  # quantized weights, bf16 activations
+    argv = engine_args_for_deployment(row, bucket="lpx", device="cuda:0")
+    assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8"
+    assert parse_engine_args(argv)[0] == config
+
+
 @pytest.mark.parametrize(
-    ("field", "value", "match"),
-    [("weight_quantization", "int4", "'int4' is not implemented"),
-     ("kv_cache_dtype", "fp8", "'fp8' is not implemented")],
+    ("row", "device", "match"),
+    [(_row(weight_quantization="int4", config=dict(LLAMA_8B, hidden_size=4000)), None,
+      "hidden_size=4000.* are not a multiple of 128; int8 or fp8 would work"),
+     (_row(weight_quantization="int8"), "mps", "int8 weights run on cpu or cuda, not 'mps'"),
+     (_row(kv_cache_dtype="fp8"), "mps", "fp8 KV cache runs on cpu or cuda"),
+     (_row(config=dict(LLAMA_8B, quantization_config={"quant_method": "awq"})), None,
+      r"pre-quantized \(awq\)"),
+     (_row(weight_quantization="fp6"), None, "'fp6' is not implemented"),
+     (_row(weight_quantization="int8", config=dict(LLAMA_8B, quantization_config=CT_INT4)),
+      None, r"pre-quantized \(compressed-tensors int4\).*deploy it with weights int4")],
 )  # fmt: skip
-def test_unservable_deployments_are_refused(field: str, value: str, match: str) -> None:
+def test_unservable_deployments_are_refused(row, device, match: str) -> None:
+    extra = {"device": device} if device else {}
     with pytest.raises(UnservableDeploymentError, match=match):
-        engine_config_for_deployment(_row(**{field: value}), bucket="lpx")
+        engine_config_for_deployment(row, bucket="lpx", **extra)
 
 
 def test_engine_spec_and_settings_import_without_torch() -> None:

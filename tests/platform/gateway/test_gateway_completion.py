@@ -112,3 +112,11 @@ def test_adapter_reference_and_salt() -> None:
     assert salt == cache_salt("secret-1", str(TENANT)) and str(TENANT) not in salt
     assert salt != r.cache_salt(TENANT, "secret-2") != r.cache_salt(uuid.uuid4(), "secret-1")
     assert _resolved(share=True).cache_salt(TENANT, "secret-1") is None
+
+
+def test_empty_token_id_prompt_is_a_400(assets: ModelAssets) -> None:
+    """Found by the API fuzz test: `"prompt": [[]]` reached the replica and came back a 500."""
+    empty = parse_completion_request({"model": "m", "prompt": [[]]})
+    with pytest.raises(HttpError) as info:
+        build_text_job(empty, _resolved(), assets, TENANT, None, 1024)
+    assert info.value.status == 400 and info.value.param == "prompt"

@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.support.control_plane import control_plane, running_worker
-from tests.support.gateway_stack import Api, settings_env
-from tests.support.opcli import OperatorShell
+from support.control_plane import control_plane, running_worker
+from support.gateway_stack import Api, settings_env
+from support.opcli import OperatorShell
 
 BASE_MODEL = "demo"
 # The adapter rank limit without a deployment (Settings.default_max_lora_rank): high, so a

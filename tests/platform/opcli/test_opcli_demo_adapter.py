@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-
-from tests.support.opcli import CLI, OperatorShell
+from support.opcli import CLI, OperatorShell
 
 
 def _peft_over_demo(model_dir: Path, adapter_dir: Path):

@@ -9,8 +9,7 @@ import uuid
 from pathlib import Path
 
 import httpx
-
-from tests.support.opcli import OperatorShell
+from support.opcli import OperatorShell
 
 
 def _tenant(shell: OperatorShell, name: str) -> dict:

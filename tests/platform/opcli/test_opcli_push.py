@@ -9,7 +9,7 @@ import re
 import uuid
 from pathlib import Path
 
-from tests.support.opcli import OperatorShell
+from support.opcli import OperatorShell
 
 PART = 8 << 20  # the API's smallest part (platform/services/adapters.py MIN_PART)
 

@@ -8,8 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests.support.opcli import OperatorShell, running_up
+from support.opcli import OperatorShell, running_up
 
 REPLICA_WAIT_S = 240
 

@@ -4,36 +4,16 @@ stop strings cut exactly, and the logprob text of one token."""
 from __future__ import annotations
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from support.byte_bpe import byte_level_tokenizer, byte_tokens
 
-from loraplex.platform.tokenizing import (
-    DEFAULT_CHAT_TEMPLATE,
-    ChatTemplate,
-    IncrementalDetokenizer,
-    ModelTokenizer,
-    token_text,
-)
+from loraplex.platform.tokenizing import IncrementalDetokenizer, ModelTokenizer, token_text
 
 TEXT = "héllo wörld 🙂 日本語 and the end. hello world again 🙂!"
 
 
 @pytest.fixture(scope="module")
 def tok() -> ModelTokenizer:
-    t = Tokenizer(models.BPE())
-    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    t.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=["<s>", "</s>"],
-    )
-    t.train_from_iterator(["hello world and the end", "héllo wörld again"] * 20, trainer)
-    return ModelTokenizer(
-        tokenizer=t,
-        template=ChatTemplate(DEFAULT_CHAT_TEMPLATE),
-        eos_token="</s>",
-        eos_token_ids=[1],
-    )
+    return byte_level_tokenizer()
 
 
 def stream(tok: ModelTokenizer, ids: list[int], **kw: object) -> tuple[list[str], bool]:
@@ -88,3 +68,20 @@ def test_token_text_keeps_special_tokens(tok: ModelTokenizer) -> None:
     assert token_text(tok, 1) == tok.token_text(1) == "</s>"
     ids = tok.encode("hello")
     assert "".join(token_text(tok, t) for t in ids) == "hello"
+
+
+def test_partial_characters_are_held_back_until_complete(tok: ModelTokenizer) -> None:
+    ids = byte_tokens(tok, "日本")  # six tokens, one byte each
+    pieces, _ = stream(tok, ids, stop=[])
+    assert pieces == ["", "", "日", "", "", "本", ""]
+
+
+def test_bytes_that_never_complete_a_character_are_flushed_at_the_end(
+    tok: ModelTokenizer,
+) -> None:
+    ids = byte_tokens(tok, "日")[:2] + tok.encode("!")
+    pieces, _ = stream(tok, ids, stop=[])
+    assert pieces[:2] == ["", ""] and pieces[2].endswith("!") and "\ufffd" in pieces[2]
+    unfinished = byte_tokens(tok, "日")[:2]
+    pieces, _ = stream(tok, unfinished, stop=[])
+    assert pieces[:2] == ["", ""] and pieces[2] and set(pieces[2]) == {"\ufffd"}

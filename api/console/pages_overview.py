@@ -1,0 +1,105 @@
+"""Overview: each deployment's live replicas (their `/state`, asked with the replica secret)
+and per-minute charts from the usage rows, refreshed without reloading."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from loraplex.platform.gateway.replica_client import ReplicaUnavailable
+from loraplex.platform.services import console_queries as cq
+from loraplex.platform.services.operators import SignedIn
+from loraplex.platform.wire import ReplicaState
+
+from .auth import current_operator
+from .common import transaction
+from .views import SECURITY_HEADERS, render
+
+router = APIRouter()
+
+
+@dataclass
+class ReplicaView:
+    """One replica as the overview shows it."""
+
+    replica_id: str
+    url: str
+    state: ReplicaState | None
+    error: str = ""
+
+    @property
+    def healthy(self) -> bool:
+        """Answered /state in the wire format."""
+        return self.state is not None
+
+
+async def _replica_views(request: Request, deployment: str) -> list[ReplicaView] | None:
+    gw = getattr(request.app.state, "gateway", None)
+    if gw is None:
+        return None
+    infos = await gw.registry.live(deployment)
+
+    async def one(info: Any) -> ReplicaView:
+        try:
+            return ReplicaView(info.replica_id, info.url, await gw.client.state(info.url, 1.0))
+        except ReplicaUnavailable as exc:
+            return ReplicaView(info.replica_id, info.url, None, str(exc)[:200])
+
+    return list(await asyncio.gather(*(one(i) for i in infos)))
+
+
+async def _deployments(request: Request) -> list[dict[str, Any]]:
+    def load() -> list[dict[str, Any]]:
+        with transaction(request) as session:
+            deps, _ = cq.deployments_with_models(session)
+            return [
+                {
+                    "id": str(d.id),
+                    "name": d.name,
+                    "base": d.base_model.name,
+                    "weights": d.weight_quantization,
+                    "kv": d.kv_cache_dtype,
+                    "replicas": d.replicas,
+                    "max_loras": d.max_loras,
+                }
+                for d in deps
+            ]
+
+    deps = await run_in_threadpool(load)
+    for d in deps:
+        d["live"] = await _replica_views(request, d["name"])
+    return deps
+
+
+@router.get("/", response_class=HTMLResponse)
+async def overview(request: Request, who: SignedIn = Depends(current_operator)) -> HTMLResponse:
+    """The overview page."""
+    deps = await _deployments(request)
+    return render(
+        request, "overview.html", who=who, active="overview", deployments=deps, title="Overview"
+    )
+
+
+@router.get("/partials/replicas", response_class=HTMLResponse)
+async def replicas_partial(
+    request: Request, who: SignedIn = Depends(current_operator)
+) -> HTMLResponse:
+    """The replicas table alone (htmx polls it)."""
+    deps = await _deployments(request)
+    return render(request, "_replicas.html", who=who, deployments=deps)
+
+
+@router.get("/api/usage-series")
+def usage_series(
+    request: Request, window: str = "hour", who: SignedIn = Depends(current_operator)
+) -> JSONResponse:
+    """The charts' data as JSON: per-minute request rate, output tok/s, TTFT p50/p95, ITL
+    p95 and error rate over the last hour or day."""
+    with transaction(request) as session:
+        data = cq.usage_series(session, window)
+    return JSONResponse(data, headers=SECURITY_HEADERS)

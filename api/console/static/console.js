@@ -1,0 +1,69 @@
+// The console's charts: uPlot over the JSON of /console/api/usage-series, refreshed in
+// place (no page reload). Each chart's data stays readable at window.lpCharts[name].data.
+(function () {
+  "use strict";
+  var SERIES = {
+    rps: [["requests/s", "#0b5394"]],
+    tok_s: [["output tok/s", "#1b5e20"]],
+    ttft: [["TTFT p50", "#6a1b9a"], ["TTFT p95", "#c62828"]],
+    itl_p95: [["ITL p95", "#e65100"]],
+    error_rate: [["error rate", "#a50e0e"]],
+  };
+  var KEYS = { rps: ["rps"], tok_s: ["tok_s"], ttft: ["ttft_p50", "ttft_p95"], itl_p95: ["itl_p95"], error_rate: ["error_rate"] };
+  window.lpCharts = {};
+
+  function columns(name, s) {
+    var out = [s.t];
+    KEYS[name].forEach(function (k) { out.push(s[k]); });
+    return out;
+  }
+
+  function make(el, name, data) {
+    var opts = {
+      width: Math.max(360, el.clientWidth || 420), height: 200,
+      series: [{}].concat(SERIES[name].map(function (p) { return { label: p[0], stroke: p[1], width: 2, spanGaps: false, points: { show: true, size: 5 } }; })),
+      axes: [{}, {}],
+    };
+    return new uPlot(opts, data, el);
+  }
+
+  function refresh(root, windowName) {
+    fetch(root.dataset.src + "?window=" + encodeURIComponent(windowName), { credentials: "same-origin" })
+      .then(function (r) { if (!r.ok) { throw new Error("HTTP " + r.status); } return r.json(); })
+      .then(function (body) {
+        window.lpSeries = body;
+        root.querySelectorAll("[data-chart]").forEach(function (el) {
+          var name = el.dataset.chart, data = columns(name, body.series), chart = window.lpCharts[name];
+          if (chart) { chart.setData(data); } else { window.lpCharts[name] = make(el, name, data); }
+        });
+        root.dataset.updated = String(Date.now());
+      })
+      .catch(function () { root.dataset.failed = String(Date.now()); });
+  }
+
+  var PALETTE = ["#0b5394", "#1b5e20", "#6a1b9a", "#c62828", "#e65100", "#00695c", "#4e342e", "#37474f"];
+
+  function bars(el) {
+    var doc = JSON.parse(el.dataset.usage || "{}");
+    if (!doc.t || !doc.t.length) { return; }
+    var data = [doc.t].concat(doc.series.map(function (s) { return s.values; }));
+    var series = [{}].concat(doc.series.map(function (s, i) {
+      return { label: s.label, stroke: PALETTE[i % PALETTE.length], width: 2, points: { show: true, size: 6 } };
+    }));
+    window.lpCharts.usage = new uPlot({
+      width: Math.max(360, el.clientWidth || 600), height: 200, series: series,
+      scales: { x: { time: true, range: function (u, lo, hi) { return [lo - 86400, hi + 86400]; } } },
+    }, data, el);
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    var root = document.getElementById("charts");
+    document.querySelectorAll("[data-bars]").forEach(bars);
+    if (!root) { return; }
+    var select = document.getElementById("chart-window");
+    var current = select ? select.value : "hour";
+    refresh(root, current);
+    setInterval(function () { refresh(root, current); }, Number(root.dataset.refreshMs || 5000));
+    if (select) { select.addEventListener("change", function () { current = select.value; refresh(root, current); }); }
+  });
+})();

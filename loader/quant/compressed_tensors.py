@@ -1,0 +1,133 @@
+"""Read compressed-tensors checkpoints (`quantization_config.quant_method: compressed-tensors`)
+into the canonical quantized layout, without re-quantizing.
+
+Served schemes (one config group targeting Linear, `lm_head` ignored):
+- int4 `pack-quantized`, group 128, symmetric or asymmetric: `weight_packed` int32 [out, in/8]
+  (eight 4-bit codes per word, low bits first, each `q + 8`), `weight_scale` [out, in/128],
+  asymmetric `weight_zero_point` int32 packed the same way along the output dim; w = (q - zp) s;
+- int8 `int-quantized` (or `naive-quantized`), per channel, symmetric: `weight` int8 + scale;
+- fp8 e4m3 `float-quantized`, per channel: `weight` fp8 + scale (activations dynamic per token).
+Anything else is refused with NotImplementedError saying what is served.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from loraplex.loader.quant.schemes import INT4_GROUP_SIZE, QuantScheme
+
+_PIECES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight")
+_SERVED = (
+    "int4 pack-quantized group 128 (sym/asym), int8 per-channel symmetric, fp8 e4m3 per-channel"
+)
+
+
+def checkpoint_quant_method(hf_config: dict[str, Any]) -> str | None:
+    """`quantization_config.quant_method` of a pre-quantized checkpoint (None if plain)."""
+    qc = hf_config.get("quantization_config")
+    return str(qc.get("quant_method")) if isinstance(qc, dict) else None
+
+
+def compressed_tensors_scheme(hf_config: dict[str, Any]) -> QuantScheme | None:
+    """The scheme a compressed-tensors checkpoint fixes (None if the checkpoint is not one);
+    NotImplementedError for schemes the engine does not serve."""
+    if checkpoint_quant_method(hf_config) != "compressed-tensors":
+        return None
+    qc = hf_config["quantization_config"]
+    groups = list((qc.get("config_groups") or {}).values())
+    if (
+        len(groups) != 1
+        or groups[0].get("input_activations", None) not in (None, {})
+        and (groups[0]["input_activations"].get("dynamic") is not True)
+    ):
+        raise NotImplementedError(
+            f"compressed-tensors checkpoint with {len(groups)} config groups or static "
+            f"activation scales is not served; served: {_SERVED}"
+        )
+    group = groups[0]
+    w = group.get("weights") or {}
+    fmt = group.get("format") or qc.get("format")
+    kind, bits, strategy = w.get("type"), w.get("num_bits"), w.get("strategy")
+    ignore = [i for i in qc.get("ignore") or [] if i not in ("lm_head", "re:.*lm_head")]
+    if ignore:
+        raise NotImplementedError(f"compressed-tensors `ignore` {ignore} is not served")
+    if (kind, bits, strategy, fmt) == ("int", 4, "group", "pack-quantized") and w.get(
+        "group_size"
+    ) == INT4_GROUP_SIZE:
+        sym = bool(w.get("symmetric"))
+        return QuantScheme("int4_sym" if sym else "int4", "int4", None, INT4_GROUP_SIZE, sym)
+    if (
+        (kind, bits, strategy) == ("int", 8, "channel")
+        and w.get("symmetric")
+        and fmt
+        in (
+            "int-quantized",
+            "naive-quantized",
+        )
+    ):
+        return QuantScheme("int8", "int8", None)
+    if (kind, bits, strategy, fmt) == ("float", 8, "channel", "float-quantized"):
+        return QuantScheme("fp8", "fp8", None)
+    raise NotImplementedError(
+        f"compressed-tensors weights {w} in format {fmt!r} are not served; served: {_SERVED}"
+    )
+
+
+def unpack_int4(packed: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    """Codes (uint8, 0..15) of int32 words holding eight 4-bit values each along `dim`."""
+    p = packed.movedim(dim, -1).to(torch.int32)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=p.device)
+    codes = ((p[..., None] >> shifts) & 0xF).flatten(-2)[..., :length]
+    return codes.to(torch.uint8).movedim(-1, dim).contiguous()
+
+
+class CompressedTensorsReader:
+    """Collects each Linear's compressed tensors as they stream in (any order) and hands on
+    the canonical `weight` / `weight_scale` / `weight_zero` once a module is complete."""
+
+    def __init__(self, scheme: QuantScheme, in_features: dict[str, int]) -> None:
+        self.scheme = scheme
+        self.in_features = in_features  # "<prefix>." -> in_features of its Linear
+        self._pending: dict[str, dict[str, torch.Tensor]] = {}
+
+    def _needs(self) -> set[str]:
+        if self.scheme.kind == "int4":
+            return {"weight_packed", "weight_scale"} | (
+                set() if self.scheme.symmetric else {"weight_zero_point"}
+            )
+        return {"weight", "weight_scale"}
+
+    def apply(self, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        """The canonical tensors ready after `name` arrived (none while a module is partial)."""
+        prefix, _, piece = name.rpartition(".")
+        prefix += "."
+        if piece not in _PIECES or prefix not in self.in_features:
+            return [(name, tensor)]
+        if piece == "weight_shape":
+            return []
+        parts = self._pending.setdefault(prefix, {})
+        parts[piece] = tensor.clone()  # a streamed tensor may be a view of a reused buffer
+        if not self._needs() <= parts.keys():
+            return []
+        del self._pending[prefix]
+        return self._canonical(prefix, parts)
+
+    def _canonical(self, prefix: str, parts: dict[str, torch.Tensor]) -> list:
+        scale = parts["weight_scale"].float()
+        if self.scheme.kind != "int4":
+            return [(prefix + "weight", parts["weight"]), (prefix + "weight_scale", scale[:, 0])]
+        codes = unpack_int4(parts["weight_packed"], self.in_features[prefix], dim=1)
+        out = [(prefix + "weight", codes), (prefix + "weight_scale", scale)]
+        if not self.scheme.symmetric:
+            # stored as zp + 8, which is the canonical zero point of the codes (q + 8)
+            zero = unpack_int4(parts["weight_zero_point"], scale.shape[0], dim=0).float()
+            out.append((prefix + "weight_zero", zero))
+        return out
+
+    def finish(self) -> None:
+        """Raise if a module's tensors never all arrived."""
+        if self._pending:
+            shown = ", ".join(sorted(self._pending)[:5])
+            raise ValueError(f"compressed-tensors checkpoint lacks pieces of: {shown}")

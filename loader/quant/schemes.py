@@ -1,0 +1,83 @@
+"""Quantization choices: their canonical names and what each one stores per linear weight."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_CASTS: dict[str, torch.dtype | None] = {
+    "none": None,
+    "auto": None,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+_ALIASES: dict[str, str] = {
+    "int8": "int8",
+    "w8a16": "int8",
+    "int8_weight_only": "int8",
+    "int4": "int4",
+    "w4a16": "int4",
+    "int4_asym": "int4",
+    "int4_sym": "int4_sym",
+    "w4a16_sym": "int4_sym",
+    "fp8": "fp8",
+    "fp8_e4m3": "fp8",
+    "w8a8_fp8": "fp8",
+}
+_NOT_IMPLEMENTED = ("fp8_e5m2", "awq", "gptq")
+QUANTIZED = ("int8", "int4", "int4_sym", "fp8")
+"""Choices that store linear weights in fewer bits (the rest are casts)."""
+
+INT4_GROUP_SIZE = 128
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """One choice: `kind` is cast | int8 | int4 | fp8; int4 has a group size and symmetry;
+    `cast_to` is the dtype a cast stores everything in (None for the quantized choices: what
+    they do not quantize, and the activations, stay in the engine's compute dtype)."""
+
+    name: str
+    kind: str
+    cast_to: torch.dtype | None
+    group_size: int = 0
+    symmetric: bool = True
+
+    @property
+    def quantizes_linears(self) -> bool:
+        """Whether linear weights are stored quantized (not just cast)."""
+        return self.kind != "cast"
+
+
+def parse_quantization(choice: str | None) -> str:
+    """Canonical form of a choice; ValueError if unknown, NotImplementedError if unbuilt."""
+    key = "none" if choice is None else str(choice).strip().lower()
+    if key in _CASTS:
+        return key
+    if key in _ALIASES:
+        return _ALIASES[key]
+    if key in _NOT_IMPLEMENTED:
+        raise NotImplementedError(
+            f"weight quantization {choice!r} is not implemented in the loader; implemented: "
+            "none, fp32, bf16, fp16, int8, int4, int4_sym, fp8 (an AWQ/GPTQ checkpoint is "
+            "not re-quantized: serve it with its own scheme)"
+        )
+    raise ValueError(
+        f"unknown weight quantization {choice!r}; expected one of none, fp32, bf16, fp16, "
+        "int8, int4, int4_sym, fp8"
+    )
+
+
+def resolve_scheme(choice: str | None) -> QuantScheme:
+    """The scheme of a choice."""
+    name = parse_quantization(choice)
+    if name in _CASTS:
+        return QuantScheme(name, "cast", _CASTS[name])
+    if name in ("int8", "fp8"):
+        return QuantScheme(name, name, None)
+    return QuantScheme(name, "int4", None, group_size=INT4_GROUP_SIZE, symmetric=name == "int4_sym")

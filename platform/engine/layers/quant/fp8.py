@@ -1,0 +1,66 @@
+"""W8A8 fp8: e4m3 weights with one scale per output channel, activations quantized per token.
+
+Where `torch._scaled_mm` runs (Hopper/Ada GPUs, and PyTorch's CPU kernel) each step quantizes
+the activations to e4m3 with a dynamic scale per token and multiplies fp8 x fp8; on a GPU
+without fp8 the weight is dequantized to the activation dtype instead (weight-only).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from loraplex.loader.quant.schemes import QuantScheme
+from loraplex.loader.quant.weight_only import FP8_MAX
+from loraplex.platform.engine.layers.quant.base import add_bias, frozen
+
+
+def scaled_mm_supported(device: torch.device) -> bool:
+    """Whether `torch._scaled_mm` runs fp8 on `device` (CPU, or a CUDA GPU of compute 8.9+)."""
+    if device.type == "cpu":
+        return True
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (8, 9)
+    return False
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic e4m3 activations: (q [T, in], scale float32 [T, 1])."""
+    amax = x.abs().amax(dim=-1, keepdim=True).float()
+    scale = (amax / FP8_MAX).clamp(min=1e-12)
+    q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+class Fp8Method:
+    """Per-channel fp8 e4m3 linear, W8A8 via `torch._scaled_mm` where it runs."""
+
+    def __init__(self, scheme: QuantScheme) -> None:
+        self.scheme = scheme
+
+    def create_weights(self, layer, dtype: torch.dtype) -> None:
+        layer.compute_dtype = dtype
+        layer.weight = frozen(
+            torch.empty(layer.out_features, layer.in_features, dtype=torch.float8_e4m3fn)
+        )
+        layer.weight_scale = frozen(torch.empty(layer.out_features, dtype=torch.float32))
+
+    def finish_loading(self, layer) -> None:
+        layer.fp8_w8a8 = scaled_mm_supported(layer.weight.device)
+
+    def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if getattr(layer, "fp8_w8a8", False):
+            xq, x_scale = quantize_per_token(x2)
+            y = torch._scaled_mm(
+                xq,
+                layer.weight.t(),
+                scale_a=x_scale,
+                scale_b=layer.weight_scale[None, :],
+                out_dtype=x2.dtype,
+            )
+        else:
+            w = layer.weight.to(x2.dtype) * layer.weight_scale.to(x2.dtype)[:, None]
+            y = F.linear(x2, w)
+        return add_bias(y.reshape(*shape[:-1], layer.out_features), layer)

@@ -1,0 +1,69 @@
+"""W4A16: int4 weights in groups of 128 inputs (symmetric or asymmetric), bf16 activations.
+
+On CPU the codes are packed once for PyTorch's `torch._weight_int4pack_mm_for_cpu`, which
+computes `w = (q - 8) * scale + zero_f` per group: an integer zero point z becomes
+`zero_f = (8 - z) * scale`. Elsewhere (or when out_features is not a multiple of 16, which the
+CPU packer needs) the codes stay one per byte and are dequantized for the matmul.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from loraplex.loader.quant.schemes import QuantScheme
+from loraplex.loader.quant.weight_only import dequantize_int4
+from loraplex.platform.engine.layers.quant.base import add_bias, frozen
+
+
+class Int4Method:
+    """Grouped int4 weight-only linear."""
+
+    def __init__(self, scheme: QuantScheme) -> None:
+        self.scheme = scheme
+        self.group = scheme.group_size
+
+    def create_weights(self, layer, dtype: torch.dtype) -> None:
+        if layer.in_features % self.group:
+            raise ValueError(
+                f"int4 needs in_features ({layer.in_features}) divisible by the group size "
+                f"{self.group}"
+            )
+        groups = layer.in_features // self.group
+        layer.compute_dtype = dtype
+        layer.packed_int4 = False
+        layer.weight = frozen(torch.empty(layer.out_features, layer.in_features, dtype=torch.uint8))
+        layer.weight_scale = frozen(torch.empty(layer.out_features, groups, dtype=torch.float32))
+        if not self.scheme.symmetric:
+            layer.weight_zero = frozen(torch.empty(layer.out_features, groups, dtype=torch.float32))
+
+    def zeros(self, layer) -> torch.Tensor:
+        """The integer zero point of each group (8 everywhere when symmetric)."""
+        if self.scheme.symmetric:
+            return torch.full_like(layer.weight_scale, 8.0)
+        return layer.weight_zero
+
+    def finish_loading(self, layer) -> None:
+        scale = layer.weight_scale.data.float()
+        zero = self.zeros(layer).float()
+        if layer.weight.device.type == "cpu" and layer.out_features % 16 == 0:
+            packed = torch._convert_weight_to_int4pack_for_cpu(layer.weight.data.to(torch.int32), 1)
+            sz = torch.stack([scale, (8.0 - zero) * scale], dim=-1).transpose(0, 1)
+            layer.weight = frozen(packed)
+            layer.weight_scale = frozen(sz.contiguous().to(layer.compute_dtype))
+            if not self.scheme.symmetric:
+                del layer.weight_zero
+            layer.packed_int4 = True
+
+    def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if layer.packed_int4 and x2.device.type == "cpu":
+            sz = layer.weight_scale
+            if sz.dtype != x2.dtype:
+                sz = sz.to(x2.dtype)
+            y = torch._weight_int4pack_mm_for_cpu(x2.contiguous(), layer.weight, self.group, sz)
+        else:
+            w = dequantize_int4(layer.weight, layer.weight_scale, self.zeros(layer), x2.dtype)
+            y = F.linear(x2, w)
+        return add_bias(y.reshape(*shape[:-1], layer.out_features), layer)

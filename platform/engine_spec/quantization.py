@@ -1,0 +1,97 @@
+"""Whether a deployment's quantization choice can serve a base model on a device, and if not,
+why and what would work. Torch-free: the control plane checks before it stores a deployment,
+and the launcher mapping checks again with the replica's device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+INT4_GROUP_SIZE = 128
+QUANTIZED_WEIGHTS = ("int8", "int4", "fp8")
+WEIGHT_DEVICES = ("cpu", "cuda")
+"""Device types the quantized Linear methods run on (packed CPU kernels; dequantizing or
+`torch._scaled_mm` paths on CUDA)."""
+
+
+class QuantizationRefused(ValueError):
+    """The choice cannot serve this model or device; the message says why and what would."""
+
+
+def _linear_in_features(hf_config: dict[str, Any]) -> dict[str, int]:
+    hidden = int(hf_config.get("hidden_size", 0))
+    heads = int(hf_config.get("num_attention_heads", 0) or 0)
+    head_dim = int(hf_config.get("head_dim") or (hidden // heads if heads else 0))
+    inter = int(hf_config.get("intermediate_size", 0) or 0)
+    dims = {"hidden_size": hidden, "num_attention_heads * head_dim": heads * head_dim}
+    if inter:
+        dims["intermediate_size"] = inter
+    return dims
+
+
+def prequantized_method(hf_config: dict[str, Any]) -> str | None:
+    """The scheme a pre-quantized checkpoint fixes (`quantization_config.quant_method`)."""
+    qc = hf_config.get("quantization_config")
+    if not isinstance(qc, dict):
+        return None
+    return str(qc.get("quant_method") or qc.get("format") or "unknown")
+
+
+def compressed_tensors_choice(hf_config: dict[str, Any]) -> str | None:
+    """The deployment weight choice a compressed-tensors checkpoint fixes, when the engine
+    reads its scheme (int4 pack-quantized g128, int8 / fp8 per channel); else None."""
+    qc = hf_config.get("quantization_config") or {}
+    groups = list((qc.get("config_groups") or {}).values())
+    if qc.get("quant_method") != "compressed-tensors" or len(groups) != 1:
+        return None
+    w = groups[0].get("weights") or {}
+    fmt = groups[0].get("format") or qc.get("format")
+    key = (w.get("type"), w.get("num_bits"), w.get("strategy"), fmt)
+    if key == ("int", 4, "group", "pack-quantized") and w.get("group_size") == INT4_GROUP_SIZE:
+        return "int4"
+    if key[:3] == ("int", 8, "channel") and fmt in ("int-quantized", "naive-quantized"):
+        return "int8"
+    if key == ("float", 8, "channel", "float-quantized"):
+        return "fp8"
+    return None
+
+
+def check_quantization(
+    weights: str, kv_cache: str, hf_config: dict[str, Any], device: str | None = None
+) -> None:
+    """Raise QuantizationRefused when `weights` / `kv_cache` cannot serve `hf_config` on
+    `device` (None: any device the engine supports)."""
+    method = prequantized_method(hf_config)
+    fixed = compressed_tensors_choice(hf_config)
+    if method is not None and fixed is None:
+        raise QuantizationRefused(
+            f"the base model's checkpoint is pre-quantized ({method}) in a scheme the engine "
+            "does not read; served pre-quantized: compressed-tensors int4 pack-quantized g128, "
+            "int8 or fp8 per channel. Or register the bf16/fp16 checkpoint and deploy it with "
+            "weights int8, int4 or fp8"
+        )
+    if fixed is not None and weights != fixed:
+        raise QuantizationRefused(
+            f"the base model's checkpoint is pre-quantized (compressed-tensors {fixed}) and "
+            f"fixes its own scheme; deploy it with weights {fixed}"
+        )
+    if weights == "int4":
+        bad = {k: v for k, v in _linear_in_features(hf_config).items() if v % INT4_GROUP_SIZE}
+        if bad:
+            shown = ", ".join(f"{k}={v}" for k, v in bad.items())
+            raise QuantizationRefused(
+                f"int4 quantizes in groups of {INT4_GROUP_SIZE} inputs, but {shown} "
+                f"{'is' if len(bad) == 1 else 'are'} not a multiple of {INT4_GROUP_SIZE}; "
+                "int8 or fp8 would work for this model"
+            )
+    kind = None if device is None else device.split(":", 1)[0]
+    if kind is not None and weights in QUANTIZED_WEIGHTS and kind not in WEIGHT_DEVICES:
+        raise QuantizationRefused(
+            f"{weights} weights run on {' or '.join(WEIGHT_DEVICES)}, not {kind!r}; "
+            "bf16 or fp16 would work there"
+        )
+    if kind is not None and kv_cache == "fp8" and kind not in WEIGHT_DEVICES:
+        raise QuantizationRefused(
+            f"the fp8 KV cache runs on {' or '.join(WEIGHT_DEVICES)}, not {kind!r}; "
+            "use kv_cache auto there"
+        )

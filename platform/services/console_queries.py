@@ -1,0 +1,269 @@
+"""The console pages' reads: one query (or a few) per page, each bounded by a page size and
+served by an index (migration 0009), so pages stay fast with many tenants and usage rows."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Float, and_, cast, func, select, text
+from sqlalchemy.orm import Session
+
+from loraplex.platform.db.models import (
+    Adapter,
+    AdapterVersion,
+    ApiKey,
+    AuditLog,
+    BaseModel,
+    Deployment,
+    Job,
+    Operator,
+    Tenant,
+    UsageRecord,
+)
+
+PAGE_SIZE = 50
+WINDOWS = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of rows and where it sits in the whole."""
+
+    rows: list[Any]
+    page: int
+    total: int
+    size: int = PAGE_SIZE
+
+    @property
+    def pages(self) -> int:
+        """How many pages there are (at least 1)."""
+        return max(1, -(-self.total // self.size))
+
+
+def _page_number(page: int) -> int:
+    return max(1, min(int(page), 100_000))
+
+
+def _like(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+_SERIES_SQL = text(
+    """
+    WITH agg AS (
+        SELECT date_trunc('minute', created_at) AS minute,
+               count(*) AS n,
+               sum(completion_tokens) AS tokens,
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY ttft_ms) AS ttft_p50,
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY ttft_ms) AS ttft_p95,
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY itl_ms) AS itl_p95,
+               count(*) FILTER (WHERE failed) AS errors
+        FROM usage_records
+        WHERE created_at >= :start AND created_at < :end
+        GROUP BY 1
+    )
+    SELECT array_agg(extract(epoch FROM g)::bigint ORDER BY g),
+           array_agg(coalesce(n, 0)::int ORDER BY g),
+           array_agg(round(coalesce(n, 0) / 60.0, 4)::float8 ORDER BY g),
+           array_agg(round(coalesce(tokens, 0) / 60.0, 3)::float8 ORDER BY g),
+           array_agg(round(ttft_p50::numeric, 2)::float8 ORDER BY g),
+           array_agg(round(ttft_p95::numeric, 2)::float8 ORDER BY g),
+           array_agg(round(itl_p95::numeric, 2)::float8 ORDER BY g),
+           array_agg(coalesce(errors, 0)::int ORDER BY g),
+           array_agg(CASE WHEN n > 0 THEN round(errors::numeric / n, 4)::float8 ELSE 0 END
+                     ORDER BY g)
+    FROM generate_series(:start, :end - interval '1 minute', interval '1 minute') AS g
+    LEFT JOIN agg ON agg.minute = g
+    """
+)
+_SERIES_KEYS = (
+    "t", "requests", "rps", "tok_s", "ttft_p50", "ttft_p95", "itl_p95", "errors", "error_rate"
+)  # fmt: skip
+
+
+def usage_series(session: Session, window: str, now: datetime | None = None) -> dict[str, Any]:
+    """Per-minute series over the last hour or day, from usage rows: request rate (/s), output
+    tokens/s, TTFT p50/p95 and ITL p95 (ms), error rate (0..1). Every minute of the window is
+    present (0 requests; None for a latency without requests). One statement: the time range is
+    an index-only scan, the gaps are filled and the arrays built in PostgreSQL."""
+    name = window if window in WINDOWS else "hour"
+    end = (now or datetime.now(UTC)).replace(second=0, microsecond=0) + timedelta(minutes=1)
+    start = end - WINDOWS[name]
+    row = session.execute(_SERIES_SQL, {"start": start, "end": end}).one()
+    return {"window": name, "series": dict(zip(_SERIES_KEYS, row, strict=True))}
+
+
+def tenants_page(session: Session, q: str = "", page: int = 1) -> Page:
+    """Tenants by name (a case-insensitive substring filter), with live key and adapter counts."""
+    page = _page_number(page)
+    where = [Tenant.name.ilike(_like(q.strip()))] if q.strip() else []
+    total = session.scalar(select(func.count()).select_from(Tenant).where(*where)) or 0
+    keys = (
+        select(func.count())
+        .where(ApiKey.tenant_id == Tenant.id, ApiKey.revoked_at.is_(None))
+        .scalar_subquery()
+    )
+    adapters = (
+        select(func.count())
+        .where(Adapter.tenant_id == Tenant.id, Adapter.deleted_at.is_(None))
+        .scalar_subquery()
+    )
+    stmt = (
+        select(Tenant, keys.label("keys"), adapters.label("adapters"))
+        .where(*where)
+        .order_by(Tenant.name)
+        .limit(PAGE_SIZE)
+        .offset((page - 1) * PAGE_SIZE)
+    )
+    return Page([row._mapping for row in session.execute(stmt)], page, int(total))
+
+
+def tenant_adapters(session: Session, tenant_id: uuid.UUID) -> list[Any]:
+    """A tenant's live adapters with their newest version's number and status."""
+    newest = (
+        select(AdapterVersion.adapter_id, func.max(AdapterVersion.n).label("n"))
+        .where(AdapterVersion.tenant_id == tenant_id)
+        .group_by(AdapterVersion.adapter_id)
+        .subquery()
+    )
+    stmt = (
+        select(Adapter, AdapterVersion)
+        .outerjoin(newest, newest.c.adapter_id == Adapter.id)
+        .outerjoin(
+            AdapterVersion,
+            and_(AdapterVersion.adapter_id == Adapter.id, AdapterVersion.n == newest.c.n),
+        )
+        .where(Adapter.tenant_id == tenant_id, Adapter.deleted_at.is_(None))
+        .order_by(Adapter.name)
+        .limit(500)
+    )
+    return [row._mapping for row in session.execute(stmt)]
+
+
+def tenant_keys(session: Session, tenant_id: uuid.UUID) -> list[ApiKey]:
+    """A tenant's keys, newest first (hashes are never shown)."""
+    stmt = (
+        select(ApiKey)
+        .where(ApiKey.tenant_id == tenant_id)
+        .order_by(ApiKey.created_at.desc())
+        .limit(500)
+    )
+    return list(session.scalars(stmt))
+
+
+def adapters_page(
+    session: Session,
+    status: str = "",
+    base_model: str = "",
+    tenant: str = "",
+    page: int = 1,
+) -> Page:
+    """Adapter versions across tenants, newest first; deleted adapters are left out."""
+    page = _page_number(page)
+    where = [Adapter.deleted_at.is_(None)]
+    if status:
+        where.append(AdapterVersion.status == status)
+    if base_model:
+        ids = select(BaseModel.id).where(BaseModel.name == base_model)
+        where.append(Adapter.base_model_id.in_(ids))
+    if tenant:
+        ids = select(Tenant.id).where(Tenant.name.ilike(_like(tenant.strip())))
+        where.append(AdapterVersion.tenant_id.in_(ids))
+    # The count joins only what the filters need (the page's 50 rows get the rest).
+    counted = (
+        select(func.count())
+        .select_from(AdapterVersion)
+        .join(Adapter, Adapter.id == AdapterVersion.adapter_id)
+        .where(*where)
+    )
+    total = session.scalar(counted) or 0
+    base = (
+        select(AdapterVersion, Adapter.name.label("adapter"), Tenant, BaseModel.name.label("base"))
+        .join(Adapter, Adapter.id == AdapterVersion.adapter_id)
+        .join(Tenant, Tenant.id == AdapterVersion.tenant_id)
+        .join(BaseModel, BaseModel.id == Adapter.base_model_id)
+        .where(*where)
+    )
+    stmt = (
+        base.order_by(AdapterVersion.created_at.desc(), AdapterVersion.id)
+        .limit(PAGE_SIZE)
+        .offset((page - 1) * PAGE_SIZE)
+    )
+    return Page([row._mapping for row in session.execute(stmt)], page, int(total))
+
+
+def deployments_with_models(session: Session) -> tuple[list[Deployment], list[BaseModel]]:
+    """Every deployment and every base model (both are few)."""
+    deps = list(session.scalars(select(Deployment).order_by(Deployment.name)))
+    models = list(session.scalars(select(BaseModel).order_by(BaseModel.name)))
+    return deps, models
+
+
+def jobs_page(session: Session, status: str = "", kind: str = "", page: int = 1) -> Page:
+    """Background jobs newest first, with the tenant's name and the version they concern."""
+    page = _page_number(page)
+    where = []
+    if status:
+        where.append(Job.status == status)
+    if kind:
+        where.append(Job.kind == kind)
+    total = session.scalar(select(func.count()).select_from(Job).where(*where)) or 0
+    stmt = (
+        select(Job, Tenant.name.label("tenant"))
+        .outerjoin(Tenant, Tenant.id == Job.tenant_id)
+        .where(*where)
+        .order_by(Job.created_at.desc(), Job.id)
+        .limit(PAGE_SIZE)
+        .offset((page - 1) * PAGE_SIZE)
+    )
+    return Page([row._mapping for row in session.execute(stmt)], page, int(total))
+
+
+def audit_page(
+    session: Session, actor: str = "", action: str = "", tenant: str = "", page: int = 1
+) -> Page:
+    """Audit rows newest first, filtered by actor, action prefix and tenant name."""
+    page = _page_number(page)
+    where = []
+    if actor:
+        where.append(AuditLog.actor.ilike(_like(actor.strip())))
+    if action:
+        where.append(AuditLog.action.like(action.strip().replace("%", "") + "%"))
+    if tenant:
+        ids = select(Tenant.id).where(Tenant.name.ilike(_like(tenant.strip())))
+        where.append(AuditLog.tenant_id.in_(ids))
+    total = session.scalar(select(func.count()).select_from(AuditLog).where(*where)) or 0
+    stmt = (
+        select(AuditLog, Tenant.name.label("tenant"), Operator.email.label("operator"))
+        .outerjoin(Tenant, Tenant.id == AuditLog.tenant_id)
+        .outerjoin(Operator, Operator.id == AuditLog.operator_id)
+        .where(*where)
+        .order_by(AuditLog.created_at.desc(), AuditLog.id.desc())
+        .limit(PAGE_SIZE)
+        .offset((page - 1) * PAGE_SIZE)
+    )
+    return Page([row._mapping for row in session.execute(stmt)], page, int(total))
+
+
+def tenant_usage_days(session: Session, tenant_id: uuid.UUID, days: int = 30) -> list[Any]:
+    """A tenant's requests and tokens per day and per adapter (or base model)."""
+    since = datetime.now(UTC) - timedelta(days=days)
+    day = func.date_trunc("day", UsageRecord.created_at).label("day")
+    stmt = (
+        select(
+            day,
+            UsageRecord.model,
+            func.count().label("requests"),
+            func.sum(UsageRecord.prompt_tokens).label("prompt_tokens"),
+            func.sum(UsageRecord.completion_tokens).label("completion_tokens"),
+            cast(func.avg(UsageRecord.latency_ms), Float).label("avg_latency_ms"),
+        )
+        .where(UsageRecord.tenant_id == tenant_id, UsageRecord.created_at >= since)
+        .group_by(day, UsageRecord.model)
+        .order_by(day, UsageRecord.model)
+    )
+    return [row._mapping for row in session.execute(stmt)]
