@@ -102,7 +102,19 @@ class DeploymentOut(_Out):
     replicas: int
     expert_parallel_size: int
     share_prefix_cache: bool
+    cold_start_wait_s: float
     created_at: str | None
+
+
+class DeploymentReplicasOut(_Out):
+    """`GET /admin/v1/deployments/{id}/replicas`: ready and starting replicas, and the count
+    the row asks for."""
+
+    object: Literal["deployment.replicas"]
+    deployment: str
+    desired: int
+    ready: int
+    starting: int
 
 
 class DeploymentList(_Out):
