@@ -14,7 +14,7 @@ At the end the replica must go back to idle: no running or waiting request, no K
 no adapter reference held. RESULT lines:
   load.requests, load.error_rate, load.ttft_p50_ms, load.ttft_p95_ms, load.baseline_ttft_p95_ms,
   load.ttft_p95_ratio, load.output_tps, load.kv_blocks_in_use_end, load.adapter_references_end,
-  load.idle_after_s
+  load.idle_after_s, and load.errors.<kind> (e.g. http_503_no_replica_available) per kind
 
 Without `--url`, the whole stack runs locally (`serve_stack.local_stack`: embedded PostgreSQL,
 SeaweedFS, Redis, a worker, the API and one replica of the demo model, adapters uploaded and
@@ -28,7 +28,9 @@ import asyncio
 import json
 import os
 import random
+import re
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,7 +82,12 @@ async def _stream(
         "POST", f"{url}/v1/chat/completions", json=body, headers=headers
     ) as resp:
         if resp.status_code != 200:
-            return f"HTTP {resp.status_code}: {(await resp.aread())[:160]!r}", None, 0
+            raw = await resp.aread()
+            try:
+                code = json.loads(raw)["error"]["code"]
+            except (ValueError, KeyError, TypeError):
+                code = "unknown"
+            return f"HTTP {resp.status_code} {code}: {raw[:160]!r}", None, 0
         async for line in resp.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -184,6 +191,12 @@ async def baseline_ttfts(
     return out
 
 
+def _error_kind(error: str) -> str:
+    """`http_503_redis_unavailable`, `hung`, `stream_error`, ... for the RESULT breakdown."""
+    head = error.split(":", 1)[0].lower()
+    return re.sub(r"[^a-z0-9]+", "_", head).strip("_")[:48] or "unknown"
+
+
 def replica_state(replica_url: str, secret: str) -> ReplicaState:
     """The replica's `/state` (the gateway's credentials)."""
     headers = {WIRE_VERSION_HEADER: str(WIRE_VERSION), "authorization": bearer(secret)}
@@ -259,6 +272,8 @@ def run(
         "output_tps": tally.tokens / wall if wall > 0 else 0.0,
         "dropped": float(tally.dropped),
     }
+    for kind, count in Counter(_error_kind(e) for e in tally.errors).items():
+        out[f"errors.{kind}"] = float(count)
     if replica is not None:
         state, waited = wait_idle(*replica, args.idle_timeout)
         out["kv_blocks_in_use_end"] = float(state.num_blocks - state.num_free_blocks)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from loraplex.platform.gateway.assets import AssetCache, ModelAssets
@@ -50,6 +50,10 @@ def fetch_model_assets(s3: Any, bucket: str, prefix: str, dest: Path) -> Path:
         os.replace(tmp, dest / name)
     marker.write_text("ok")
     return dest
+
+
+REDIS_POOL_SIZE = 64
+REDIS_POOL_WAIT_S = 10.0
 
 
 class Gateway:
@@ -93,9 +97,15 @@ class Gateway:
         redis_url = settings.gateway_redis_url()
         if not settings.database_url or not redis_url:
             raise RuntimeError("the gateway needs LORAPLEX_DATABASE_URL and LORAPLEX_REDIS_URL")
+        # Bursts of requests wait for a pooled connection (the rate limiter's scripts are
+        # short) instead of failing: a plain pool raised "Too many connections", which
+        # answered 503 to most of 200 concurrent streams (`loraplex bench load`).
+        pool = BlockingConnectionPool.from_url(
+            redis_url, max_connections=REDIS_POOL_SIZE, timeout=REDIS_POOL_WAIT_S
+        )
         return cls(
             settings,
-            Redis.from_url(redis_url),
+            Redis.from_pool(pool),  # the client owns (and closes) the pool
             make_sessionmaker(settings.database_url),
             lambda: s3_client(settings),
         )
