@@ -107,6 +107,17 @@ class DeploymentOut(_Out):
     created_at: str | None
 
 
+class DeploymentReplicasOut(_Out):
+    """`GET /admin/v1/deployments/{id}/replicas`: ready and starting replicas, and the count
+    the row asks for."""
+
+    object: Literal["deployment.replicas"]
+    deployment: str
+    desired: int
+    ready: int
+    starting: int
+
+
 class DeploymentList(_Out):
     """`GET /admin/v1/deployments`."""
 

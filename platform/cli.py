@@ -179,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=cmd_models_demo)
 
+    from loraplex.platform.launcher.run import add_parser as add_launcher_command
+
+    add_launcher_command(sub)
+
     from loraplex.platform.opcli.commands import add_parsers as add_operator_commands
 
     add_operator_commands(sub)

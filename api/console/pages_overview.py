@@ -71,8 +71,11 @@ async def _deployments(request: Request) -> list[dict[str, Any]]:
             ]
 
     deps = await run_in_threadpool(load)
+    gw = getattr(request.app.state, "gateway", None)
     for d in deps:
         d["live"] = await _replica_views(request, d["name"])
+        # Started but not ready yet (a cold start): requests wait for them, up to a bound.
+        d["starting"] = await gw.registry.starting(d["name"]) if gw is not None else 0
     return deps
 
 

@@ -26,6 +26,7 @@ from ..response_models import (
     BaseModelList,
     DeploymentList,
     DeploymentOut,
+    DeploymentReplicasOut,
     TenantList,
     TenantOut,
 )
@@ -211,7 +212,7 @@ def scale_deployment(
     return deployment_view(deployments.set_replicas(session, did, body.replicas, actor=actor))
 
 
-@router.get("/deployments/{deployment_id}/replicas")
+@router.get("/deployments/{deployment_id}/replicas", response_model=DeploymentReplicasOut)
 async def deployment_replicas(
     deployment_id: str, request: Request, sessions: sessionmaker[Session] = Depends(get_sessions)
 ) -> dict[str, Any]:

@@ -22,7 +22,7 @@ COPY api api
 COPY migrations migrations
 COPY infra/__init__.py infra/__init__.py
 COPY infra/k8s infra/k8s
-RUN pip install --no-cache-dir ".[kubernetes]" \
+RUN pip install --no-cache-dir "./[kubernetes]" \
     && python -c "import loraplex.api.app, loraplex.platform.db.migrate, loraplex.platform.launcher.k8s"
 
 FROM python:3.11.11-slim-bookworm

@@ -41,6 +41,7 @@ class LocalReplica:
     process: ServiceProcess
     socket: socket.socket
     heartbeat: Heartbeat
+    config: EngineConfig
     timeout: float = 300
 
     def restart(self) -> None:
@@ -125,7 +126,9 @@ class LocalLauncher:
 
     def scale(self, deployment: DeploymentRow, replicas: int) -> None:
         """Start or stop replicas (newest first) until `replicas` run; new ones start in the
-        background and register as starting."""
+        background and register as starting. Replicas running other engine options than the
+        row's now (an edited deployment) are drained and replaced (requests meanwhile wait for
+        the new ones, up to the deployment's cold-start bound)."""
         if replicas < 0:
             raise ValueError("replicas must be >= 0")
         config = self.engine_config(deployment)  # refuses an unservable row before starting
@@ -134,10 +137,16 @@ class LocalLauncher:
                 self._first = deployment.name
             self._desired[deployment.name] = replicas
             running = self._replicas.setdefault(deployment.name, [])
+            for stale in [r for r in running if r.config != config]:
+                running.remove(stale)
+                self._stop_one(stale)
             while len(running) > replicas:
                 self._stop_one(running.pop())
             while len(running) < replicas:
-                running.append(self._start_one(deployment, config, len(running)))
+                used = {r.name for r in running}
+                index = next(i for i in range(len(running) + 1)
+                             if self._child_name(deployment.name, i) not in used)  # fmt: skip
+                running.append(self._start_one(deployment, config, index))
 
     def _start_one(
         self, deployment: DeploymentRow, config: EngineConfig, index: int
@@ -162,7 +171,7 @@ class LocalLauncher:
             proc.stop()
             sock.close()
             raise
-        replica = LocalReplica(name, url, proc, sock, heartbeat, self.ready_timeout_s)
+        replica = LocalReplica(name, url, proc, sock, heartbeat, config, self.ready_timeout_s)
         if self._watch is not None:
             self._watch(Supervised(name, proc, replica.restart))
         return replica

@@ -169,6 +169,8 @@ def cmd_deployments_create(args: argparse.Namespace) -> int:
         body["max_loras"] = args.max_loras
     if args.max_lora_rank is not None:
         body["max_lora_rank"] = args.max_lora_rank
+    if args.cold_start_wait is not None:
+        body["cold_start_wait_s"] = args.cold_start_wait
     with connect(args.url, "admin") as api:
         dep = api.json("POST", "/admin/v1/deployments", json=body)
         emit(dep, args.json, lambda d: print_object(d, DEPLOYMENT_COLUMNS))
@@ -191,6 +193,18 @@ def cmd_deployments_scale(args: argparse.Namespace) -> int:
             ref = find_by_name(api, "/admin/v1/deployments", ref, "deployment")["id"]
         dep = api.json("PATCH", f"/admin/v1/deployments/{ref}", json={"replicas": args.replicas})
         emit(dep, args.json, lambda d: print(f"{d['name']}: {d['replicas']} replicas"))
+    return 0
+
+
+def cmd_deployments_status(args: argparse.Namespace) -> int:
+    """A deployment's replicas as the gateway sees them: ready, still starting, and wanted."""
+    with connect(args.url, "admin") as api:
+        ref = args.deployment
+        if not _is_uuid(ref):
+            ref = find_by_name(api, "/admin/v1/deployments", ref, "deployment")["id"]
+        st = api.json("GET", f"/admin/v1/deployments/{ref}/replicas")
+        emit(st, args.json, lambda s: print(f"{s['deployment']}: {s['ready']} ready, "
+                                            f"{s['starting']} starting, {s['desired']} desired"))  # fmt: skip
     return 0
 
 
@@ -253,6 +267,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--max-loras", type=int)
     p.add_argument("--max-lora-rank", type=int)
     p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--cold-start-wait", type=float, metavar="SECONDS",
+                   help="how long a request waits for a starting replica (default 120)")  # fmt: skip
     p.set_defaults(func=guarded(cmd_deployments_create))
     p = ds.add_parser("list", parents=[common], help="list deployments")
     p.set_defaults(func=guarded(cmd_deployments_list))
@@ -260,3 +276,6 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("deployment", help="deployment id or name")
     p.add_argument("--replicas", type=int, required=True)
     p.set_defaults(func=guarded(cmd_deployments_scale))
+    p = ds.add_parser("status", parents=[common], help="ready and starting replicas")
+    p.add_argument("deployment", help="deployment id or name")
+    p.set_defaults(func=guarded(cmd_deployments_status))

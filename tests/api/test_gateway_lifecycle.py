@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.console import make_operator, sign_in
 from support.control_plane import fresh_database
 from support.gateway_stack import WIRE_HEADERS, Api, settings_env
 from support.scripted_replica import ScriptedReplica
@@ -105,6 +106,14 @@ def test_a_request_waits_for_a_replica_that_becomes_ready_late(stack: Stack) -> 
         replicas_url = f"{api.url}/admin/v1/deployments/{st.deployment_id}/replicas"
         seen = httpx.get(replicas_url, headers=admin, timeout=10).json()
         assert (seen["desired"], seen["ready"], seen["starting"]) == (1, 0, 1), seen
+        # The console's overview shows it as starting.
+        with httpx.Client(base_url=api.url, timeout=30) as console:
+            email = f"ops-{uuid.uuid4().hex[:6]}@example.com"
+            make_operator(st.settings.database_url, email, "viewer")
+            assert sign_in(console, email).status_code == 303
+            page = console.get("/console/partials/replicas")
+            assert page.status_code == 200, page.text[:500]
+            assert "1 replica(s) starting (cold start)" in page.text, page.text[:2000]
         began = time.monotonic()
         ttft = None
         chunks = []

@@ -1,5 +1,6 @@
-"""`loraplex up` follows its deployment's `replicas` row (the reconcile loop starts and stops
-replica processes, each supervised), and SIGTERM to `up` mid-stream stops its children in
+"""`loraplex up` follows its deployment's `replicas` (an admin's `PATCH
+/admin/v1/deployments/{id}`: the reconcile loop starts and stops replica processes, each
+supervised), and SIGTERM to `up` mid-stream stops its children in
 order: the API finishes the stream while the replica still serves it, then everything exits
 and `up` returns 0 with no process left behind."""
 
@@ -15,11 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from sqlalchemy import update
+from support.opcli import OperatorShell
 from support.up_process import UpProcess, alive
-
-from loraplex.platform.db.models import Deployment
-from loraplex.platform.db.session import make_sessionmaker, session_scope
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -38,9 +36,14 @@ def _wait(predicate, timeout: float, what: str) -> None:
         time.sleep(0.3)
 
 
-def _set_replicas(db_url: str, name: str, n: int) -> None:
-    with session_scope(make_sessionmaker(db_url)) as session:
-        session.execute(update(Deployment).where(Deployment.name == name).values(replicas=n))
+def _scale(url: str, admin: str, name: str, n: int) -> None:
+    """What an operator does: PATCH the deployment's replica count."""
+    h = {"Authorization": f"Bearer {admin}"}
+    listing = httpx.get(f"{url}/admin/v1/deployments", headers=h, timeout=30).json()["data"]
+    [dep] = [d for d in listing if d["name"] == name]
+    resp = httpx.patch(f"{url}/admin/v1/deployments/{dep['id']}", json={"replicas": n},
+                       headers=h, timeout=30)  # fmt: skip
+    assert resp.status_code == 200 and resp.json()["replicas"] == n, resp.text
 
 
 def test_up_scales_with_the_row_and_drains_on_sigterm(
@@ -65,14 +68,19 @@ def test_up_scales_with_the_row_and_drains_on_sigterm(
 
     try:
         _wait(lambda: registered() == 1, 60, "the first replica's registration")
-        # Scale to 2 (what PATCH /admin/v1/deployments/{id} writes): a second process starts.
-        _set_replicas(pg_fresh_url, name, 2)
+        # Scale to 2: a second process starts.
+        _scale(url, admin, name, 2)
         _wait(lambda: "engine replica 2" in _supervised(data), 60, "a second replica")
         second = _supervised(data)["engine replica 2"]["pid"]
         assert alive(second) and second != _supervised(data)["engine replica"]["pid"]
         _wait(lambda: registered() == 2, 240, "the second replica to be ready")
+        # What the operator sees (`loraplex deployments status`, the admin API's view).
+        shell = OperatorShell(url=url, admin_key=admin)
+        status = shell.run("deployments", "status", name)
+        assert status.returncode == 0, status.stderr
+        assert status.stdout.strip() == f"{name}: 2 ready, 0 starting, 2 desired"
         # Back to 1: the newest drains and exits, the supervisor lets it go.
-        _set_replicas(pg_fresh_url, name, 1)
+        _scale(url, admin, name, 1)
         _wait(lambda: not alive(second), 120, "the second replica to exit")
         assert "engine replica 2" not in _supervised(data)
         assert registered() == 1

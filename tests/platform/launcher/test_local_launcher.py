@@ -1,6 +1,7 @@
 """The local launcher on the real stack: the reconcile loop reads the deployments' rows from
 PostgreSQL and really starts and stops `loraplex engine` processes to match: scaling a row
-up and down, a deployment created (its base model loaded from S3) and one deleted. Each new
+up and down, editing its engine options (the replica is replaced), a deployment created (its
+base model loaded from S3) and one deleted. Each new
 replica shows as starting, then ready and registered for the gateway; scaled-away replicas
 drain and exit 0 and leave the registry and the supervisor."""
 
@@ -68,14 +69,25 @@ def test_scaling_the_row_starts_and_stops_replica_processes(
     client = redis.Redis.from_url(redis_url)
     try:
         reconciler.once()
-        [first] = launcher.replicas(dep)
+        [old] = launcher.replicas(dep)
         launcher.wait_ready(dep, timeout=180)
         assert [r.state for r in launcher.status(dep).replicas] == [READY]
         _wait(lambda: _live(client, dep) == 1)
         # The engine runs the row's options, from the one mapping.
-        argv = first.process._last_start[0]  # what was really started
+        argv = old.process._last_start[0]  # what was really started
         assert argv[argv.index("--quantization") + 1] == "fp32"
         assert argv[argv.index("--model") + 1] == str(folder)
+
+        # An edited deployment (other engine options): its replica is drained and replaced.
+        with session_scope(factory) as session:
+            session.execute(update(Deployment).where(Deployment.name == dep).values(max_loras=3))
+        reconciler.once()
+        [first] = launcher.replicas(dep)
+        assert old.process.proc.returncode == 0 and first.process.pid != old.process.pid
+        argv = first.process._last_start[0]
+        assert argv[argv.index("--max-loras") + 1] == "3"
+        assert set(supervisor.children) == {"engine replica"}
+        launcher.wait_ready(dep, timeout=180)
 
         _set_replicas(factory, dep, 2)  # what PATCH /admin/v1/deployments/{id} does
         reconciler.once()
