@@ -161,6 +161,14 @@ def speed(path: Path, quant: str, args: argparse.Namespace) -> tuple[int, float,
     return weight_bytes, b1, b32
 
 
+class _Results(dict):
+    """RESULT lines printed as each is measured (a long run shows what it has so far)."""
+
+    def __setitem__(self, name: str, value: float) -> None:
+        super().__setitem__(name, value)
+        print(f"RESULT {name}={value:.4f}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the quantization benchmark and print RESULT lines."""
     args = build_parser().parse_args(argv)
@@ -170,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
 
         args.cache_dir = default_data_dir() / "bench-quant"
     args.cache_dir.mkdir(parents=True, exist_ok=True)
-    results: dict[str, float] = {}
+    results = _Results()
 
     # quality, on the trained model
     path = trained_model(args.cache_dir, args.train_seconds, log=_log)
@@ -205,8 +213,6 @@ def main(argv: list[str] | None = None) -> int:
         results[f"quant.{choice}_weight_bytes_ratio"] = weight_bytes / ref_bytes
         results[f"quant.{choice}_decode_speedup_b1"] = b1 / ref_b1
         results[f"quant.{choice}_decode_speedup_b32"] = b32 / ref_b32
-    for name, value in results.items():
-        print(f"RESULT {name}={value:.4f}")
     return 0
 
 
