@@ -7,7 +7,8 @@ at most `2 x tokens` padded rows. Each chunk carries its adapter's pool rows.
 
 Per Linear (`lora_delta_sgmv`): gather every chunk's A and B rows (one `index_select` each),
 gather the chunk tokens (one more), one `bmm` to shrink, one mask-and-scale, one `bmm` per
-fused slice to expand, one `index_add_` per slice back into the output. No Python loop over
+fused slice to expand, and one gather back to token order added into the output (a gather,
+not a scatter: `index_add_` on CPU is several times slower, worst in bf16). No Python loop over
 adapters or tokens: 32 distinct adapters cost what 32 tokens of one adapter split in 32 chunks
 would, and the work grows with tokens x rank only. Punica's BGMV/SGMV and S-LoRA gather the
 same way on a GPU; this is the CPU twin, in plain torch ops.
@@ -34,6 +35,8 @@ class SgmvPlan:
     rank: int  # R: the largest active adapter's rows
     tok_index: torch.Tensor  # [K * C] int64 token of each padded chunk row (padding: 0)
     row_index: torch.Tensor  # [K * R] int64 pool row of each chunk rank row (clamped)
+    inv_index: torch.Tensor  # [T] int64: each token's padded chunk row (base tokens: 0)
+    token_mask: torch.Tensor | None  # [T, 1]: 1 for adapter tokens; None when all are
     mask: torch.Tensor  # [K, C, R, 1]: 1 for a real token x a rank row of its adapter
     scales: torch.Tensor  # [num_linears, K, 1, 1, max_slices]: each chunk's adapter's scales
 
@@ -68,6 +71,12 @@ def build_sgmv_plan(
     tok_index[flat] = sorted_tok
     valid = torch.zeros(k * c, dtype=torch.float32, device=dev)
     valid[flat] = 1.0
+    inv_index = torch.zeros(meta.num_tokens, dtype=torch.int64, device=dev)
+    inv_index[sorted_tok] = flat
+    token_mask = None
+    if total < meta.num_tokens:
+        token_mask = torch.zeros(meta.num_tokens, 1, dtype=dtype, device=dev)
+        token_mask[sorted_tok] = 1
 
     chunk_slot = torch.repeat_interleave(torch.arange(n_active), per_slot_chunks)
     row_start = torch.tensor([g.row_start for g in groups], dtype=torch.int64)[chunk_slot]
@@ -78,7 +87,7 @@ def build_sgmv_plan(
     mask = (valid.view(k, c, 1) * rmask.view(k, 1, rank)).to(dtype)[..., None]
     scales = meta.scales.to(dev)[:, :, chunk_slot.to(dev)].permute(0, 2, 1)  # [L, K, S]
     scales = scales.to(dtype)[:, :, None, None, :].contiguous()
-    return SgmvPlan(k, c, rank, tok_index, row_index, mask, scales)
+    return SgmvPlan(k, c, rank, tok_index, row_index, inv_index, token_mask, mask, scales)
 
 
 def lora_delta_sgmv(
@@ -105,11 +114,15 @@ def lora_delta_sgmv(
     h = torch.bmm(xg, a.transpose(1, 2)).view(k, c, r, ns)
     h.mul_(plan.mask).mul_(plan.scales[lid, ..., :ns])
     b = b_buf.index_select(0, plan.row_index).view(k, r, -1)
-    if ns == 1:
-        y.index_add_(0, plan.tok_index, torch.bmm(h.view(k, c, r), b).view(k * c, -1))
-        return
-    parts = [
-        torch.bmm(h[..., si], b[:, :, off : off + size])
-        for si, (off, size) in enumerate(zip(slice_offsets, slice_sizes, strict=True))
-    ]
-    y.index_add_(0, plan.tok_index, torch.cat(parts, dim=2).view(k * c, -1))
+    # slice-major and contiguous, so each slice's expand is a plain batched GEMM (a strided
+    # slice makes CPU `bmm` fall back to one copy and one matmul per chunk)
+    hs_all = h.view(k, c, r) if ns == 1 else h.permute(3, 0, 1, 2).contiguous()
+    for si, (off, size) in enumerate(zip(slice_offsets, slice_sizes, strict=True)):
+        hs = hs_all if ns == 1 else hs_all[si]
+        d = torch.bmm(hs, b if ns == 1 else b[:, :, off : off + size]).view(k * c, size)
+        d = d.index_select(0, plan.inv_index)  # back to token order
+        out = y if ns == 1 else y[:, off : off + size]
+        if plan.token_mask is None:
+            out.add_(d)
+        else:
+            out.addcmul_(d, plan.token_mask)

@@ -73,7 +73,7 @@ def paged_decode(ctx: CheckContext, dtype: torch.dtype) -> CheckResult:
     q = torch.randn(len(lens), hq, d, generator=g).to(dtype).to(dev)
     scale = d**-0.5
     got = decode_attention_triton(q, kv, tables, seq_lens, scale)
-    want = decode_attention_torch(q, kv, tables, seq_lens, max(lens), scale)
+    want = decode_attention_torch(q.float(), kv.float(), tables, seq_lens, max(lens), scale)
     err = rel_err(got, want)
     ms = timed_ms(lambda: decode_attention_triton(q, kv, tables, seq_lens, scale), dev)
     tag = f"gpu_check.paged_decode_{dtype_name(dtype)}"

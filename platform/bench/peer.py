@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             peer = {k: configs[k] for k in PEER_CONFIGS}
             vllm = run_vllm(python, model, prompts, peer, dtype, args.max_tokens, args.passes, tmp)
             results.update({f"peer.vllm.{k}_tok_s": v for k, v in vllm.items()})
-        ours = run_ours(model, prompts, configs, dtype, args.max_tokens, args.passes)
+        ours_dtype = "auto" if args.dtype == "auto" else dtype  # so /state says why
+        ours = run_ours(model, prompts, configs, ours_dtype, args.max_tokens, args.passes)
     results.update({f"peer.loraplex.{k}_tok_s": v for k, v in ours.items()})
     if python:
         results.update({f"peer.{k}_over_vllm": ours[k] / vllm[k] for k in PEER_CONFIGS})

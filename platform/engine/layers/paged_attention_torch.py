@@ -94,7 +94,9 @@ def decode_attention_torch(
     """One query token per sequence: q [S, Hq, D] -> out [S, Hq, D]; no host sync.
 
     The gathered K/V are handed to SDPA as strided [S, Hkv, L, D] views (no transpose copy),
-    with a per-sequence length mask; math in fp32 like the reference softmax.
+    with a per-sequence length mask; math in fp32 like the reference softmax, except bf16 on
+    CPU: its SDPA kernel accumulates in fp32 itself, and upcasting would copy every gathered
+    K/V block a second time each step.
     """
     s, hq, d = q.shape
     bs, hkv = kv_cache.shape[2], kv_cache.shape[3]
@@ -102,10 +104,11 @@ def decode_attention_torch(
     k, v = gather_kv(kv_cache, block_tables, num_blocks)
     key_pos = torch.arange(num_blocks * bs, device=q.device)
     mask = key_pos[None, :] < seq_lens[:, None].to(key_pos.dtype)
+    ct = q.dtype if q.dtype == torch.bfloat16 and q.device.type == "cpu" else torch.float32
     out = F.scaled_dot_product_attention(
-        q.float()[:, :, None, :],
-        from_cache(k, torch.float32, scales.k).transpose(1, 2),
-        from_cache(v, torch.float32, scales.v).transpose(1, 2),
+        q.to(ct)[:, :, None, :],
+        from_cache(k, ct, scales.k).transpose(1, 2),
+        from_cache(v, ct, scales.v).transpose(1, 2),
         attn_mask=mask[:, None, None, :],
         scale=scale,
         enable_gqa=hq != hkv,
