@@ -41,6 +41,11 @@ class ReplicaUnavailable(Exception):
     """The replica could not take or finish the request (dead, overloaded, broken stream)."""
 
 
+class ReplicaSlow(ReplicaUnavailable):
+    """The replica accepted the connection but did not answer in time: busy, not dead (a
+    dead process refuses the connection at once)."""
+
+
 class ReplicaRejected(LoraplexError):
     """The replica refused the request (a 4xx). The gateway validates everything a tenant
     controls first, so this is the platform's fault: the tenant gets the generic message (a
@@ -145,6 +150,8 @@ class ReplicaClient:
         """The replica's `/state`; `ReplicaUnavailable` when it does not answer in the format."""
         try:
             resp = await self._http.get(f"{url}/state", headers=self._headers(), timeout=timeout_s)
+        except (httpx.ReadTimeout, httpx.PoolTimeout) as exc:
+            raise ReplicaSlow(f"replica {url} state: no answer in {timeout_s:g}s") from exc
         except httpx.HTTPError as exc:
             raise ReplicaUnavailable(f"replica {url} state: {exc}") from exc
         if resp.status_code != 200:

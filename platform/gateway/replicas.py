@@ -24,6 +24,8 @@ from redis.asyncio import Redis
 DEFAULT_PREFIX = "loraplex:replicas"
 DEFAULT_TTL_S = 10.0
 STARTING_POLL_S = 0.25
+DEFAULT_BUSY_GRACE_S = 60.0
+"""How long a ready replica whose health check times out (busy, not refusing) stays registered."""
 
 
 @dataclass(frozen=True)
@@ -103,10 +105,13 @@ class Heartbeat:
         ttl_s: float = DEFAULT_TTL_S,
         interval_s: float | None = None,
         prefix: str = DEFAULT_PREFIX,
-        healthy: Callable[[], bool] | None = None,
+        healthy: Callable[[], bool | None] | None = None,
+        busy_grace_s: float = DEFAULT_BUSY_GRACE_S,
     ) -> None:
         self.info = info
         self._healthy = healthy
+        self._busy_grace = busy_grace_s
+        self._last_healthy = time.monotonic()
         self._client = sync_redis.Redis.from_url(redis_url)
         self._ttl = ttl_s
         self._interval = interval_s if interval_s is not None else ttl_s / 3
@@ -121,9 +126,21 @@ class Heartbeat:
         self._thread.start()
         return self
 
+    def _alive(self) -> bool:
+        """Healthy now, or (once ready) busy for less than `busy_grace_s` since the last
+        healthy answer: a replica slowed by load keeps its registration, a hung one loses it."""
+        answer = True if self._healthy is None else self._healthy()
+        now = time.monotonic()
+        if answer:
+            self._last_healthy = now
+            return True
+        return (
+            answer is None and self.ready.is_set() and now - self._last_healthy < self._busy_grace
+        )
+
     def _beat_once(self) -> None:
         try:
-            if self._healthy is None or self._healthy():
+            if self._alive():
                 beat(self._client, self.info, self._ttl, self._prefix)
                 self.ready.set()
             elif not self.ready.is_set():
@@ -148,13 +165,17 @@ class Heartbeat:
         self._client.close()
 
 
-def http_health_check(url: str, timeout_s: float = 2.0) -> Callable[[], bool]:
-    """A probe for `Heartbeat(healthy=...)`: the replica's `GET /health` answers 200."""
+def http_health_check(url: str, timeout_s: float = 2.0) -> Callable[[], bool | None]:
+    """A probe for `Heartbeat(healthy=...)`: True when the replica's `GET /health` answers
+    200, False when it answers otherwise or refuses the connection, None when it accepted
+    the connection but did not answer in time (busy: its loop holds the CPU)."""
     import httpx
 
-    def check() -> bool:
+    def check() -> bool | None:
         try:
             return httpx.get(f"{url}/health", timeout=timeout_s).status_code == 200
+        except httpx.ReadTimeout:
+            return None
         except httpx.HTTPError:
             return False
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from loraplex.platform.errors import GENERIC_MESSAGE, LoraplexError
 from loraplex.platform.gateway.errors import no_replica, still_starting
 from loraplex.platform.gateway.metrics import GatewayMetrics
-from loraplex.platform.gateway.replica_client import ReplicaClient, ReplicaUnavailable
+from loraplex.platform.gateway.replica_client import ReplicaClient, ReplicaSlow, ReplicaUnavailable
 from loraplex.platform.gateway.replicas import ReplicaInfo, ReplicaRegistry
 from loraplex.platform.wire import DeltaEvent, FinishEvent, GenerateRequest, ReplicaState
 from loraplex.platform.wire.prefix_hash import block_hashes, max_cached_blocks
@@ -216,6 +216,14 @@ class Router:
             return cached[1]
         try:
             load = ReplicaLoad.from_state(await self.client.state(replica.url))
+        except ReplicaSlow:
+            # Busy, not dead: a loaded replica answers /state late. Route on what it said
+            # last (its queue only grew); dropping it would turn load into 503s.
+            if cached is not None:
+                self._states[replica.replica_id] = (now + self._state_ttl, cached[1])
+                return cached[1]
+            self.mark_down(replica)
+            return None
         except ReplicaUnavailable as exc:
             log.warning("replica %s skipped for %gs: %s", replica.replica_id, self._cooldown, exc)
             self.mark_down(replica)

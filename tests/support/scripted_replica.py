@@ -71,6 +71,8 @@ class ScriptedReplica:
         self.headers = {WIRE_VERSION_HEADER: version}
         self.extra_field = extra_field
         self.state_doc = state or replica_state()
+        self.state_delay_s = 0.0
+        """Seconds `/state` takes to answer (a busy replica answers late, yet answers)."""
         self.requests: list[GenerateRequest] = []
         self.aborted: list[str] = []
         self._sock = listen_socket()  # ours from the start: no port race
@@ -132,6 +134,8 @@ class ScriptedReplica:
     async def _state(self, request: Request) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
+        if self.state_delay_s:
+            await asyncio.sleep(self.state_delay_s)
         return Response(self.state_doc.model_dump_json(), media_type="application/json",
                         headers=self.headers)  # fmt: skip
 

@@ -48,3 +48,46 @@ def test_heartbeat_registers_and_expires(redis_url: str) -> None:
     finally:
         hb_a.stop()
         hb_o.stop()
+
+
+def _live_urls(redis_url: str, prefix: str, deployment: str) -> set[str]:
+    async def live() -> set[str]:
+        redis = Redis.from_url(redis_url)
+        try:
+            return {r.url for r in await ReplicaRegistry(redis, prefix).live(deployment)}
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(live())
+
+
+def test_a_busy_replica_keeps_its_registration_for_a_grace_then_loses_it(redis_url: str) -> None:
+    """A health check that times out (None: busy) keeps a ready replica registered for
+    `busy_grace_s`; one that refuses (False) stops the beats at once."""
+    prefix = f"test:reps:{uuid.uuid4().hex}"
+    answers = {"busy": True, "grace": True, "dead": True}
+
+    def probe(name: str):
+        def check() -> bool | None:
+            return answers[name]
+
+        return check
+
+    beats = {
+        name: Heartbeat(
+            redis_url, ReplicaInfo(name, f"http://127.0.0.1:{i + 1}"), ttl_s=TTL_S,
+            interval_s=0.1, prefix=prefix, healthy=probe(name), busy_grace_s=grace,
+        ).start()
+        for i, (name, grace) in enumerate([("busy", 60.0), ("grace", 1.0), ("dead", 60.0)])
+    }  # fmt: skip
+    try:
+        assert all(_live_urls(redis_url, prefix, n) for n in answers)
+        answers.update(busy=None, grace=None, dead=False)
+        until = time.monotonic() + 2 * TTL_S + 1.5
+        while time.monotonic() < until:
+            assert _live_urls(redis_url, prefix, "busy"), "a busy replica lost its registration"
+        assert not _live_urls(redis_url, prefix, "grace"), "busy past its grace, still live"
+        assert not _live_urls(redis_url, prefix, "dead"), "a refusing replica is still live"
+    finally:
+        for hb in beats.values():
+            hb.stop()

@@ -218,3 +218,24 @@ def test_client_refuses_answers_outside_the_wire(redis_url: str) -> None:
                 asyncio.run(stream(url))
         with pytest.raises(ReplicaUnavailable, match="protocol error"):
             asyncio.run(state(newer.url))
+
+
+def test_a_busy_replica_stays_a_candidate_on_its_last_state(redis_url: str) -> None:
+    """Under load a replica answers /state late: the router routes on what it said last
+    instead of dropping it (which turned load into 503s); a refusing replica is dropped."""
+    dead_url, dead_sock = refusing_url()
+    with dead_sock, ScriptedReplica([1], state=replica_state(num_requests_running=3)) as busy:
+
+        async def body(router: Router, dep: str):
+            router._state_ttl = 0.0  # read /state on every call
+            first = await router.candidates(dep, None, PromptKeys(_req(), None))
+            busy.state_delay_s = 1.5  # past the 1 s state timeout
+            later = await router.candidates(dep, None, PromptKeys(_req(), None))
+            return first, later
+
+        first, later = asyncio.run(
+            _with_router(redis_url, [("busy", busy.url), ("dead", dead_url)], body)
+        )
+    assert [c.replica.replica_id for c in first] == ["busy"]
+    assert [c.replica.replica_id for c in later] == ["busy"]
+    assert later[0].load.running == 3
