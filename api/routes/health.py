@@ -4,7 +4,7 @@ Prometheus metrics (time to first token, cold-start waits)."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
@@ -37,7 +37,11 @@ async def healthz(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}},
+)
 async def metrics(request: Request) -> Response:
     """The gateway's metrics (Prometheus text); empty when inference is not configured."""
     gw = getattr(request.app.state, "gateway", None)

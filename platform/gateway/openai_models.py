@@ -107,6 +107,20 @@ class TextCompletion(_Out):
     usage: CompletionUsage
 
 
+class ModelQuantization(_Out):
+    """How a deployment stores the weights and the KV cache."""
+
+    weights: str
+    kv_cache: str
+
+
+class ModelDeployment(_Out):
+    """One deployment serving the model's base, and its quantization."""
+
+    name: str
+    quantization: ModelQuantization
+
+
 class ModelObject(_Out):
     """A base model or one of the caller's adapters."""
 
@@ -116,6 +130,7 @@ class ModelObject(_Out):
     owned_by: str
     root: str
     parent: str | None
+    deployments: list[ModelDeployment] | None = None
 
 
 class ModelList(_Out):

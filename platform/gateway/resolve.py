@@ -84,15 +84,17 @@ def _deployment_for(session: Session, base_model_id: uuid.UUID) -> Deployment | 
 
 
 class NoDeployment(HttpError):
-    """The model exists but no deployment serves its base model (a 503)."""
+    """The model exists but no deployment serves its base model: to a tenant that is not a
+    model one can use (404, as `/v1/models` does not list it either)."""
 
 
 def _no_deployment(model: str) -> HttpError:
     return NoDeployment(
-        503,
-        f"No deployment serves the base model of `{model}`.",
-        type="service_unavailable",
-        code="no_deployment",
+        404,
+        f"The model `{model}` does not exist or is not deployed.",
+        type="invalid_request_error",
+        code="model_not_found",
+        param="model",
     )
 
 

@@ -50,16 +50,19 @@ def deployments_by_base(session: Session) -> dict[uuid.UUID, list[dict[str, Any]
 
 
 def list_models(sessions: sessionmaker[Session], tenant_id: uuid.UUID) -> list[dict[str, Any]]:
-    """Base models, then the tenant's adapters with a ready version (call off the event loop)."""
+    """Deployed base models, then the tenant's adapters with a ready version on them (call off
+    the event loop)."""
     with sessions() as session:
         bases = session.execute(select(BaseModel).order_by(BaseModel.name)).scalars().all()
         deps = deployments_by_base(session)
+        # Only what a deployment serves: anything else answers 404 when called.
         out = [
             model_object(
                 b.name, int(b.created_at.timestamp()), "loraplex", None,
-                deployments=deps.get(b.id, []),
+                deployments=deps[b.id],
             )
             for b in bases
+            if b.id in deps
         ]  # fmt: skip
         ready = (
             select(Adapter)
@@ -72,6 +75,8 @@ def list_models(sessions: sessionmaker[Session], tenant_id: uuid.UUID) -> list[d
             .order_by(Adapter.name)
         )
         for a in session.execute(ready).scalars().all():
+            if a.base_model_id not in deps:
+                continue
             created = int(a.created_at.timestamp())
             out.append(
                 model_object(

@@ -309,6 +309,18 @@ def test_models_listing(stack: Stack) -> None:
         stack.client().models.retrieve("nope")
 
 
+def test_a_base_model_no_deployment_serves_is_not_a_model(stack: Stack) -> None:
+    """Registered but not deployed: not listed, and calling it is a 404, never a 5xx."""
+    idle = f"{stack.base}-idle"
+    register_base_model(stack.settings, idle, stack.model_dir)
+    assert idle not in {m.id for m in stack.client().models.list().data}
+    with pytest.raises(openai.NotFoundError) as err:
+        stack.client().completions.create(model=idle, prompt="hi", max_tokens=1)
+    assert err.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        stack.client().models.retrieve(idle)
+
+
 def test_cross_tenant_and_revoked_keys(stack: Stack) -> None:
     with session_scope(stack.factory) as session:
         add_adapter_version(session, stack.tenant_a, stack.base, "private-a")
