@@ -48,6 +48,8 @@ class Timeline:
         self.name = name
         self.started = time.perf_counter()
         self.seconds: dict[str, float] = {}
+        self.first_start: dict[str, float] = {}
+        """Seconds from `started` to when each phase was first entered (its earliest interval)."""
         self.skipped: dict[str, str] = {}
         """Phases this start did not run, with why (e.g. graph capture on a CPU replica)."""
         self.counts: dict[str, int] = {}
@@ -58,8 +60,10 @@ class Timeline:
         """Add `seconds` to `phase` (phases may be entered several times, from several threads)."""
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}; expected one of {PHASES}")
+        began = max(0.0, time.perf_counter() - self.started - seconds)
         with self._lock:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+            self.first_start[phase] = min(self.first_start.get(phase, began), began)
 
     def skip(self, phase: str, reason: str) -> None:
         """Record that `phase` was not run this time, and why (shown in the summary)."""
@@ -90,6 +94,16 @@ class Timeline:
         self.export()
         log.info("cold start of %s: %s", self.name, self.summary())
         return total
+
+    def phases(self) -> list[tuple[str, float, float]]:
+        """(phase, first start, seconds) of each recorded phase in phase order, `ready` left out
+        (it is the total, `seconds["ready"]`)."""
+        with self._lock:
+            return [
+                (p, self.first_start.get(p, 0.0), self.seconds[p])
+                for p in PHASES
+                if p in self.seconds and p != "ready"
+            ]
 
     def summary(self) -> str:
         """One line: each recorded phase and its seconds, in phase order."""

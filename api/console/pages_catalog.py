@@ -1,9 +1,11 @@
 """Adapters across tenants (filters, versions, delete a version) and base models and
-deployments (register from an S3 prefix, create, change the replica count)."""
+deployments (register from an S3 prefix, create, change the replica count, see the live
+replicas and each one's cold-start timeline)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Form, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, Response
 
 from loraplex.platform.db.models import KV_CACHE_DTYPES, VERSION_STATUSES, WEIGHT_QUANTIZATIONS
@@ -15,6 +17,7 @@ from loraplex.platform.services.operators import SignedIn
 from ..deps import get_settings
 from .auth import current_operator, writer
 from .common import back_to, optional_int, page_arg, parse_uuid, transaction
+from .replicas import replica_views
 from .views import render
 
 router = APIRouter()
@@ -66,22 +69,35 @@ async def version_delete(
 
 
 @router.get("/deployments", response_class=HTMLResponse)
-def deployments_page(request: Request, who: SignedIn = Depends(current_operator)) -> HTMLResponse:
-    """Base models and deployments."""
-    with transaction(request) as session:
-        deps, models = cq.deployments_with_models(session)
-        return render(
-            request,
-            "deployments.html",
-            who=who,
-            active="deployments",
-            deployments=deps,
-            models=models,
-            quantizations=WEIGHT_QUANTIZATIONS,
-            kv_dtypes=KV_CACHE_DTYPES,
-            msg=request.query_params.get("msg", ""),
-            title="Models & deployments",
-        )
+async def deployments_page(
+    request: Request, who: SignedIn = Depends(current_operator)
+) -> HTMLResponse:
+    """Base models and deployments, with each deployment's live replicas and cold starts."""
+
+    def names() -> list[str]:
+        with transaction(request) as session:
+            return [d.name for d in cq.deployments_with_models(session)[0]]
+
+    live = {name: await replica_views(request, name) for name in await run_in_threadpool(names)}
+
+    def page() -> HTMLResponse:
+        with transaction(request) as session:
+            deps, models = cq.deployments_with_models(session)
+            return render(
+                request,
+                "deployments.html",
+                who=who,
+                active="deployments",
+                deployments=deps,
+                live=live,
+                models=models,
+                quantizations=WEIGHT_QUANTIZATIONS,
+                kv_dtypes=KV_CACHE_DTYPES,
+                msg=request.query_params.get("msg", ""),
+                title="Models & deployments",
+            )
+
+    return await run_in_threadpool(page)
 
 
 @router.post("/base-models")

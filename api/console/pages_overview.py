@@ -3,54 +3,21 @@ and per-minute charts from the usage rows, refreshed without reloading."""
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from loraplex.platform.gateway.replica_client import ReplicaUnavailable
 from loraplex.platform.services import console_queries as cq
 from loraplex.platform.services.operators import SignedIn
-from loraplex.platform.wire import ReplicaState
 
 from .auth import current_operator
 from .common import transaction
+from .replicas import replica_views
 from .views import SECURITY_HEADERS, render
 
 router = APIRouter()
-
-
-@dataclass
-class ReplicaView:
-    """One replica as the overview shows it."""
-
-    replica_id: str
-    url: str
-    state: ReplicaState | None
-    error: str = ""
-
-    @property
-    def healthy(self) -> bool:
-        """Answered /state in the wire format."""
-        return self.state is not None
-
-
-async def _replica_views(request: Request, deployment: str) -> list[ReplicaView] | None:
-    gw = getattr(request.app.state, "gateway", None)
-    if gw is None:
-        return None
-    infos = await gw.registry.live(deployment)
-
-    async def one(info: Any) -> ReplicaView:
-        try:
-            return ReplicaView(info.replica_id, info.url, await gw.client.state(info.url, 1.0))
-        except ReplicaUnavailable as exc:
-            return ReplicaView(info.replica_id, info.url, None, str(exc)[:200])
-
-    return list(await asyncio.gather(*(one(i) for i in infos)))
 
 
 async def _deployments(request: Request) -> list[dict[str, Any]]:
@@ -73,7 +40,7 @@ async def _deployments(request: Request) -> list[dict[str, Any]]:
     deps = await run_in_threadpool(load)
     gw = getattr(request.app.state, "gateway", None)
     for d in deps:
-        d["live"] = await _replica_views(request, d["name"])
+        d["live"] = await replica_views(request, d["name"])
         # Started but not ready yet (a cold start): requests wait for them, up to a bound.
         d["starting"] = await gw.registry.starting(d["name"]) if gw is not None else 0
     return deps

@@ -30,7 +30,7 @@ from loraplex.platform.engine.scheduler import Scheduler, SchedulerOutput
 from loraplex.platform.engine.weight_quantization import model_weight_bytes
 from loraplex.platform.engine_spec.config import EngineConfig
 from loraplex.platform.tokenizing import IncrementalDetokenizer
-from loraplex.platform.wire import WIRE_VERSION, ReplicaState
+from loraplex.platform.wire import WIRE_VERSION, ColdStartPhase, ReplicaState
 
 CPU_KV_BUDGET = 256 * 1024 * 1024
 
@@ -333,6 +333,11 @@ class EngineCore:
             kv_cache_bytes=self.kv_cache_bytes,
             compute_dtype=str(self.dtype).removeprefix("torch."),
             compute_dtype_reason=self.dtype_reason,
+            cold_start=[
+                ColdStartPhase(name=name, start_s=start, seconds=seconds)
+                for name, start, seconds in self.timeline.phases()
+            ],
+            cold_start_seconds=self.timeline.seconds.get("ready", 0.0),
         )
 
     def close(self) -> None:

@@ -169,6 +169,16 @@ class AbortResult(WireModel):
     aborted: bool
 
 
+class ColdStartPhase(WireModel):
+    """One phase of a replica's cold start (header, fetch, device_copy, quantize, warmup,
+    graph_capture): when it was first entered and how long it took, in seconds from the start
+    of loading. A phase entered several times, or from several threads, sums its intervals."""
+
+    name: str = Field(min_length=1, max_length=64)
+    start_s: float = Field(ge=0.0)
+    seconds: float = Field(ge=0.0)
+
+
 class ReplicaState(WireModel):
     """`GET /state`: what the router scores, and what it needs to predict the prefix cache.
 
@@ -200,6 +210,10 @@ class ReplicaState(WireModel):
     # The dtype the model computes in and why ("auto" picks bf16 only where it is native).
     compute_dtype: str = "float32"
     compute_dtype_reason: str = ""
+    # The replica's cold start (phases in order, and the wall time to ready); empty and 0 from
+    # a replica that does not report it.
+    cold_start: list[ColdStartPhase] = Field(default_factory=list)
+    cold_start_seconds: float = Field(default=0.0, ge=0.0)
 
 
 StreamEvent = Annotated[DeltaEvent | FinishEvent | ErrorEvent, Field(discriminator="type")]
