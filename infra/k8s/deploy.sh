@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Roll out one release (an image tag already pushed to both ECR repositories) to one
-# environment: shared resources, then the migration Job, and api/worker only once it has
-# succeeded. Needs terraform (state access), kubectl (cluster access) and the loraplex package.
+# environment: shared resources, then the migration Job, and api, worker and the launcher only
+# once it has succeeded. Needs terraform (state access), kubectl (cluster access) and the
+# loraplex package.
 #   infra/k8s/deploy.sh dev v1.2.0
 set -euo pipefail
 
@@ -22,4 +23,5 @@ kubectl -n "$ns" wait --for=condition=complete --timeout=900s "job/loraplex-migr
 render platform --phase rollout | kubectl apply -f -
 kubectl -n "$ns" rollout status deployment/loraplex-api --timeout=600s
 kubectl -n "$ns" rollout status deployment/loraplex-worker --timeout=600s
+kubectl -n "$ns" rollout status deployment/loraplex-launcher --timeout=600s
 echo "release $release is live in $env"

@@ -39,7 +39,7 @@ PRE_ROLLOUT = (
     "monitoring",
     "migrate",
 )
-ROLLOUT = ("api", "worker")
+ROLLOUT = ("api", "worker", "launcher")
 OPERATOR = ("models-admin",)
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,44}[a-z0-9])?$")
@@ -139,6 +139,11 @@ def _environment() -> jinja2.Environment:
     env.filters["json"] = lambda v: json.dumps(v, ensure_ascii=False)
     env.filters["ipblock"] = lambda cidr: {"ipBlock": {"cidr": cidr}}
     env.filters["combine"] = lambda a, b: {**a, **b}
+    # Terraform's outputs back in `terraform output -json`'s shape (what `--outputs` reads).
+    env.filters["terraform_json"] = lambda tf: json.dumps(
+        {k: {"value": v} for k, v in tf.items()}, ensure_ascii=False, sort_keys=True, indent=2
+    )
+    env.filters["pretty_json"] = lambda v: json.dumps(v, ensure_ascii=False, indent=2)
     env.globals["mem_times"] = mem_times
     return env
 

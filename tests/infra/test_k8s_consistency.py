@@ -77,6 +77,7 @@ REQUIRED = {
     "loraplex-worker/worker": {"database_url", "broker_url", "s3_endpoint_url", "s3_bucket",
                                "s3_region", "s3_static_credentials"},
     "loraplex-migrate/migrate": {"database_url"},
+    "loraplex-launcher/launcher": {"database_url"},
     "loraplex-engine/engine": {"s3_endpoint_url", "s3_bucket", "s3_region", "s3_static_credentials",
                                "replica_secret"},
     "loraplex-engine/replica-agent": {"redis_url"},

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 from support.gateway_catalog import seed_catalog
-from support.infra import EXAMPLE_OUTPUTS
+from support.infra import EXAMPLE_OUTPUTS, rendered
 from support.kube_api import KubeApi
 
 from loraplex.platform.db.migrate import upgrade
@@ -36,13 +36,13 @@ current-context: x
     return path
 
 
-def _once(db_url: str, kubeconfig: Path) -> None:
+def _once(db_url: str, kubeconfig: Path, args: list[str] | None = None) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_")}
     env["LORAPLEX_DATABASE_URL"] = db_url
+    args = args or ["--env", "dev", "--outputs", str(EXAMPLE_OUTPUTS), "--tag", "v1.2.0"]
     proc = subprocess.run(
-        [sys.executable, "-m", "loraplex.platform.cli", "launcher", "--env", "dev",
-         "--outputs", str(EXAMPLE_OUTPUTS), "--tag", "v1.2.0", "--kubeconfig", str(kubeconfig),
-         "--once"],
+        [sys.executable, "-m", "loraplex.platform.cli", "launcher", *args,
+         "--kubeconfig", str(kubeconfig), "--once"],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -71,5 +71,23 @@ def test_launcher_applies_each_deployment_and_follows_its_replicas(
 
         with session_scope(factory) as session:  # an operator scales it
             session.execute(update(Deployment).where(Deployment.name == name).values(replicas=3))
-        _once(pg_fresh_url, kubeconfig)
+        # This pass runs the in-cluster Deployment's own command line, its ConfigMap's files
+        # where the pod mounts them (the token's place taken by the kubeconfig).
+        heartbeat = tmp_path / "heartbeat"
+        _once(pg_fresh_url, kubeconfig, _in_cluster_args(tmp_path, heartbeat))
         assert api.objects[path]["spec"]["replicas"] == 3
+        assert heartbeat.is_file()
+
+
+def _in_cluster_args(tmp_path: Path, heartbeat: Path) -> list[str]:
+    """The rendered launcher Deployment's arguments, with its mounts under `tmp_path`."""
+    docs = [d for d in rendered()["dev/platform.yaml"]
+            if d["metadata"]["name"] == "loraplex-launcher"]  # fmt: skip
+    [config] = [d for d in docs if d["kind"] == "ConfigMap"]
+    [dep] = [d for d in docs if d["kind"] == "Deployment"]
+    for key, text in config["data"].items():
+        (tmp_path / key).write_text(text)
+    command = dep["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["loraplex", "launcher"]
+    return [a.replace("/etc/loraplex", str(tmp_path)).replace("/tmp/heartbeat", str(heartbeat))
+            for a in command[2:]]  # fmt: skip
