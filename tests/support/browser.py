@@ -65,9 +65,11 @@ def ensure_chromium() -> str:
     return CHROMIUM
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
-    """A launched headless Chromium (Playwright `Browser`), shared by the session."""
+    """A launched headless Chromium (Playwright `Browser`), shared by one module. Not wider:
+    Playwright's sync API keeps an event loop running in this thread until it stops, and
+    every later `asyncio.run` in the session would fail."""
     try:
         path = ensure_chromium()
         from playwright.sync_api import sync_playwright
