@@ -26,7 +26,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -89,17 +88,11 @@ def config_refs(prompts: int, dirs: list[str], with_mixed32: bool) -> dict[str, 
 
 
 def _tok_s(llm, prompts, refs, max_tokens: int) -> float:  # noqa: ANN001
-    from loraplex.platform.engine.sampling_params import SamplingParams
+    """Greedy output tokens/s of one offline batch (no adapter list when every row is base)."""
+    from loraplex.platform.bench._lora_small import _engine_tps
 
-    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     adapters = None if all(r is None for r in refs) else refs
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, sp, adapters=adapters)
-    elapsed = time.perf_counter() - t0
-    n = sum(len(o.outputs[0].token_ids) for o in outs)
-    if n != max_tokens * len(prompts):
-        raise RuntimeError(f"expected {max_tokens * len(prompts)} output tokens, got {n}")
-    return n / elapsed
+    return _engine_tps(llm, prompts, adapters, max_tokens)
 
 
 def run_ours(

@@ -111,23 +111,39 @@ def register_base_model(settings: Settings, name: str, path: str | Path) -> Base
     if not settings.database_url:
         raise RuntimeError("LORAPLEX_DATABASE_URL is not set")
     with session_scope(make_sessionmaker(settings.database_url)) as session:
-        stmt = insert(BaseModel).values(
-            id=uuid.uuid4(), name=name, family=family, object_prefix=prefix, config=config
-        )
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[BaseModel.name],
-            set_={"family": family, "object_prefix": prefix, "config": config},
-        ).returning(BaseModel.id)
-        model_id = session.execute(stmt).scalar_one()
-        audit.record(
-            session,
-            actor="system",
-            action="base_model.register",
-            resource_type="base_model",
-            resource_id=model_id,
-            detail={"name": name, "family": family, "files_uploaded": sent},
-        )
+        model_id = _upsert(session, name, family, prefix, config, actor="system",
+                           detail={"files_uploaded": sent})  # fmt: skip
     return BaseModelInfo(model_id, name, family, prefix, config, sent)
+
+
+def _upsert(
+    session: Session,
+    name: str,
+    family: str,
+    prefix: str,
+    config: dict[str, Any],
+    *,
+    actor: str,
+    detail: dict[str, Any],
+) -> uuid.UUID:
+    """Insert or update the base model row `name` and audit it; its id."""
+    stmt = insert(BaseModel).values(
+        id=uuid.uuid4(), name=name, family=family, object_prefix=prefix, config=config
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[BaseModel.name],
+        set_={"family": family, "object_prefix": prefix, "config": config},
+    ).returning(BaseModel.id)
+    model_id = session.execute(stmt).scalar_one()
+    audit.record(
+        session,
+        actor=actor,
+        action="base_model.register",
+        resource_type="base_model",
+        resource_id=model_id,
+        detail={"name": name, "family": family, **detail},
+    )
+    return model_id
 
 
 def get_base_model(session: Session, name: str) -> BaseModel:
@@ -188,22 +204,8 @@ def register_from_prefix(
             f"{prefix}config.json must hold a JSON object", code="invalid_model_config"
         )
     family = family_of(config)
-    stmt = insert(BaseModel).values(
-        id=uuid.uuid4(), name=name, family=family, object_prefix=prefix, config=config
-    )
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[BaseModel.name],
-        set_={"family": family, "object_prefix": prefix, "config": config},
-    ).returning(BaseModel.id)
-    model_id = session.execute(stmt).scalar_one()
-    audit.record(
-        session,
-        actor=actor,
-        action="base_model.register",
-        resource_type="base_model",
-        resource_id=model_id,
-        detail={"name": name, "family": family, "object_prefix": prefix},
-    )
+    model_id = _upsert(session, name, family, prefix, config, actor=actor,
+                       detail={"object_prefix": prefix})  # fmt: skip
     model = session.get(BaseModel, model_id, populate_existing=True)
     assert model is not None
     return model
