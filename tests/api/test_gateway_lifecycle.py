@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 import uuid
 from typing import Any
@@ -31,8 +32,7 @@ from loraplex.platform.db.session import make_sessionmaker, session_scope
 from loraplex.platform.demo_model import make_demo_model
 from loraplex.platform.embedded.process import http_ok
 from loraplex.platform.engine_spec import parse_engine_args
-from loraplex.platform.gateway.replica_agent import register_replica
-from loraplex.platform.gateway.replicas import Heartbeat, ReplicaInfo
+from loraplex.platform.gateway.replicas import Heartbeat, ReplicaInfo, http_health_check
 from loraplex.platform.local_processes import start_engine_process
 from loraplex.platform.services.api_keys import create_api_key
 from loraplex.platform.services.base_models import register_base_model
@@ -99,7 +99,12 @@ def test_a_request_waits_for_a_replica_that_becomes_ready_late(stack: Stack) -> 
     config, _ = parse_engine_args(["--model", str(st.model_dir)])
     log = st.work / "late-replica.log"
     url, proc = start_engine_process(config, log, settings_env(st.settings, "engine"), timeout=None)
-    heartbeat = register_replica(st.redis_url, st.deployment, url, ttl_s=15.0)
+    # The tiny engine can load before the request is sent; a gate on its health check keeps
+    # it "starting" until the request is in flight, so the wait is there on any machine.
+    gate = threading.Event()
+    probe = http_health_check(url)
+    heartbeat = Heartbeat(st.redis_url, ReplicaInfo(st.deployment, url), ttl_s=15.0,
+                          healthy=lambda: gate.is_set() and probe()).start()  # fmt: skip
     try:
         assert not heartbeat.ready.is_set()  # announced as starting, not ready
         admin = {"authorization": f"Bearer {st.settings.admin_key}"}
@@ -115,6 +120,7 @@ def test_a_request_waits_for_a_replica_that_becomes_ready_late(stack: Stack) -> 
             assert page.status_code == 200, page.text[:500]
             assert "1 replica(s) starting (cold start)" in page.text, page.text[:2000]
         began = time.monotonic()
+        threading.Timer(1.0, gate.set).start()  # ready one second into the request
         ttft = None
         chunks = []
         with httpx.Client(timeout=300) as client, _chat_stream(client, api.url, st, 8) as resp:
