@@ -5,13 +5,18 @@ gate/up -> SiLU-and-mul -> down on one contiguous slice, and a single `index_add
 combines the weighted rows per token. No loop over tokens, no scan of all tokens per expert.
 
 Weights follow transformers v5's fused layout: `w13` [E, 2I, H] (gate rows then up
-rows), `w2` [E, H, I].
+rows), `w2` [E, H, I]; either may be a `QuantizedExperts` stack (int8 / int4 / fp8), whose
+`matmul` runs one expert's rows through PyTorch's packed CPU kernels.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from loraplex.moe.quant_experts import QuantizedExperts
+
+ExpertWeights = torch.Tensor | QuantizedExperts
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -20,7 +25,14 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate_up[..., :half]) * gate_up[..., half:]
 
 
-def _check_weights(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> None:
+def _expert_mm(x: torch.Tensor, w: ExpertWeights, expert: int) -> torch.Tensor:
+    """x [M, K] @ w[expert]^T."""
+    if isinstance(w, QuantizedExperts):
+        return w.matmul(x, expert)
+    return torch.mm(x, w[expert].t())
+
+
+def _check_weights(hidden: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights) -> None:
     if w13.dim() != 3 or w2.dim() != 3:
         raise ValueError("expert weights must be 3-D: w13 [E, 2I, H], w2 [E, H, I]")
     num, two_i, h = w13.shape
@@ -32,7 +44,7 @@ def _check_weights(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) ->
 
 
 def run_sorted_rows(
-    rows: torch.Tensor, counts: list[int], w13: torch.Tensor, w2: torch.Tensor
+    rows: torch.Tensor, counts: list[int], w13: ExpertWeights, w2: ExpertWeights
 ) -> torch.Tensor:
     """Expert MLP over rows already grouped by local expert (`counts[e]` rows each, in order).
 
@@ -45,17 +57,20 @@ def run_sorted_rows(
     start = 0
     for expert, count in enumerate(counts):
         if count:
-            gate_up = torch.mm(rows[start : start + count], w13[expert].t())
+            gate_up = _expert_mm(rows[start : start + count], w13, expert)
             act = gate_up[:, :half]
             F.silu(act, inplace=True)
             act.mul_(gate_up[:, half:])  # SiLU-and-mul in place, no extra buffers
-            torch.mm(act, w2[expert].t(), out=out[start : start + count])
+            if isinstance(w2, QuantizedExperts):
+                out[start : start + count] = w2.matmul(act, expert)
+            else:
+                torch.mm(act, w2[expert].t(), out=out[start : start + count])
         start += count
     return out
 
 
 def expert_rows_torch(
-    rows: torch.Tensor, local_ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor
+    rows: torch.Tensor, local_ids: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights
 ) -> torch.Tensor:
     """Unweighted expert output per row: row i goes through local expert `local_ids[i]`."""
     _check_weights(rows, w13, w2)
@@ -74,8 +89,8 @@ def expert_rows_torch(
 
 def fused_experts_torch(
     hidden: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
+    w13: ExpertWeights,
+    w2: ExpertWeights,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     expert_map: torch.Tensor | None = None,

@@ -4,6 +4,9 @@ Plugs into the engine's `DecoderLayer(config, layer_idx, mlp)` as the `mlp`: tak
 returns flattened hidden states [T, H]. Loads both checkpoint layouts: per-expert tensors
 (`experts.{i}.gate_proj|up_proj|down_proj` or Mixtral's `w1|w3|w2`) and transformers v5's
 fused 3-D `experts.gate_up_proj` [E, 2I, H] / `experts.down_proj` [E, H, I].
+Built with a quantized scheme (int8 / int4 / fp8), the routed experts are stored quantized
+(`quant_experts.py`): each expert tensor is quantized as it is loaded, so the float stack is
+never allocated. Router, shared expert and activations stay in the compute dtype.
 """
 
 from __future__ import annotations
@@ -14,10 +17,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loraplex.loader.quant.schemes import QuantScheme
 from loraplex.moe.expert_parallel import ExpertParallelGroup
-from loraplex.moe.experts_torch import expert_rows_torch, fused_experts_torch, silu_and_mul
+from loraplex.moe.experts_torch import (
+    ExpertWeights,
+    expert_rows_torch,
+    fused_experts_torch,
+    silu_and_mul,
+)
 from loraplex.moe.gating import select_experts
 from loraplex.moe.placement import ExpertPlacement
+from loraplex.moe.quant_experts import (
+    QuantizedExperts,
+    code_dtype,
+    code_shape,
+    expert_quant_kind,
+    quantize_rows,
+    scale_dtype,
+    scale_shape,
+    to_cpu_int4_layout,
+)
 from loraplex.moe.spec import MoESpec
 from loraplex.moe.stats import ExpertLoadRecorder
 
@@ -41,6 +60,7 @@ class MoEBlock(nn.Module):
         ep: ExpertParallelGroup | None = None,
         placement: ExpertPlacement | None = None,
         device: torch.device | str | None = None,
+        quant: QuantScheme | None = None,
     ) -> None:
         super().__init__()
         self.spec = spec
@@ -65,8 +85,18 @@ class MoEBlock(nn.Module):
             else None
         )
         slots = len(self.local_experts)
-        self.w13 = nn.Parameter(torch.empty(slots, 2 * i, h, **kw), requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(slots, h, i, **kw), requires_grad=False)
+        self.compute_dtype = dtype
+        self.quant_kind = expert_quant_kind(quant)
+        self.quant_group = quant.group_size if quant is not None else 0
+        self.quant_symmetric = quant.symmetric if quant is not None else True
+        self.cpu_int4 = False  # int4 codes repacked for PyTorch's CPU kernel (after loading)
+        if self.quant_kind is None:
+            self.w13 = nn.Parameter(torch.empty(slots, 2 * i, h, **kw), requires_grad=False)
+            self.w2 = nn.Parameter(torch.empty(slots, h, i, **kw), requires_grad=False)
+            self.w13_scale = self.w2_scale = None
+        else:
+            self._quantized_params("w13", slots, 2 * i, h, device)
+            self._quantized_params("w2", slots, h, i, device)
         s = spec.shared_intermediate_size
         self.shared_w13 = (
             nn.Parameter(torch.empty(2 * s, h, **kw), requires_grad=False) if s else None
@@ -79,6 +109,67 @@ class MoEBlock(nn.Module):
         )
 
         self._missing = self._all_pieces()
+
+    def _quantized_params(self, name: str, slots: int, n: int, k: int, device) -> None:
+        """Empty codes `name` and scales `name_scale` of a quantized expert stack [slots, n, k]."""
+        kind, group = self.quant_kind, self.quant_group
+        if kind == "int4" and k % group:
+            raise ValueError(
+                f"int4 experts need in_features ({k}) divisible by the group size {group}"
+            )
+        codes = torch.empty(slots, *code_shape(kind, n, k), dtype=code_dtype(kind), device=device)
+        scale = torch.empty(
+            slots, *scale_shape(kind, n, k, group),
+            dtype=scale_dtype(kind, self.compute_dtype), device=device,
+        )  # fmt: skip
+        setattr(self, name, nn.Parameter(codes, requires_grad=False))
+        setattr(self, f"{name}_scale", nn.Parameter(scale, requires_grad=False))
+
+    def _put(self, name: str, index: tuple, tensor: torch.Tensor) -> None:
+        """Write a float expert tensor into `name`[index] (index over slots and rows),
+        quantizing it first when the experts are stored quantized."""
+        param = getattr(self, name)
+        if self.quant_kind is None:
+            param[index].copy_(tensor)
+            return
+        if self.cpu_int4:
+            raise ValueError("int4 experts were already repacked for the CPU kernel")
+        if len(index) == 1 and isinstance(index[0], slice):  # a whole stack: one slot at a time
+            for slot in range(tensor.shape[0]):
+                self._put(name, (slot,), tensor[slot])
+            return
+        codes, scale = quantize_rows(
+            self.quant_kind, tensor, self.quant_group, self.quant_symmetric, self.compute_dtype
+        )
+        param[index].copy_(codes)
+        scales = getattr(self, f"{name}_scale")
+        if self.quant_kind == "int4":  # scales [slots, G, N, 2]: rows are the third dim
+            scales[(index[0], slice(None), *index[1:])].copy_(scale)
+        else:
+            scales[index].copy_(scale)
+
+    def _finish_loading(self) -> None:
+        """Once every expert is in: repack int4 codes for PyTorch's CPU kernel (on CPU, when
+        every stack's rows are a multiple of 16, which its packer needs)."""
+        if self.quant_kind != "int4" or self.w13.device.type != "cpu" or self.cpu_int4:
+            return
+        if self.w13.shape[1] % 16 or self.w2.shape[1] % 16:
+            return
+        self.w13.data = to_cpu_int4_layout(self.w13.data)
+        self.w2.data = to_cpu_int4_layout(self.w2.data)
+        self.cpu_int4 = True
+
+    def experts(self) -> tuple[ExpertWeights, ExpertWeights]:
+        """(w13, w2) as the expert kernels take them: float stacks or `QuantizedExperts`."""
+        if self.quant_kind is None:
+            return self.w13, self.w2
+        return tuple(
+            QuantizedExperts(
+                self.quant_kind, getattr(self, n), getattr(self, f"{n}_scale"),
+                self.quant_group, self.cpu_int4,
+            )
+            for n in ("w13", "w2")
+        )  # fmt: skip
 
     def _all_pieces(self) -> set[tuple]:
         """Every piece of every parameter a checkpoint must fill (for completeness checks)."""
@@ -103,7 +194,10 @@ class MoEBlock(nn.Module):
         before = set(self.missing_weights)
         if not self.load_weight(name, tensor):
             raise ValueError(f"checkpoint tensor {name!r} has no place in the MoE block")
-        return sorted(before - set(self.missing_weights))
+        done = before - set(self.missing_weights)
+        if self.quant_kind is not None:  # the scales fill with their codes
+            done |= {f"{n}_scale" for n in ("w13", "w2") if n in done}
+        return sorted(done)
 
     @property
     def local_experts(self) -> tuple[int, ...]:
@@ -119,7 +213,14 @@ class MoEBlock(nn.Module):
     # ---- weights -------------------------------------------------------------------------
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> bool:
-        """Load one checkpoint tensor named relative to the block; False if not ours."""
+        """Load one checkpoint tensor named relative to the block; False if not ours. The
+        last piece finishes the quantized experts' layout."""
+        ours = self._load_piece(name, tensor)
+        if ours and not self._missing:
+            self._finish_loading()
+        return ours
+
+    def _load_piece(self, name: str, tensor: torch.Tensor) -> bool:
         i = self.spec.intermediate_size
         with torch.no_grad():
             if name == "gate.weight":
@@ -136,13 +237,13 @@ class MoEBlock(nn.Module):
                 return True
             if name == "experts.gate_up_proj":
                 rows = self._fused_rows(name, tensor, (2 * i, self.spec.hidden_size))
-                self.w13.copy_(tensor[rows])
+                self._put("w13", (slice(None),), tensor[rows])
                 for slot in range(self.w13.shape[0]):
                     self._missing -= {("w13", slot, 0), ("w13", slot, 1)}
                 return True
             if name == "experts.down_proj":
                 rows = self._fused_rows(name, tensor, (self.spec.hidden_size, i))
-                self.w2.copy_(tensor[rows])
+                self._put("w2", (slice(None),), tensor[rows])
                 for slot in range(self.w2.shape[0]):
                     self._missing.discard(("w2", slot))
                 return True
@@ -153,13 +254,13 @@ class MoEBlock(nn.Module):
                     raise ValueError(f"{name}: expert {expert} >= {self.spec.num_experts}")
                 for slot in self._slots(expert):  # empty: held by another rank
                     if part in ("w2", "down_proj"):
-                        self._expect(name, tensor, tuple(self.w2.shape[1:]))
-                        self.w2[slot].copy_(tensor)
+                        self._expect(name, tensor, (self.spec.hidden_size, i))
+                        self._put("w2", (slot,), tensor)
                         self._missing.discard(("w2", slot))
                     else:
                         half = _GATE_HALF[part]
                         self._expect(name, tensor, (i, self.spec.hidden_size))
-                        self.w13[slot, half * i : (half + 1) * i].copy_(tensor)
+                        self._put("w13", (slot, slice(half * i, (half + 1) * i)), tensor)
                         self._missing.discard(("w13", slot, half))
                 return True
             match = _SHARED.match(name)
@@ -223,19 +324,21 @@ class MoEBlock(nn.Module):
         return out
 
     def _routed_local(self, x, weights, ids) -> torch.Tensor:
+        w13, w2 = self.experts()
         if _use_triton(x):
             from loraplex.moe.experts_triton import fused_experts_triton
 
-            return fused_experts_triton(x, self.w13, self.w2, weights, ids)
-        return fused_experts_torch(x, self.w13, self.w2, weights, ids)
+            return fused_experts_triton(x, w13, w2, weights, ids)
+        return fused_experts_torch(x, w13, w2, weights, ids)
 
     def _rows(self, rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        w13, w2 = self.experts()
         if _use_triton(rows):
             from loraplex.moe.experts_triton import fused_experts_triton
 
             ones = torch.ones(rows.shape[0], 1, dtype=torch.float32, device=rows.device)
-            return fused_experts_triton(rows, self.w13, self.w2, ones, slots.unsqueeze(1))
-        return expert_rows_torch(rows, slots, self.w13, self.w2)
+            return fused_experts_triton(rows, w13, w2, ones, slots.unsqueeze(1))
+        return expert_rows_torch(rows, slots, w13, w2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[T, H] -> [T, H]."""
@@ -270,7 +373,12 @@ class MoEBlock(nn.Module):
             raise ValueError("new placement has a different number of experts")
         if self.ep is None:
             raise ValueError("placement changes need an expert-parallel group")
-        w13, w2 = self.ep.migrate_experts(self.placement, placement, [self.w13.data, self.w2.data])
+        names = ["w13", "w2"] + (["w13_scale", "w2_scale"] if self.quant_kind else [])
+        tensors = [getattr(self, n).data.contiguous() for n in names]
+        # one byte stream per slot, whatever the dtypes (codes, scales, fp8)
+        moved = self.ep.migrate_experts(
+            self.placement, placement, [t.view(torch.uint8) for t in tensors]
+        )
         self.placement = placement
-        self.w13 = nn.Parameter(w13, requires_grad=False)
-        self.w2 = nn.Parameter(w2, requires_grad=False)
+        for n, t, raw in zip(names, tensors, moved, strict=True):
+            setattr(self, n, nn.Parameter(raw.view(t.dtype), requires_grad=False))

@@ -3,7 +3,8 @@
 A mixin over the dense skeleton (`DecoderForCausalLM` subclasses): `make_mlp` builds a
 `loraplex.moe.MoEBlock` for sparse layers; the model can be built for one
 expert-parallel rank (`ep=`, or the process's group inside a spawned EP rank), which then
-allocates and loads only its experts.
+allocates and loads only its experts. Built under a quantized scheme
+(`layers.quant.linear_quantization`), the blocks store their routed experts quantized too.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from loraplex.moe.expert_parallel import ExpertParallelGroup, process_ep_group
 from loraplex.moe.layer import MoEBlock
 from loraplex.moe.spec import MoESpec, moe_spec_from_config
 from loraplex.moe.stats import ExpertLoadRecorder
+from loraplex.platform.engine.layers.quant import current_linear_scheme
 from loraplex.platform.engine.models.decoder import DecoderConfig, DenseMLP
 
 
@@ -43,7 +45,10 @@ class MoEDecoderMixin:
         """MoE block for sparse layers, the dense SwiGLU MLP otherwise."""
         if not self.is_sparse_layer(config, layer_idx):
             return DenseMLP(config, layer_idx, dtype)
-        return MoEBlock(self.moe_spec, layer_idx=layer_idx, dtype=dtype, ep=self.ep)
+        return MoEBlock(
+            self.moe_spec, layer_idx=layer_idx, dtype=dtype, ep=self.ep,
+            quant=current_linear_scheme(),
+        )  # fmt: skip
 
     def moe_blocks(self) -> list[MoEBlock]:
         """The model's MoE blocks in layer order."""

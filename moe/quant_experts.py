@@ -1,0 +1,159 @@
+"""Quantized stacked expert weights [E, N, K]: int8 / int4 (g128, sym or asym) / fp8 e4m3.
+
+Codes and scales follow the dense path's formats (`loader/quant/weight_only.py` quantizes and
+defines the meaning): int8 and fp8 have one scale per output row, int4 one (scale, zero) per
+row and group of `group` inputs. Storage per scheme (E experts, N output rows, K inputs):
+
+- int8: codes int8 [E, N, K], scale [E, N] in the compute dtype (as `_weight_int8pack_mm`
+  wants it);
+- fp8: codes float8_e4m3fn [E, N, K], scale float32 [E, N];
+- int4: two codes a byte, [E, N, K/2] uint8, and `scale` [E, K/group, N, 2] in the compute
+  dtype holding (s, (8 - z) * s) per group, so `w = (q - 8) * s + zf` for symmetric and
+  asymmetric alike (the layout of `torch._weight_int4pack_mm_for_cpu`'s scales-and-zeros).
+  Codes are nibble-packed along K (`byte = q[2j] | q[2j + 1] << 4`), which the Triton kernel
+  reads; on CPU, `to_cpu_int4_layout` repacks them once for PyTorch's int4 kernel.
+
+The torch path multiplies one expert's rows at a time (`QuantizedExperts.matmul`); the Triton
+path (`experts_triton.py`) dequantizes tiles in registers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from loraplex.loader.quant.schemes import QuantScheme
+from loraplex.loader.quant.weight_only import (
+    dequantize_fp8,
+    dequantize_int8,
+    quantize_fp8_per_channel,
+    quantize_int4_grouped,
+    quantize_int8_per_channel,
+)
+
+KINDS = ("int8", "int4", "fp8")
+
+
+def expert_quant_kind(scheme: QuantScheme | None) -> str | None:
+    """The expert storage a deployment scheme asks for (None: float experts)."""
+    if scheme is None or not scheme.quantizes_linears:
+        return None
+    if scheme.kind not in KINDS:
+        raise ValueError(f"no quantized expert storage for {scheme.name!r}")
+    return scheme.kind
+
+
+def code_shape(kind: str, n: int, k: int) -> tuple[int, int]:
+    """Codes of one expert weight [n, k] (int4 packs two codes per byte)."""
+    return (n, k // 2) if kind == "int4" else (n, k)
+
+
+def code_dtype(kind: str) -> torch.dtype:
+    """The dtype of `kind`'s codes."""
+    return {"int8": torch.int8, "int4": torch.uint8, "fp8": torch.float8_e4m3fn}[kind]
+
+
+def scale_shape(kind: str, n: int, k: int, group: int) -> tuple[int, ...]:
+    """Scales of one expert weight [n, k]."""
+    return (k // group, n, 2) if kind == "int4" else (n,)
+
+
+def scale_dtype(kind: str, compute: torch.dtype) -> torch.dtype:
+    """int8 and int4 scales live in the compute dtype (the CPU kernels want that), fp8's in fp32."""
+    return torch.float32 if kind == "fp8" else compute
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """int4 codes [..., K] (0..15) -> bytes [..., K/2] with the even code in the low nibble."""
+    c = codes.to(torch.uint8)
+    return c[..., 0::2] | (c[..., 1::2] << 4)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of `pack_nibbles`: [..., K/2] bytes -> [..., K] codes (uint8)."""
+    return torch.stack([packed & 15, packed >> 4], dim=-1).reshape(*packed.shape[:-1], -1)
+
+
+def quantize_rows(
+    kind: str, weight: torch.Tensor, group: int, symmetric: bool, compute: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize rows of one or more experts' weight [..., N, K] -> (codes, scales) as stored.
+
+    Rows are independent (per-row scales), so a gate half, an up half or a whole fused [E, N, K]
+    stack quantizes the same way. int4 scales come back [..., K/group, N, 2].
+    """
+    lead, (n, k) = weight.shape[:-2], weight.shape[-2:]
+    flat = weight.reshape(-1, k)
+    if kind == "int8":
+        q, s = quantize_int8_per_channel(flat)
+    elif kind == "fp8":
+        q, s = quantize_fp8_per_channel(flat)
+    elif kind == "int4":
+        q, s, z = quantize_int4_grouped(flat, group, symmetric=symmetric)
+        sz = torch.stack([s, (8.0 - z) * s], dim=-1)  # [rows, G, 2]
+        sz = sz.reshape(*lead, n, k // group, 2).transpose(-3, -2)  # [..., G, N, 2]
+        return pack_nibbles(q).reshape(*lead, n, k // 2), sz.to(compute).contiguous()
+    else:
+        raise ValueError(f"unknown expert quantization {kind!r}")
+    return q.reshape(*lead, n, k), s.reshape(*lead, n).to(scale_dtype(kind, compute))
+
+
+def to_cpu_int4_layout(packed: torch.Tensor) -> torch.Tensor:
+    """Nibble-packed int4 codes [E, N, K/2] -> `_weight_int4pack_mm_for_cpu`'s layout, per expert."""
+    out = torch.empty_like(packed)
+    for e in range(packed.shape[0]):
+        codes = unpack_nibbles(packed[e]).to(torch.int32)
+        out[e] = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
+    return out
+
+
+@dataclass(frozen=True)
+class QuantizedExperts:
+    """A stacked expert weight [E, N, K] stored quantized; `shape` is the logical shape."""
+
+    kind: str
+    codes: torch.Tensor
+    scale: torch.Tensor
+    group: int = 0
+    cpu_int4: bool = False  # codes in `_weight_int4pack_mm_for_cpu`'s layout, not nibbles
+
+    @property
+    def shape(self) -> torch.Size:
+        e, n, kc = self.codes.shape
+        return torch.Size((e, n, kc * 2 if self.kind == "int4" else kc))
+
+    def dim(self) -> int:
+        """Always 3 (stacked experts), like the float stack it replaces."""
+        return 3
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+    def dequantize(self, expert: int, dtype: torch.dtype) -> torch.Tensor:
+        """Expert `expert`'s weight [N, K] as `dtype` (the reference the kernels must match)."""
+        if self.kind == "int8":
+            return dequantize_int8(self.codes[expert], self.scale[expert], dtype)
+        if self.kind == "fp8":
+            return dequantize_fp8(self.codes[expert], self.scale[expert], dtype)
+        if self.cpu_int4:
+            raise ValueError("CPU-packed int4 codes are read by the CPU kernel only")
+        n, k = self.shape[1:]
+        q = unpack_nibbles(self.codes[expert]).float().view(n, k // self.group, self.group)
+        sz = self.scale[expert].float()  # [G, N, 2]
+        s, zf = sz[..., 0].t(), sz[..., 1].t()  # [N, G]
+        return ((q - 8.0) * s[..., None] + zf[..., None]).view(n, k).to(dtype)
+
+    def matmul(self, x: torch.Tensor, expert: int) -> torch.Tensor:
+        """x [M, K] @ W_expert^T -> [M, N] in x's dtype (CPU: PyTorch's packed kernels)."""
+        if x.device.type == "cpu" and self.kind == "int8":
+            scale = self.scale[expert]
+            return torch._weight_int8pack_mm(x.contiguous(), self.codes[expert], scale.to(x.dtype))
+        if self.cpu_int4 and x.device.type == "cpu":
+            sz = self.scale[expert].to(x.dtype)
+            return torch._weight_int4pack_mm_for_cpu(
+                x.contiguous(), self.codes[expert], self.group, sz
+            )
+        return F.linear(x, self.dequantize(expert, x.dtype))

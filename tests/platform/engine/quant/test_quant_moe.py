@@ -1,0 +1,134 @@
+"""int8 / int4 / fp8 on a MoE base quantize the routed experts too: a tiny Mixtral served
+quantized matches transformers run on the dequantized attention and expert weights (mixed
+prefill/decode batches through the paged KV cache, both checkpoint layouts), and `/state`'s
+weight bytes shrink to about a half (int8) / a quarter (int4) of bf16."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from support.paged_harness import PagedHarness, hf_logits, run_mixed_scenario  # noqa: E402
+from support.quant_reference import dequantized_moe_copy  # noqa: E402
+
+from loraplex.moe.layer import MoEBlock  # noqa: E402
+from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
+from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
+from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
+
+transformers = pytest.importorskip("transformers")
+
+# widths in whole int4 groups of 128; rows multiples of 16 (PyTorch's CPU int4 packer)
+SIZES = dict(
+    hidden_size=128, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+    num_local_experts=4, num_experts_per_tok=2,
+)  # fmt: skip
+ENGINE = dict(block_size=4, max_num_seqs=8, max_num_batched_tokens=64)
+CHOICES = ["int8", "int4", "int4_sym", "fp8"]
+CODE_DTYPES = {"int8": torch.int8, "int4": torch.uint8, "fp8": torch.float8_e4m3fn}
+
+
+def _save(path: Path, layout: str, **sizes) -> torch.nn.Module:
+    hf = save_tiny_model(path, "mixtral", seed=5, with_tokenizer=False, **{**SIZES, **sizes})
+    if layout == "fused":  # transformers' in-memory 3-D expert tensors instead of per-expert
+        state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+        assert any(k.endswith("experts.gate_up_proj") for k in state)
+        (file,) = path.glob("*.safetensors")
+        save_file(state, str(file))
+    return hf
+
+
+def _weight_only(core: EngineCore) -> None:
+    """fp8 attention runs W8A8 on CPU; compare its weight-only path (the Linear tests check
+    W8A8). The experts are always weight-only."""
+    for m in core.model.modules():
+        if getattr(m, "quant_method", None) is not None:
+            m.fp8_w8a8 = False
+
+
+def _blocks(core: EngineCore) -> list[MoEBlock]:
+    return [m for m in core.model.modules() if isinstance(m, MoEBlock)]
+
+
+@pytest.mark.parametrize(
+    ("choice", "layout"),
+    [(c, "per_expert") for c in CHOICES] + [("int8", "fused"), ("int4", "fused")],
+)
+def test_quantized_moe_matches_transformers_on_dequantized_weights(tmp_path, choice, layout):
+    hf = _save(tmp_path, layout)
+    core = EngineCore(EngineConfig(str(tmp_path), quantization=choice, dtype="float32", **ENGINE))
+    _weight_only(core)
+    blocks = _blocks(core)
+    assert len(blocks) == 2
+    kind = "int4" if choice.startswith("int4") else choice
+    for block in blocks:
+        assert block.quant_kind == kind
+        assert block.w13.dtype == block.w2.dtype == CODE_DTYPES[kind]
+    if kind == "int4":  # PyTorch's packed CPU int4 kernel serves them
+        assert all(b.cpu_int4 for b in blocks)
+    ref = dequantized_moe_copy(hf, choice)
+    run_mixed_scenario(core.model, ref, atol=2e-4)
+    if kind == "int4":  # the oracle is not the float model: quantization really moved it
+        tokens = list(range(3, 40))
+        moved = (hf_logits(hf, tokens) - hf_logits(ref, tokens)).abs().max()
+        assert moved > 1e-2, moved
+
+
+@pytest.mark.parametrize("choice", ["int8", "int4"])
+def test_quantized_moe_in_bf16_stays_close(tmp_path, choice):
+    hf = _save(tmp_path, "per_expert")
+    core = EngineCore(EngineConfig(str(tmp_path), quantization=choice, dtype="bfloat16", **ENGINE))
+    assert _blocks(core)[0].w13_scale.dtype == torch.bfloat16
+    tokens = list(range(3, 60))
+    got = PagedHarness(core.model, num_blocks=32, block_size=4, dtype=torch.bfloat16).step(
+        [("s", tokens)]
+    )[0]
+    want = hf_logits(dequantized_moe_copy(hf, choice), tokens)
+    scale = want.abs().max()
+    err = (got.float() - want).abs().amax(dim=-1) / scale  # per position
+    # bf16 can flip a near-tie in the router (a different expert, a different row); every
+    # other position tracks the dequantized model as closely as a bf16 dense model does
+    assert (err > 0.05).sum() <= 2, err
+    assert err.median() < 0.02, err
+    top2 = want.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.1 * scale
+    assert clear.sum() >= 5
+    assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+
+
+def test_quantized_moe_weight_bytes_on_state(tmp_path):
+    # experts dominate the model, as in real MoE bases
+    _save(tmp_path, "per_expert", intermediate_size=512, num_local_experts=8)
+    sizes, expert_bytes = {}, {}
+    for choice in ("bf16", "int8", "int4", "int4_sym", "fp8"):
+        core = EngineCore(
+            EngineConfig(str(tmp_path), quantization=choice, dtype="bfloat16", **ENGINE)
+        )
+        sizes[choice] = core.state().weight_bytes
+        assert sizes[choice] == core.weight_bytes
+        expert_bytes[choice] = sum(
+            t.numel() * t.element_size()
+            for b in _blocks(core)
+            for t in (b.w13, b.w2, b.w13_scale, b.w2_scale)
+            if t is not None
+        )
+    ratio = {c: sizes[c] / sizes["bf16"] for c in sizes}
+    assert 0.45 < ratio["int8"] < 0.55, ratio
+    assert 0.45 < ratio["fp8"] < 0.55, ratio
+    assert 0.22 < ratio["int4"] < 0.30, ratio
+    assert ratio["int4_sym"] == ratio["int4"]  # (s, zf) per group either way
+    # the experts themselves: 1 byte (int8/fp8) or half a byte (int4) a weight, plus scales
+    assert expert_bytes["int8"] / expert_bytes["bf16"] == pytest.approx(0.5, abs=0.01)
+    assert expert_bytes["int4"] / expert_bytes["bf16"] == pytest.approx(0.25 + 1 / 64, abs=0.01)
+
+
+def test_int4_experts_need_whole_groups(tmp_path):
+    _save(tmp_path, "per_expert", intermediate_size=96)
+    with pytest.raises(ValueError, match="divisible by the group size 128"):
+        EngineCore(EngineConfig(str(tmp_path), quantization="int4", **ENGINE))
