@@ -177,3 +177,52 @@ def grouped_moe(ctx: CheckContext, dtype: torch.dtype) -> CheckResult:
             results[f"gpu_check.moe_{dtype_name(dtype)}_t{tokens}_ms"] = timed_ms(run, dev)
     results[f"gpu_check.moe_{dtype_name(dtype)}_rel_err"] = worst
     return worst <= DTYPE_TOL[dtype], f"rel err {worst:.2e}", results
+
+
+def grouped_moe_quant(ctx: CheckContext, dtype: torch.dtype) -> CheckResult:
+    """Grouped MoE over int8 / int4 (g128) / fp8 experts at Mixtral shapes vs torch on the
+    dequantized stacks; at real sizes, ms per step beside the float kernel's (same run)."""
+    from loraplex.moe.experts_torch import fused_experts_torch
+    from loraplex.moe.experts_triton import fused_experts_triton
+    from loraplex.moe.quant_experts import QuantizedExperts, quantize_rows
+
+    e, h, inter, top_k = (4, 128, 128, 2) if ctx.tiny else (8, 4096, 14336, 2)
+    dev, name = ctx.device, dtype_name(dtype)
+    g = torch.Generator(device=dev).manual_seed(0)
+    w13 = (torch.randn(e, 2 * inter, h, generator=g, device=dev) / math.sqrt(h)).to(dtype)
+    w2 = (torch.randn(e, h, inter, generator=g, device=dev) / math.sqrt(inter)).to(dtype)
+    batches = []
+    for tokens in (16,) if ctx.tiny else (64, 1024):
+        x = torch.randn(tokens, h, generator=g, device=dev).to(dtype)
+        logits = torch.randn(tokens, e, generator=g, device=dev)
+        weights, ids = torch.softmax(logits, -1).topk(top_k, dim=-1)
+        batches.append((tokens, x, weights, ids))
+    float_ms = {  # the float kernel on the same batches: the side-by-side baseline
+        b[0]: timed_ms(partial(fused_experts_triton, b[1], w13, w2, b[2], b[3]), dev)
+        for b in batches
+        if not ctx.tiny
+    }
+    results: dict[str, float] = {}
+    worst = 0.0
+    for kind, sym in (("int8", True), ("int4", False), ("fp8", True)):
+        stacks = []
+        for w in (w13, w2):  # one expert at a time: the fp32 temporaries stay small
+            parts = [quantize_rows(kind, w[i], 128, sym, dtype) for i in range(e)]
+            codes = torch.stack([c for c, _ in parts])
+            scale = torch.stack([s for _, s in parts])
+            stacks.append(QuantizedExperts(kind, codes, scale, 128 if kind == "int4" else 0))
+        deq = [torch.stack([q.dequantize(i, torch.float32) for i in range(e)]) for q in stacks]
+        key = f"gpu_check.moe_quant_{kind}_{name}"
+        for tokens, x, weights, ids in batches:
+            got = fused_experts_triton(x, stacks[0], stacks[1], weights, ids)
+            want = fused_experts_torch(x.float(), deq[0], deq[1], weights, ids)
+            err = rel_err(got, want)
+            worst = max(worst, err)
+            results[f"{key}_rel_err"] = max(err, results.get(f"{key}_rel_err", 0.0))
+            if tokens in float_ms:
+                run = partial(fused_experts_triton, x, stacks[0], stacks[1], weights, ids)
+                ms = timed_ms(run, dev)
+                results[f"{key}_t{tokens}_ms"] = ms
+                results[f"{key}_t{tokens}_speedup"] = float_ms[tokens] / ms
+        del stacks, deq
+    return worst <= DTYPE_TOL[dtype], f"int8/int4/fp8 worst rel err {worst:.2e}", results

@@ -59,6 +59,8 @@ def all_checks(bandwidth_layers: int = 32) -> list[Check]:
                   "4096x4096 and 4096x14336, 32 adapters", partial(ker.lora_shrink_expand, dtype=dtype), True),
             Check(f"moe_{n}", f"Triton grouped MoE vs torch, {n}, Mixtral 8x(4096->14336) top-2",
                   partial(ker.grouped_moe, dtype=dtype), True),
+            Check(f"moe_quant_{n}", f"Triton grouped MoE over int8/int4/fp8 experts vs torch, {n}, "
+                  "Mixtral shapes", partial(ker.grouped_moe_quant, dtype=dtype), True),
         ]  # fmt: skip
     checks += [
         Check("cuda_tests", "the CUDA-only pytest files: " + ", ".join(eng.CUDA_TEST_FILES), eng.cuda_tests),

@@ -15,7 +15,7 @@ import torch
 EXPECTED = {
     "paged_decode_bf16", "lora_bf16", "moe_bf16", "paged_decode_fp16", "lora_fp16", "moe_fp16",
     "cuda_tests", "graphs_vs_eager", "ep_nccl", "loader_pinned", "bench_graphs",
-    "decode_bandwidth",
+    "decode_bandwidth", "moe_quant_bf16", "moe_quant_fp16",
 }  # fmt: skip
 
 
@@ -58,3 +58,18 @@ def test_kernel_checks_pass_at_tiny_sizes_under_the_interpreter() -> None:
     for name in ("paged_decode_fp16", "lora_fp16", "moe_fp16"):
         assert found[f"gpu_check.{name}_pass"] == "1"
     assert float(found["gpu_check.lora_fp16_rel_err"]) < 5e-3
+
+
+def test_quantized_moe_check_passes_at_tiny_sizes_under_the_interpreter() -> None:
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "loraplex.platform.cli", "bench", "gpu-check", "--tiny"]
+    proc = subprocess.run(
+        [*cmd, "--device", "cpu", "--only", "moe_quant_fp16"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    found = dict(re.findall(r"^RESULT (gpu_check\.[a-z0-9_]+)=(\S+)$", proc.stdout, re.M))
+    assert found["gpu_check.moe_quant_fp16_pass"] == "1"
+    for kind in ("int8", "int4", "fp8"):
+        assert float(found[f"gpu_check.moe_quant_{kind}_fp16_rel_err"]) < 5e-3
