@@ -35,9 +35,12 @@ def dequantized(weight: torch.Tensor, choice: str) -> torch.Tensor:
     raise ValueError(f"{choice!r} does not quantize weights")
 
 
-def dequantized_moe_copy(hf: torch.nn.Module, choice: str) -> torch.nn.Module:
-    """The transformers MoE model with its attention projections and every routed expert's
-    weights replaced by what `choice` stores; router, norms, embeddings and head unchanged."""
+def dequantized_moe_copy(
+    hf: torch.nn.Module, choice: str, *, experts: bool = True
+) -> torch.nn.Module:
+    """The transformers MoE model with its attention projections and (unless `experts` is
+    False) every routed expert's weights replaced by what `choice` stores; router, norms,
+    embeddings and head unchanged."""
     ref = copy.deepcopy(hf)
     touched = 0
     with torch.no_grad():
@@ -45,7 +48,7 @@ def dequantized_moe_copy(hf: torch.nn.Module, choice: str) -> torch.nn.Module:
             if name.endswith(".weight") and name.split(".")[-2] in ATTENTION:
                 p.copy_(dequantized(p.data, choice))
                 touched += 1
-            elif name.endswith(EXPERT_STACKS):  # transformers v5: [E, N, K] per layer
+            elif experts and name.endswith(EXPERT_STACKS):  # transformers v5: [E, N, K] per layer
                 for e in range(p.shape[0]):
                     p[e].copy_(dequantized(p.data[e], choice))
                 touched += 1

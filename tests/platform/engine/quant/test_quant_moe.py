@@ -1,7 +1,8 @@
 """int8 / int4 / fp8 on a MoE base quantize the routed experts too: a tiny Mixtral served
 quantized matches transformers run on the dequantized attention and expert weights (mixed
-prefill/decode batches through the paged KV cache, both checkpoint layouts), and `/state`'s
-weight bytes shrink to about a half (int8) / a quarter (int4) of bf16."""
+prefill/decode batches through the paged KV cache, both checkpoint layouts), attention LoRA
+over the quantized MoE base matches peft over the dequantized one, and `/state`'s weight bytes
+shrink to about a half (int8) / a quarter (int4) of bf16."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from safetensors.torch import save_file
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from support.paged_harness import PagedHarness, hf_logits, run_mixed_scenario  # noqa: E402
+from support.peft_adapters import make_adapter  # noqa: E402
 from support.quant_reference import dequantized_moe_copy  # noqa: E402
 
 from loraplex.moe.layer import MoEBlock  # noqa: E402
+from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
 from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
 from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
@@ -74,10 +77,12 @@ def test_quantized_moe_matches_transformers_on_dequantized_weights(tmp_path, cho
         assert all(b.cpu_int4 for b in blocks)
     ref = dequantized_moe_copy(hf, choice)
     run_mixed_scenario(core.model, ref, atol=2e-4)
-    if kind == "int4":  # the oracle is not the float model: quantization really moved it
-        tokens = list(range(3, 40))
-        moved = (hf_logits(hf, tokens) - hf_logits(ref, tokens)).abs().max()
-        assert moved > 1e-2, moved
+    # float experts under quantized attention would be far off: the experts' quantization is
+    # what the comparison above checks
+    tokens = list(range(3, 40))
+    got = PagedHarness(core.model, num_blocks=32, block_size=4).step([("t", tokens)])[0]
+    attention_only = hf_logits(dequantized_moe_copy(hf, choice, experts=False), tokens)
+    assert (got - attention_only).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("choice", ["int8", "int4"])
@@ -132,3 +137,50 @@ def test_int4_experts_need_whole_groups(tmp_path):
     _save(tmp_path, "per_expert", intermediate_size=96)
     with pytest.raises(ValueError, match="divisible by the group size 128"):
         EngineCore(EngineConfig(str(tmp_path), quantization="int4", **ENGINE))
+
+
+@pytest.mark.parametrize("choice", ["int8", "int4", "fp8"])
+def test_attention_lora_over_quantized_moe_matches_peft(tmp_path, choice):
+    from peft import PeftModel
+
+    hf = _save(tmp_path / "base", "per_expert")
+    hf.generation_config.eos_token_id = None
+    adapter = make_adapter(
+        hf, tmp_path / "lora", seed=21, r=8, lora_alpha=16,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+    )  # fmt: skip
+    llm = LLM(str(tmp_path / "base"), quantization=choice, max_loras=2, dtype="float32", **ENGINE)
+    assert _blocks(llm.core)[0].quant_kind == choice
+    _weight_only(llm.core)
+    rows: dict[str, list[torch.Tensor]] = {}
+    runner = llm.core.runner
+    inner = runner._sample
+
+    def spy(sampling, logits, prompt_lps):
+        if logits is not None:
+            for s, row in zip(sampling, logits, strict=True):
+                rows.setdefault(s.request.request_id, []).append(row.detach().float().clone())
+        return inner(sampling, logits, prompt_lps)
+
+    runner._sample = spy
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 128, (n,), generator=g).tolist() for n in (13, 6)]
+    refs = [adapter, None]
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    outs = llm.generate(prompts, params, adapters=[str(r) if r else None for r in refs])
+    deq = dequantized_moe_copy(hf, choice)
+    peft = PeftModel.from_pretrained(deq, str(adapter)).eval()
+    by_prompt = {int(rid.split("-")[-2]): torch.stack(r) for rid, r in rows.items()}
+    for i, (prompt, ref, out) in enumerate(zip(prompts, refs, outs, strict=True)):
+        seq = prompt + out.outputs[0].token_ids
+        with torch.no_grad():
+            if ref is None:
+                with peft.disable_adapter():
+                    want = hf_logits(peft, seq[:-1])[len(prompt) - 1 :]
+            else:
+                want = hf_logits(peft, seq[:-1])[len(prompt) - 1 :]
+                with peft.disable_adapter():
+                    base = hf_logits(peft, seq[:-1])[len(prompt) - 1 :]
+                assert (want - base).abs().max() > 0.05  # the adapter really moves the output
+        err = ((by_prompt[i] - want).abs().max() / want.abs().max()).item()
+        assert err < 1e-3, (i, err)
