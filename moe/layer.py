@@ -150,14 +150,13 @@ class MoEBlock(nn.Module):
 
     def _finish_loading(self) -> None:
         """Once every expert is in: repack int4 codes for PyTorch's CPU kernel (on CPU, when
-        every stack's rows are a multiple of 16, which its packer needs)."""
+        both stacks' rows are multiples of 64; otherwise they stay nibbles, dequantized)."""
         if self.quant_kind != "int4" or self.w13.device.type != "cpu" or self.cpu_int4:
             return
-        if self.w13.shape[1] % 16 or self.w2.shape[1] % 16:
-            return
-        self.w13.data = to_cpu_int4_layout(self.w13.data)
-        self.w2.data = to_cpu_int4_layout(self.w2.data)
-        self.cpu_int4 = True
+        w13, w2 = to_cpu_int4_layout(self.w13.data), to_cpu_int4_layout(self.w2.data)
+        if w13 is not None and w2 is not None:
+            self.w13.data, self.w2.data = w13, w2
+            self.cpu_int4 = True
 
     def experts(self) -> tuple[ExpertWeights, ExpertWeights]:
         """(w13, w2) as the expert kernels take them: float stacks or `QuantizedExperts`."""

@@ -34,6 +34,10 @@ from loraplex.loader.quant.weight_only import (
 )
 
 KINDS = ("int8", "int4", "fp8")
+# Rows of one expert from which dequantize-then-matmul beats PyTorch's packed CPU kernels
+# (those are GEMV-like: their time grows with the rows; measured at 2816x1024, one thread:
+# int8 packed 0.6 / 64 / 192 ms vs 59 / 70 / 76 ms dequantizing at 1 / 128 / 512 rows).
+DEQUANT_ROWS = {"int8": 128, "int4": 384}
 
 
 def expert_quant_kind(scheme: QuantScheme | None) -> str | None:
@@ -100,12 +104,32 @@ def quantize_rows(
     return q.reshape(*lead, n, k), s.reshape(*lead, n).to(scale_dtype(kind, compute))
 
 
-def to_cpu_int4_layout(packed: torch.Tensor) -> torch.Tensor:
-    """Nibble-packed int4 codes [E, N, K/2] -> `_weight_int4pack_mm_for_cpu`'s layout, per expert."""
+CPU_INT4_BLOCK = 64  # rows PyTorch's CPU int4 packer interleaves (when N is a multiple)
+
+
+def from_cpu_int4_layout(packed: torch.Tensor) -> torch.Tensor:
+    """One expert's codes [N, K] (uint8 0..15) back from `_convert_weight_to_int4pack_for_cpu`'s
+    layout for N a multiple of 64: per block of 64 rows and per input, 32 bytes, byte j holding
+    row j (low nibble) and row j + 32 (high nibble)."""
+    n, half_k = packed.shape
+    bn = CPU_INT4_BLOCK
+    b = packed.view(n // bn, half_k * 2, bn // 2)  # [blocks, K, 32]
+    rows = torch.cat([b & 15, b >> 4], dim=-1)  # [blocks, K, 64]
+    return rows.permute(0, 2, 1).reshape(n, half_k * 2)
+
+
+def to_cpu_int4_layout(packed: torch.Tensor) -> torch.Tensor | None:
+    """Nibble-packed int4 codes [E, N, K/2] -> `_weight_int4pack_mm_for_cpu`'s layout, per
+    expert; None when N is not a multiple of 64 or this PyTorch packs differently from what
+    `from_cpu_int4_layout` reads (checked on the first expert): the codes then stay nibbles."""
+    if packed.shape[1] % CPU_INT4_BLOCK:
+        return None
     out = torch.empty_like(packed)
     for e in range(packed.shape[0]):
-        codes = unpack_nibbles(packed[e]).to(torch.int32)
-        out[e] = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
+        codes = unpack_nibbles(packed[e])
+        out[e] = torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+        if e == 0 and not torch.equal(from_cpu_int4_layout(out[0]), codes):
+            return None
     return out
 
 
@@ -135,23 +159,27 @@ class QuantizedExperts:
     def dequantize(self, expert: int, dtype: torch.dtype) -> torch.Tensor:
         """Expert `expert`'s weight [N, K] as `dtype` (the reference the kernels must match)."""
         if self.kind == "int8":
+            if self.scale.dtype == dtype:  # q and s exact in dtype: one rounding, as in fp32
+                return self.codes[expert].to(dtype) * self.scale[expert][:, None]
             return dequantize_int8(self.codes[expert], self.scale[expert], dtype)
         if self.kind == "fp8":
             return dequantize_fp8(self.codes[expert], self.scale[expert], dtype)
-        if self.cpu_int4:
-            raise ValueError("CPU-packed int4 codes are read by the CPU kernel only")
         n, k = self.shape[1:]
-        q = unpack_nibbles(self.codes[expert]).float().view(n, k // self.group, self.group)
+        codes = self.codes[expert]
+        q = from_cpu_int4_layout(codes) if self.cpu_int4 else unpack_nibbles(codes)
+        q = q.float().view(n, k // self.group, self.group)
         sz = self.scale[expert].float()  # [G, N, 2]
         s, zf = sz[..., 0].t(), sz[..., 1].t()  # [N, G]
         return ((q - 8.0) * s[..., None] + zf[..., None]).view(n, k).to(dtype)
 
     def matmul(self, x: torch.Tensor, expert: int) -> torch.Tensor:
-        """x [M, K] @ W_expert^T -> [M, N] in x's dtype (CPU: PyTorch's packed kernels)."""
-        if x.device.type == "cpu" and self.kind == "int8":
+        """x [M, K] @ W_expert^T -> [M, N] in x's dtype: on CPU PyTorch's packed kernels for
+        few rows, dequantize-then-matmul for many (`DEQUANT_ROWS`)."""
+        few = x.shape[0] < DEQUANT_ROWS.get(self.kind, 0)
+        if x.device.type == "cpu" and self.kind == "int8" and few:
             scale = self.scale[expert]
             return torch._weight_int8pack_mm(x.contiguous(), self.codes[expert], scale.to(x.dtype))
-        if self.cpu_int4 and x.device.type == "cpu":
+        if self.cpu_int4 and x.device.type == "cpu" and few:
             sz = self.scale[expert].to(x.dtype)
             return torch._weight_int4pack_mm_for_cpu(
                 x.contiguous(), self.codes[expert], self.group, sz

@@ -12,11 +12,13 @@ import torch
 from support.triton_interpreter import run_cases_interpreted
 
 from loraplex.loader.quant.schemes import resolve_scheme
+from loraplex.loader.quant.weight_only import dequantize_int8
 from loraplex.moe.ep_launch import run_ep_group
 from loraplex.moe.eplb import rebalance
 from loraplex.moe.gating import GatingConfig
 from loraplex.moe.layer import MoEBlock
 from loraplex.moe.quant_experts import (
+    DEQUANT_ROWS,
     QuantizedExperts,
     pack_nibbles,
     quantize_rows,
@@ -38,18 +40,37 @@ def test_triton_quantized_experts_match_torch_under_interpreter():
 
 def test_nibbles_round_trip_and_cpu_int4_layout_gives_the_same_products():
     g = torch.Generator().manual_seed(0)
-    codes = torch.randint(0, 16, (3, 32, 256), generator=g, dtype=torch.uint8)
+    codes = torch.randint(0, 16, (3, 64, 256), generator=g, dtype=torch.uint8)
     assert torch.equal(unpack_nibbles(pack_nibbles(codes)), codes)
-    codes, scale = quantize_rows(
-        "int4", torch.randn(3, 32, 256, generator=g), 128, False, torch.float32
-    )
+    w = torch.randn(3, 128, 256, generator=g)
+    codes, scale = quantize_rows("int4", w, 128, False, torch.float32)
     nibbles = QuantizedExperts("int4", codes, scale, 128)
     cpu = QuantizedExperts("int4", to_cpu_int4_layout(codes), scale, 128, cpu_int4=True)
-    x = torch.randn(5, 256, generator=g)
-    for e in range(3):
-        want = x @ nibbles.dequantize(e, torch.float32).t()
-        torch.testing.assert_close(cpu.matmul(x, e), want, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(nibbles.matmul(x, e), want, atol=1e-5, rtol=1e-5)
+    assert to_cpu_int4_layout(codes[:, :48]) is None  # rows not in blocks of 64: nibbles
+    for rows in (3, DEQUANT_ROWS["int4"]):  # the packed kernel, then dequantize-and-matmul
+        x = torch.randn(rows, 256, generator=g)
+        for e in range(3):
+            want = x @ nibbles.dequantize(e, torch.float32).t()
+            assert torch.equal(
+                cpu.dequantize(e, torch.float32), nibbles.dequantize(e, torch.float32)
+            )
+            torch.testing.assert_close(cpu.matmul(x, e), want, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(nibbles.matmul(x, e), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_kernel_and_dequantized_paths_agree(dtype):
+    g = torch.Generator().manual_seed(1)
+    codes, scale = quantize_rows("int8", torch.randn(2, 64, 128, generator=g), 0, True, dtype)
+    q = QuantizedExperts("int8", codes, scale)
+    ref = dequantize_int8(codes[1], scale[1], torch.float32)
+    assert torch.equal(q.dequantize(1, dtype), ref.to(dtype))
+    for rows in (1, DEQUANT_ROWS["int8"] + 1):
+        x = torch.randn(rows, 128, generator=g).to(dtype)
+        want = x.float() @ ref.t()
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        err = ((q.matmul(x, 1).float() - want).abs().max() / want.abs().max()).item()
+        assert err < tol, (rows, err)
 
 
 def _spec() -> MoESpec:
