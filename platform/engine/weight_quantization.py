@@ -5,9 +5,9 @@ Casts (fp32 / bf16 / fp16) set the dtype the model runs in. int8 (W8A16), int4 /
 (`layers/quant/`) and MoE blocks their routed experts (`moe/quant_experts.py`, weight-only,
 quantized by the block as they load); everything else (embeddings, norms, the head, routers,
 shared experts) and the activations stay in the engine's compute dtype (`EngineConfig.dtype`;
-deployments run quantized choices in bfloat16). The loader quantizes exactly the model's quantized Linears'
-weights as they stream in. A compressed-tensors checkpoint fixes its own scheme: it is read
-into the same layout, never re-quantized. Unknown choices are a ValueError.
+deployments run quantized choices in bfloat16). The loader quantizes exactly the model's
+quantized Linears' weights as they stream in. A compressed-tensors checkpoint fixes its own
+scheme: it is read into the same layout, never re-quantized. Unknown choices are a ValueError.
 """
 
 from __future__ import annotations
