@@ -184,3 +184,38 @@ def test_attention_lora_over_quantized_moe_matches_peft(tmp_path, choice):
                 assert (want - base).abs().max() > 0.05  # the adapter really moves the output
         err = ((by_prompt[i] - want).abs().max() / want.abs().max()).item()
         assert err < 1e-3, (i, err)
+
+
+@pytest.mark.parametrize("choice", ["int4"])
+def test_expert_parallel_engine_serves_quantized_experts(tmp_path, choice):
+    from loraplex.platform.engine.ep_engine import start_ep_engine
+    from loraplex.platform.engine.sampling_params import SamplingParams
+
+    _save(tmp_path, "per_expert")
+    config = EngineConfig(
+        model=str(tmp_path), quantization=choice, max_num_seqs=4, max_num_batched_tokens=64,
+        max_model_len=64, block_size=4, num_gpu_blocks=64,
+    )  # fmt: skip
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [20, 21, 22, 23, 24, 25, 26]]
+
+    def generate(engine, rebalance_after=None) -> list[list[int]]:
+        params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+        reqs = [engine.add_request(p, params) for p in prompts]
+        steps = 0
+        while engine.has_unfinished():
+            engine.step()
+            steps += 1
+            if steps == rebalance_after:  # moves quantized experts (codes and scales) between ranks
+                engine.rebalance()
+        return [list(r.output_token_ids) for r in reqs]
+
+    single = EngineCore(config)
+    assert _blocks(single)[0].quant_kind == "int4"
+    want = generate(single)
+    engine = start_ep_engine(config, 2, num_redundant=2, backend="gloo")
+    try:
+        got = generate(engine, rebalance_after=2)
+        assert engine.last_rebalance
+    finally:
+        engine.close()
+    assert got == want
