@@ -29,12 +29,10 @@ from loraplex.moe.gating import select_experts
 from loraplex.moe.placement import ExpertPlacement
 from loraplex.moe.quant_experts import (
     QuantizedExperts,
-    code_dtype,
-    code_shape,
+    empty_stack,
     expert_quant_kind,
     quantize_rows,
-    scale_dtype,
-    scale_shape,
+    refuse_prequantized_expert,
     to_cpu_int4_layout,
 )
 from loraplex.moe.spec import MoESpec
@@ -112,16 +110,9 @@ class MoEBlock(nn.Module):
 
     def _quantized_params(self, name: str, slots: int, n: int, k: int, device) -> None:
         """Empty codes `name` and scales `name_scale` of a quantized expert stack [slots, n, k]."""
-        kind, group = self.quant_kind, self.quant_group
-        if kind == "int4" and k % group:
-            raise ValueError(
-                f"int4 experts need in_features ({k}) divisible by the group size {group}"
-            )
-        codes = torch.empty(slots, *code_shape(kind, n, k), dtype=code_dtype(kind), device=device)
-        scale = torch.empty(
-            slots, *scale_shape(kind, n, k, group),
-            dtype=scale_dtype(kind, self.compute_dtype), device=device,
-        )  # fmt: skip
+        codes, scale = empty_stack(
+            self.quant_kind, slots, n, k, self.quant_group, self.compute_dtype, device
+        )
         setattr(self, name, nn.Parameter(codes, requires_grad=False))
         setattr(self, f"{name}_scale", nn.Parameter(scale, requires_grad=False))
 
@@ -214,6 +205,7 @@ class MoEBlock(nn.Module):
     def load_weight(self, name: str, tensor: torch.Tensor) -> bool:
         """Load one checkpoint tensor named relative to the block; False if not ours. The
         last piece finishes the quantized experts' layout."""
+        refuse_prequantized_expert(name)
         ours = self._load_piece(name, tensor)
         if ours and not self._missing:
             self._finish_loading()

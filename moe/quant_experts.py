@@ -19,6 +19,7 @@ path (`experts_triton.py`) dequantizes tiles in registers.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +69,35 @@ def scale_shape(kind: str, n: int, k: int, group: int) -> tuple[int, ...]:
 def scale_dtype(kind: str, compute: torch.dtype) -> torch.dtype:
     """int8 and int4 scales live in the compute dtype (the CPU kernels want that), fp8's in fp32."""
     return torch.float32 if kind == "fp8" else compute
+
+
+def empty_stack(
+    kind: str, slots: int, n: int, k: int, group: int, compute: torch.dtype, device=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty (codes, scales) of a quantized stack [slots, n, k] (ValueError if int4's groups
+    do not divide k)."""
+    if kind == "int4" and k % group:
+        raise ValueError(f"int4 experts need in_features ({k}) divisible by the group size {group}")
+    codes = torch.empty(slots, *code_shape(kind, n, k), dtype=code_dtype(kind), device=device)
+    dtype = scale_dtype(kind, compute)
+    return codes, torch.empty(slots, *scale_shape(kind, n, k, group), dtype=dtype, device=device)
+
+
+# a pre-quantized checkpoint's expert pieces (compressed-tensors, AWQ/GPTQ)
+_PREQUANTIZED = re.compile(
+    r"^experts\.\d+\.\w+\.(weight_packed|weight_scale|weight_zero_point|weight_shape|qweight"
+    r"|qzeros|scales|g_idx)$"
+)
+
+
+def refuse_prequantized_expert(name: str) -> None:
+    """NotImplementedError for a pre-quantized checkpoint's expert tensor (not read yet)."""
+    if _PREQUANTIZED.match(name):
+        raise NotImplementedError(
+            f"{name}: pre-quantized MoE experts are not read yet; serve a bf16/fp16/fp32 "
+            "checkpoint with quantization int8, int4, int4_sym or fp8 (experts are quantized "
+            "on load), or one whose quantization config leaves the experts unquantized"
+        )
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:

@@ -139,3 +139,10 @@ def test_expert_parallel_serves_quantized_experts_across_a_migration():
                     rtol=1e-4,
                     msg=lambda m, s=step, r=rank: f"rank {r} step {s}: {m}",
                 )
+
+
+@pytest.mark.parametrize("piece", ["weight_packed", "weight_scale", "qweight"])
+def test_prequantized_expert_pieces_are_refused_clearly(piece):
+    block = MoEBlock(_spec(), quant=resolve_scheme("int4"))
+    with pytest.raises(NotImplementedError, match="pre-quantized MoE experts are not read yet"):
+        block.load_weight(f"experts.0.w1.{piece}", torch.zeros(INTER, HIDDEN // 8))
