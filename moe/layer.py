@@ -4,9 +4,10 @@ Plugs into the engine's `DecoderLayer(config, layer_idx, mlp)` as the `mlp`: tak
 returns flattened hidden states [T, H]. Loads both checkpoint layouts: per-expert tensors
 (`experts.{i}.gate_proj|up_proj|down_proj` or Mixtral's `w1|w3|w2`) and transformers v5's
 fused 3-D `experts.gate_up_proj` [E, 2I, H] / `experts.down_proj` [E, H, I].
-Built with a quantized scheme (int8 / int4 / fp8), the routed experts are stored quantized
-(`quant_experts.py`): each expert tensor is quantized as it is loaded, so the float stack is
-never allocated. Router, shared expert and activations stay in the compute dtype.
+Built with a quantized scheme (int8 / int4 / fp8), the routed and shared experts are stored
+quantized (`expert_storage.py`, `quant_experts.py`): each expert tensor is quantized as it is
+loaded, so the float stack is never allocated. Router and activations stay in the compute
+dtype.
 """
 
 from __future__ import annotations
@@ -19,22 +20,15 @@ from torch import nn
 
 from loraplex.loader.quant.schemes import QuantScheme
 from loraplex.moe.expert_parallel import ExpertParallelGroup
+from loraplex.moe.expert_storage import ExpertStorage
 from loraplex.moe.experts_torch import (
-    ExpertWeights,
     expert_rows_torch,
     fused_experts_torch,
     silu_and_mul,
 )
 from loraplex.moe.gating import select_experts
 from loraplex.moe.placement import ExpertPlacement
-from loraplex.moe.quant_experts import (
-    QuantizedExperts,
-    empty_stack,
-    expert_quant_kind,
-    quantize_rows,
-    refuse_prequantized_expert,
-    to_cpu_int4_layout,
-)
+from loraplex.moe.quant_experts import refuse_prequantized_expert
 from loraplex.moe.spec import MoESpec
 from loraplex.moe.stats import ExpertLoadRecorder
 
@@ -47,7 +41,7 @@ def _use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda
 
 
-class MoEBlock(nn.Module):
+class MoEBlock(ExpertStorage, nn.Module):
     """Router + routed experts (+ shared expert); under EP this rank holds only its experts."""
 
     def __init__(
@@ -83,23 +77,20 @@ class MoEBlock(nn.Module):
             else None
         )
         slots = len(self.local_experts)
-        self.compute_dtype = dtype
-        self.quant_kind = expert_quant_kind(quant)
-        self.quant_group = quant.group_size if quant is not None else 0
-        self.quant_symmetric = quant.symmetric if quant is not None else True
-        self.cpu_int4 = False  # int4 codes repacked for PyTorch's CPU kernel (after loading)
-        if self.quant_kind is None:
-            self.w13 = nn.Parameter(torch.empty(slots, 2 * i, h, **kw), requires_grad=False)
-            self.w2 = nn.Parameter(torch.empty(slots, h, i, **kw), requires_grad=False)
-            self.w13_scale = self.w2_scale = None
-        else:
-            self._quantized_params("w13", slots, 2 * i, h, device)
-            self._quantized_params("w2", slots, h, i, device)
+        self._init_storage(quant, dtype)
+        self._stack_param("w13", slots, 2 * i, h, device)
+        self._stack_param("w2", slots, h, i, device)
         s = spec.shared_intermediate_size
-        self.shared_w13 = (
-            nn.Parameter(torch.empty(2 * s, h, **kw), requires_grad=False) if s else None
-        )
-        self.shared_w2 = nn.Parameter(torch.empty(h, s, **kw), requires_grad=False) if s else None
+        if s and self.quant_kind is not None:  # a quantized shared expert: one-slot stacks
+            self._stack_param("shared_w13", 1, 2 * s, h, device)
+            self._stack_param("shared_w2", 1, h, s, device)
+        else:
+            self.shared_w13 = (
+                nn.Parameter(torch.empty(2 * s, h, **kw), requires_grad=False) if s else None
+            )
+            self.shared_w2 = (
+                nn.Parameter(torch.empty(h, s, **kw), requires_grad=False) if s else None
+            )
         self.shared_gate = (
             nn.Parameter(torch.empty(1, h, **kw), requires_grad=False)
             if spec.shared_gated
@@ -107,59 +98,6 @@ class MoEBlock(nn.Module):
         )
 
         self._missing = self._all_pieces()
-
-    def _quantized_params(self, name: str, slots: int, n: int, k: int, device) -> None:
-        """Empty codes `name` and scales `name_scale` of a quantized expert stack [slots, n, k]."""
-        codes, scale = empty_stack(
-            self.quant_kind, slots, n, k, self.quant_group, self.compute_dtype, device
-        )
-        setattr(self, name, nn.Parameter(codes, requires_grad=False))
-        setattr(self, f"{name}_scale", nn.Parameter(scale, requires_grad=False))
-
-    def _put(self, name: str, index: tuple, tensor: torch.Tensor) -> None:
-        """Write a float expert tensor into `name`[index] (index over slots and rows),
-        quantizing it first when the experts are stored quantized."""
-        param = getattr(self, name)
-        if self.quant_kind is None:
-            param[index].copy_(tensor)
-            return
-        if self.cpu_int4:
-            raise ValueError("int4 experts were already repacked for the CPU kernel")
-        if len(index) == 1 and isinstance(index[0], slice):  # a whole stack: one slot at a time
-            for slot in range(tensor.shape[0]):
-                self._put(name, (slot,), tensor[slot])
-            return
-        codes, scale = quantize_rows(
-            self.quant_kind, tensor, self.quant_group, self.quant_symmetric, self.compute_dtype
-        )
-        param[index].copy_(codes)
-        scales = getattr(self, f"{name}_scale")
-        if self.quant_kind == "int4":  # scales [slots, G, N, 2]: rows are the third dim
-            scales[(index[0], slice(None), *index[1:])].copy_(scale)
-        else:
-            scales[index].copy_(scale)
-
-    def _finish_loading(self) -> None:
-        """Once every expert is in: repack int4 codes for PyTorch's CPU kernel (on CPU, when
-        both stacks' rows are multiples of 64; otherwise they stay nibbles, dequantized)."""
-        if self.quant_kind != "int4" or self.w13.device.type != "cpu" or self.cpu_int4:
-            return
-        w13, w2 = to_cpu_int4_layout(self.w13.data), to_cpu_int4_layout(self.w2.data)
-        if w13 is not None and w2 is not None:
-            self.w13.data, self.w2.data = w13, w2
-            self.cpu_int4 = True
-
-    def experts(self) -> tuple[ExpertWeights, ExpertWeights]:
-        """(w13, w2) as the expert kernels take them: float stacks or `QuantizedExperts`."""
-        if self.quant_kind is None:
-            return self.w13, self.w2
-        return tuple(
-            QuantizedExperts(
-                self.quant_kind, getattr(self, n), getattr(self, f"{n}_scale"),
-                self.quant_group, self.cpu_int4,
-            )
-            for n in ("w13", "w2")
-        )  # fmt: skip
 
     def _all_pieces(self) -> set[tuple]:
         """Every piece of every parameter a checkpoint must fill (for completeness checks)."""
@@ -185,9 +123,7 @@ class MoEBlock(nn.Module):
         if not self.load_weight(name, tensor):
             raise ValueError(f"checkpoint tensor {name!r} has no place in the MoE block")
         done = before - set(self.missing_weights)
-        if self.quant_kind is not None:  # the scales fill with their codes
-            done |= {f"{n}_scale" for n in ("w13", "w2") if n in done}
-        return sorted(done)
+        return sorted(done | self._filled_scales(done))  # the scales fill with their codes
 
     @property
     def local_experts(self) -> tuple[int, ...]:
@@ -258,14 +194,15 @@ class MoEBlock(nn.Module):
             if match and self.shared_w13 is not None:
                 s = self.spec.shared_intermediate_size
                 part = match.group(1)
+                slot = (0,) if "shared_w2" in self._stacks else ()  # quantized: 1-slot stacks
                 if part == "down_proj":
-                    self._expect(name, tensor, tuple(self.shared_w2.shape))
-                    self.shared_w2.copy_(tensor)
+                    self._expect(name, tensor, (self.spec.hidden_size, s))
+                    self._put("shared_w2", (*slot, slice(None)), tensor)
                     self._missing.discard(("shared_w2",))
                 else:
                     half = _GATE_HALF[part]
                     self._expect(name, tensor, (s, self.spec.hidden_size))
-                    self.shared_w13[half * s : (half + 1) * s].copy_(tensor)
+                    self._put("shared_w13", (*slot, slice(half * s, (half + 1) * s)), tensor)
                     self._missing.discard(("shared_w13", half))
                 return True
             if name == "shared_expert_gate.weight" and self.shared_gate is not None:
@@ -309,13 +246,17 @@ class MoEBlock(nn.Module):
         """Shared-expert output for `x` (sigmoid-gated for Qwen2-MoE), None if there is none."""
         if self.shared_w13 is None:
             return None
-        out = F.linear(silu_and_mul(F.linear(x, self.shared_w13)), self.shared_w2)
+        if "shared_w13" in self._stacks:  # quantized
+            w13, w2 = self.stack("shared_w13"), self.stack("shared_w2")
+            out = w2.matmul(silu_and_mul(w13.matmul(x, 0)), 0)
+        else:
+            out = F.linear(silu_and_mul(F.linear(x, self.shared_w13)), self.shared_w2)
         if self.shared_gate is not None:
             out = torch.sigmoid(F.linear(x, self.shared_gate)) * out
         return out
 
     def _routed_local(self, x, weights, ids) -> torch.Tensor:
-        w13, w2 = self.experts()
+        w13, w2 = self.stack("w13"), self.stack("w2")
         if _use_triton(x):
             from loraplex.moe.experts_triton import fused_experts_triton
 
@@ -323,7 +264,7 @@ class MoEBlock(nn.Module):
         return fused_experts_torch(x, w13, w2, weights, ids)
 
     def _rows(self, rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        w13, w2 = self.experts()
+        w13, w2 = self.stack("w13"), self.stack("w2")
         if _use_triton(rows):
             from loraplex.moe.experts_triton import fused_experts_triton
 

@@ -2,9 +2,9 @@
 
 Casts (fp32 / bf16 / fp16) set the dtype the model runs in. int8 (W8A16), int4 / int4_sym
 (W4A16, groups of 128) and fp8 (W8A8 e4m3) store the Linear layers' weights quantized
-(`layers/quant/`) and MoE blocks their routed experts (`moe/quant_experts.py`, weight-only,
-quantized by the block as they load); everything else (embeddings, norms, the head, routers,
-shared experts) and the activations stay in the engine's compute dtype (`EngineConfig.dtype`;
+(`layers/quant/`) and MoE blocks their routed and shared experts (`moe/quant_experts.py`,
+weight-only, quantized by the block as they load); everything else (embeddings, norms, the
+head, routers) and the activations stay in the engine's compute dtype (`EngineConfig.dtype`;
 deployments run quantized choices in bfloat16). The loader quantizes exactly the model's
 quantized Linears' weights as they stream in. A compressed-tensors checkpoint fixes its own
 scheme: it is read into the same layout, never re-quantized. Unknown choices are a ValueError.

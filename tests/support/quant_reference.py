@@ -1,5 +1,5 @@
-"""The transformers oracle for quantized MoE models: a copy whose attention projections and
-routed experts hold the dequantized weights a quantization choice stores (quantized and
+"""The transformers oracle for quantized MoE models: a copy whose projections and routed
+experts hold the dequantized weights a quantization choice stores (quantized and
 dequantized by `loader/quant/weight_only.py`, the formats' owner, one expert at a time)."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from loraplex.loader.quant.weight_only import (
     quantize_int8_per_channel,
 )
 
-ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+# attention, dense MLP and shared-expert projections (not a router's `gate`)
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 EXPERT_STACKS = ("experts.gate_up_proj", "experts.down_proj")
 
 
@@ -38,14 +39,14 @@ def dequantized(weight: torch.Tensor, choice: str) -> torch.Tensor:
 def dequantized_moe_copy(
     hf: torch.nn.Module, choice: str, *, experts: bool = True
 ) -> torch.nn.Module:
-    """The transformers MoE model with its attention projections and (unless `experts` is
-    False) every routed expert's weights replaced by what `choice` stores; router, norms,
-    embeddings and head unchanged."""
+    """The transformers MoE model with its projections (attention, dense MLPs, shared experts)
+    and (unless `experts` is False) every routed expert's weights replaced by what `choice`
+    stores; routers, norms, embeddings and head unchanged."""
     ref = copy.deepcopy(hf)
     touched = 0
     with torch.no_grad():
         for name, p in ref.named_parameters():
-            if name.endswith(".weight") and name.split(".")[-2] in ATTENTION:
+            if name.endswith(".weight") and name.split(".")[-2] in LINEARS:
                 p.copy_(dequantized(p.data, choice))
                 touched += 1
             elif experts and name.endswith(EXPERT_STACKS):  # transformers v5: [E, N, K] per layer
@@ -53,5 +54,5 @@ def dequantized_moe_copy(
                     p[e].copy_(dequantized(p.data[e], choice))
                 touched += 1
     if not touched:
-        raise ValueError("no attention projection or expert stack found to dequantize")
+        raise ValueError("no projection or expert stack found to dequantize")
     return ref

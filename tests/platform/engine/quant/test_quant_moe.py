@@ -85,6 +85,24 @@ def test_quantized_moe_matches_transformers_on_dequantized_weights(tmp_path, cho
     assert (got - attention_only).abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("choice", ["int8", "int4", "fp8"])
+def test_quantized_qwen2_moe_shared_expert_and_dense_layer(tmp_path, choice):
+    # layer 0 sparse with a gated shared expert, layer 1 a dense MLP (mlp_only_layers)
+    hf = save_tiny_model(
+        tmp_path, "qwen2_moe", seed=6, with_tokenizer=False, hidden_size=128,
+        intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=128,
+        mlp_only_layers=[1], norm_topk_prob=False,
+    )  # fmt: skip
+    core = EngineCore(EngineConfig(str(tmp_path), quantization=choice, dtype="float32", **ENGINE))
+    _weight_only(core)
+    (block,) = _blocks(core)
+    for t in (block.w13, block.w2, block.shared_w13, block.shared_w2):
+        assert t.dtype == CODE_DTYPES[choice]
+    assert block.shared_gate.dtype == torch.float32
+    run_mixed_scenario(core.model, dequantized_moe_copy(hf, choice), atol=2e-4)
+
+
 @pytest.mark.parametrize("choice", ["int8", "int4"])
 def test_quantized_moe_in_bf16_stays_close(tmp_path, choice):
     hf = _save(tmp_path, "per_expert")
