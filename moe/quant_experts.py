@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -164,6 +165,12 @@ def to_cpu_int4_layout(packed: torch.Tensor) -> torch.Tensor | None:
     return out
 
 
+@lru_cache(maxsize=1)
+def _fp8_values() -> torch.Tensor:
+    """The 256 e4m3 values as float32, by bit pattern (dequantizing by lookup is exact)."""
+    return torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+
+
 @dataclass(frozen=True)
 class QuantizedExperts:
     """A stacked expert weight [E, N, K] stored quantized; `shape` is the logical shape."""
@@ -194,6 +201,11 @@ class QuantizedExperts:
                 return self.codes[expert].to(dtype) * self.scale[expert][:, None]
             return dequantize_int8(self.codes[expert], self.scale[expert], dtype)
         if self.kind == "fp8":
+            if self.codes.device.type == "cpu":  # a table beats PyTorch's scalar fp8 cast
+                q = _fp8_values().index_select(
+                    0, self.codes[expert].view(torch.uint8).flatten().int()
+                )
+                return q.view(self.codes.shape[1:]).mul_(self.scale[expert][:, None]).to(dtype)
             return dequantize_fp8(self.codes[expert], self.scale[expert], dtype)
         n, k = self.shape[1:]
         codes = self.codes[expert]

@@ -12,7 +12,7 @@ import torch
 from support.triton_interpreter import run_cases_interpreted
 
 from loraplex.loader.quant.schemes import resolve_scheme
-from loraplex.loader.quant.weight_only import dequantize_int8
+from loraplex.loader.quant.weight_only import dequantize_fp8, dequantize_int8
 from loraplex.moe.ep_launch import run_ep_group
 from loraplex.moe.eplb import rebalance
 from loraplex.moe.gating import GatingConfig
@@ -146,3 +146,11 @@ def test_prequantized_expert_pieces_are_refused_clearly(piece):
     block = MoEBlock(_spec(), quant=resolve_scheme("int4"))
     with pytest.raises(NotImplementedError, match="pre-quantized MoE experts are not read yet"):
         block.load_weight(f"experts.0.w1.{piece}", torch.zeros(INTER, HIDDEN // 8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_lookup_dequantize_is_the_formats_own(dtype):
+    g = torch.Generator().manual_seed(2)
+    codes, scale = quantize_rows("fp8", torch.randn(2, 64, 128, generator=g), 0, True, dtype)
+    q = QuantizedExperts("fp8", codes, scale)
+    assert torch.equal(q.dequantize(1, dtype), dequantize_fp8(codes[1], scale[1], dtype))
