@@ -10,8 +10,10 @@ The layouts these kernels read (defined here and nowhere else):
 
 Each program owns a [BM, BN] tile of y and walks K in BK steps; a BK step never straddles an
 int4 group (BK divides the group size), so it multiplies the integer codes minus the zero point
-(exact in bf16/fp16) and scales the fp32 partial product once per output column. Accumulation
-is fp32; y comes back contiguous in x's dtype.
+(exact in bf16/fp16) and scales the fp32 partial product once per output column. An int4 step
+reads its BK / 2 bytes once, dense along K, and multiplies the low nibbles by x's even columns
+and the high nibbles by its odd columns (two dots), so codes are never interleaved in
+registers. Accumulation is fp32; y comes back contiguous in x's dtype.
 
 Strides: the codes, scales and zero points must be contiguous (ValueError otherwise: they are
 packed at load time, so a strided one is a bug). x may have any row stride but its last
@@ -35,6 +37,9 @@ try:
     HAS_TRITON = True
 except ImportError:  # pragma: no cover - triton is a Linux test/GPU dependency
     HAS_TRITON = False
+
+# Triton reads this when the kernels are defined, so it is fixed for the process
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def triton_weight_only_available(t: torch.Tensor) -> bool:
@@ -132,32 +137,39 @@ if HAS_TRITON:
         pid_n = tl.program_id(1)
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
-        offs_k = tl.arange(0, BK)
+        offs_b = tl.arange(0, BK // 2)  # the tile's bytes along K
         mask_m = offs_m < M
         mask_n = offs_n < N
         rows_x = offs_m.to(tl.int64) * stride_xm
         rows_w = offs_n.to(tl.int64) * (K // 2)
         rows_s = offs_n.to(tl.int64) * (K // GROUP)
-        shift = ((offs_k % 2) * 4).to(tl.uint8)  # low nibble for even k, high for odd
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, K, BK):
-            kk = k0 + offs_k
-            x = tl.load(x_ptr + rows_x[:, None] + kk[None, :], mask=mask_m[:, None], other=0.0)
-            b = tl.load(  # [BK, BN] bytes, each read for both of its codes
-                w_ptr + rows_w[None, :] + (kk // 2)[:, None], mask=mask_n[None, :], other=0
+            kb = k0 // 2 + offs_b
+            # even k meet the low nibbles, odd k the high ones: no interleaving in registers
+            x_even = tl.load(
+                x_ptr + rows_x[:, None] + 2 * kb[None, :], mask=mask_m[:, None], other=0.0
             )
-            q = ((b >> shift[:, None]) & 0xF).to(tl.float32)
+            x_odd = tl.load(
+                x_ptr + rows_x[:, None] + 2 * kb[None, :] + 1, mask=mask_m[:, None], other=0.0
+            )
+            b = tl.load(w_ptr + rows_w[None, :] + kb[:, None], mask=mask_n[None, :], other=0)
+            lo = (b & 0xF).to(tl.float32)  # [BK / 2, BN]: each byte read once, dense along K
+            hi = (b >> 4).to(tl.float32)
             g = k0 // GROUP
             s = tl.load(s_ptr + rows_s + g, mask=mask_n, other=0.0).to(tl.float32)
             if HAS_ZERO:
                 z = tl.load(z_ptr + rows_s + g, mask=mask_n, other=0.0).to(tl.float32)
-                q = q - z[None, :]
             else:
-                q = q - 8.0
+                z = tl.full([BN], 8.0, tl.float32)
+            lo = lo - z[None, :]
+            hi = hi - z[None, :]
             if DOT_F32:
-                part = tl.dot(x.to(tl.float32), q, input_precision="ieee")
+                part = tl.dot(x_even.to(tl.float32), lo, input_precision="ieee")
+                part += tl.dot(x_odd.to(tl.float32), hi, input_precision="ieee")
             else:
-                part = tl.dot(x, q.to(x.dtype))
+                part = tl.dot(x_even, lo.to(x_even.dtype))
+                part += tl.dot(x_odd, hi.to(x_odd.dtype))
             acc += part * s[None, :]
         tl.store(
             y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :],
@@ -182,8 +194,7 @@ def _dot_f32(x: torch.Tensor) -> bool:
     """Multiply tiles in fp32 (IEEE, not tf32) for fp32 activations, and for bf16 under the CPU
     interpreter, whose bf16 `tl.dot` is wrong (numpy has no bf16); GPUs multiply bf16/fp16
     tiles natively."""
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    return x.dtype == torch.float32 or (interpreted and x.dtype == torch.bfloat16)
+    return x.dtype == torch.float32 or (_INTERPRETED and x.dtype == torch.bfloat16)
 
 
 def _tiles(m: int, n: int) -> tuple[int, int]:
@@ -231,10 +242,10 @@ def w4a16_matmul(
     n, half = packed.shape
     k = 2 * half
     groups = k // group if group else 0
-    if packed.dtype != torch.uint8 or group % 16 or k % group or scale.shape != (n, groups):
+    if packed.dtype != torch.uint8 or group % 32 or k % group or scale.shape != (n, groups):
         raise ValueError(
             f"w4a16 needs packed uint8 [N, K/2] with K divisible by the group ({group}, a "
-            f"multiple of 16) and scales [N, K/group]; got {tuple(packed.shape)} and "
+            f"multiple of 32) and scales [N, K/group]; got {tuple(packed.shape)} and "
             f"{tuple(scale.shape)}"
         )
     if zero is not None and zero.shape != scale.shape:
@@ -248,7 +259,7 @@ def w4a16_matmul(
     if m == 0:
         return y
     bm, bn = _tiles(m, n)
-    bk = next(b for b in (128, 64, 32, 16) if group % b == 0)
+    bk = next(b for b in (128, 64, 32) if group % b == 0)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     _w4a16_kernel[grid](
         x,
