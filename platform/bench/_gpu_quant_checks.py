@@ -2,9 +2,10 @@
 the dequantize-then-matmul reference (`loader.quant.weight_only`), timed against that reference
 and against a plain bf16/fp16 `F.linear` of the same shape.
 
-Real sizes: in 4096 -> out 4096 and 4096 -> 14336 at M = 1, 16, 64 (decode to small prefill);
-`tiny=True` runs in 256 -> 72 at M = 1, 3, 17 (how the CPU test proves the check code under
-`TRITON_INTERPRET=1`) without timings. RESULT names: `gpu_check.<kernel>_<dtype>_<out>x<in>_m<M>_`
+Real sizes: in 4096 -> out 4096 and 4096 -> 14336 at M = 1, 16, 64 (decode to small prefill),
+plus M = 1024 timed (where a prefill might rather dequantize and call cuBLAS); `tiny=True` runs
+in 256 -> out 72 at M = 1, 3, 17 (how the CPU test proves the check code under
+`TRITON_INTERPRET=1`) without timings. RESULT names: `gpu_check.<kernel>_<dtype>_<in>x<out>_m<M>_`
 `ms` (the kernel), `_speedup_vs_dequant` and `_speedup_vs_dense` (their time over the kernel's).
 """
 
@@ -37,7 +38,7 @@ def _shapes(ctx: CheckContext) -> tuple[list[tuple[int, int]], list[int]]:
     """[(out, in)] and the M values to run."""
     if ctx.tiny:
         return [(72, 256)], [1, 3, 17]
-    return [(4096, 4096), (14336, 4096)], [1, 16, 64]
+    return [(4096, 4096), (14336, 4096)], [1, 16, 64, 1024]
 
 
 def _prepare(kind: str, w: torch.Tensor, dev: str):  # noqa: ANN202
@@ -86,7 +87,7 @@ def weight_only_gemm(ctx: CheckContext, dtype: torch.dtype, bits: int) -> CheckR
                 worst = max(worst, rel_err(got, x.float() @ ref_w.T))
                 if ctx.tiny or kind == "w4a16_sym":
                     continue
-                tag = f"gpu_check.{kind}_{dtype_name(dtype)}_{out_f}x{in_f}_m{m}"
+                tag = f"gpu_check.{kind}_{dtype_name(dtype)}_{in_f}x{out_f}_m{m}"
                 t_kernel = timed_ms(lambda x=x, k=kernel: k(x), dev, iters=20)
                 t_deq = timed_ms(lambda x=x, d=dequant: F.linear(x, d(dtype)), dev, iters=20)
                 t_dense = timed_ms(lambda x=x, w=dense_w: F.linear(x, w), dev, iters=20)

@@ -62,9 +62,9 @@ def all_checks(bandwidth_layers: int = 32) -> list[Check]:
             Check(f"moe_{n}", f"Triton grouped MoE vs torch, {n}, Mixtral 8x(4096->14336) top-2",
                   partial(ker.grouped_moe, dtype=dtype), True),
             Check(f"w8a16_{n}", f"Triton W8A16 GEMM vs dequantize+matmul and dense {n}, "
-                  "4096->4096 and 4096->14336, M 1/16/64", partial(qnt.weight_only_gemm, dtype=dtype, bits=8), True),
+                  "4096->4096 and 4096->14336, M 1/16/64 (+1024 timed)", partial(qnt.weight_only_gemm, dtype=dtype, bits=8), True),
             Check(f"w4a16_{n}", f"Triton W4A16 GEMM (g128 sym and asym) vs dequantize+matmul and "
-                  f"dense {n}, 4096->4096 and 4096->14336, M 1/16/64",
+                  f"dense {n}, 4096->4096 and 4096->14336, M 1/16/64 (+1024 timed)",
                   partial(qnt.weight_only_gemm, dtype=dtype, bits=4), True),
         ]  # fmt: skip
     checks += [

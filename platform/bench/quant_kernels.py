@@ -7,8 +7,8 @@ batch 1 and 32. Paths: int8 and int4 (g128, asymmetric) on the kernel their meth
 (dequantize then matmul) and W8A8 `torch._scaled_mm` (where it runs). This is the measurement
 behind fp8's choice on CPU (weight-only unless `_scaled_mm` is faster).
 
-RESULT quant_kernels.<path>_<out>x<in>_b<M>_speedup (bf16 ms over the path's ms) and
-quant_kernels.bf16_<out>x<in>_b<M>_ms.
+RESULT quant_kernels.<path>_<in>x<out>_b<M>_speedup (bf16 ms over the path's ms) and
+quant_kernels.bf16_<in>x<out>_b<M>_ms.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = paths(w, dev)
         for m in (int(b) for b in args.batches.split(",")):
             x = torch.randn(m, args.hidden, generator=g).to(torch.bfloat16).to(dev)
-            shape = f"{out_f}x{args.hidden}_b{m}"
+            shape = f"{args.hidden}x{out_f}_b{m}"
             base = best_ms(lambda x=x, d=dense: F.linear(x, d), dev, args.iters)
             print(f"RESULT quant_kernels.bf16_{shape}_ms={base:.4g}", flush=True)
             for name, fn in runs.items():

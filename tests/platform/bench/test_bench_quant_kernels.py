@@ -15,7 +15,7 @@ def test_every_cpu_path_is_timed_against_bf16(capsys: pytest.CaptureFixture[str]
     assert main(["bench", "quant-kernels", "--device", "cpu", *argv]) == 0
     found = dict(re.findall(r"^RESULT quant_kernels\.(\S+)=(\S+)$", capsys.readouterr().out, re.M))
     paths = ("int8_cpu_int8pack", "int4_cpu_int4pack", "fp8_weight_only", "fp8_scaled_mm")
-    for shape in ("256x256_b1", "256x256_b3", "384x256_b1", "384x256_b3"):
+    for shape in ("256x256_b1", "256x256_b3", "256x384_b1", "256x384_b3"):
         assert float(found[f"bf16_{shape}_ms"]) > 0
         for path in paths:
             assert float(found[f"{path}_{shape}_speedup"]) > 0
