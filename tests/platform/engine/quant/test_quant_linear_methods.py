@@ -17,7 +17,7 @@ from loraplex.loader.quant.weight_only import (
 )
 from loraplex.platform.engine.layers.linear import Linear, MergedLinear
 from loraplex.platform.engine.layers.quant import linear_quantization
-from loraplex.platform.engine.layers.quant.fp8 import quantize_per_token
+from loraplex.platform.engine.layers.quant.fp8 import fp8_codes_to, quantize_per_token
 
 CHOICES = ["int8", "int4", "int4_sym", "fp8"]
 
@@ -145,3 +145,13 @@ def test_int4_grouped_round_trip_is_within_half_a_step() -> None:
         err = (dequantize_int4(q, s, z, torch.float32) - w).abs().view(16, 2, 128)
         assert (err <= s[..., None] * 0.5 + 1e-6).all() or symmetric  # sym clips the top code
         assert (err <= s[..., None] + 1e-6).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fp8_codes_convert_exactly_by_bit_arithmetic(dtype: torch.dtype) -> None:
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    finite = ~torch.isnan(codes.float())  # 0x7F and 0xFF are e4m3's NaNs, never a weight
+    got = fp8_codes_to(codes, dtype)
+    assert got.dtype == dtype
+    assert torch.equal(got[finite].float(), codes.float()[finite])
+    assert torch.equal(torch.signbit(got[finite]), torch.signbit(codes.float()[finite]))
