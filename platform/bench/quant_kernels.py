@@ -43,7 +43,8 @@ def quantized_linear(choice: str, w: torch.Tensor, device: str) -> Linear:
 
 
 def best_ms(fn: Callable[[], object], device: str, iters: int) -> float:
-    """Median milliseconds of `fn` (synchronised on CUDA), after one warm-up call."""
+    """Fastest of `iters` calls of `fn` in milliseconds (synchronised on CUDA), after one
+    warm-up: the least disturbed run, since a shared CPU's scheduler adds whole time slices."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     fn()
     sync()
@@ -53,7 +54,7 @@ def best_ms(fn: Callable[[], object], device: str, iters: int) -> float:
         fn()
         sync()
         times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2] * 1e3
+    return min(times) * 1e3
 
 
 def paths(w: torch.Tensor, device: str) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
