@@ -39,7 +39,7 @@ NAMING_CONVENTION = {
 }
 
 FAMILIES = ("dense", "moe")
-WEIGHT_QUANTIZATIONS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
+WEIGHT_QUANTIZATIONS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "int4_sym", "awq", "gptq")
 KV_CACHE_DTYPES = ("auto", "fp8")
 VERSION_STATUSES = ("uploading", "validating", "ready", "failed", "deleting")
 JOB_STATUSES = ("queued", "running", "succeeded", "failed")

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 INT4_GROUP_SIZE = 128
-QUANTIZED_WEIGHTS = ("int8", "int4", "fp8")
+QUANTIZED_WEIGHTS = ("int8", "int4", "int4_sym", "fp8")
+INT4_CHOICES = ("int4", "int4_sym")
 WEIGHT_DEVICES = ("cpu", "cuda")
 """Device types the quantized Linear methods run on (packed CPU kernels; dequantizing or
 `torch._scaled_mm` paths on CUDA)."""
@@ -70,12 +71,12 @@ def check_quantization(
             "int8 or fp8 per channel. Or register the bf16/fp16 checkpoint and deploy it with "
             "weights int8, int4 or fp8"
         )
-    if fixed is not None and weights != fixed:
+    if fixed is not None and weights != fixed and not (fixed == "int4" and weights in INT4_CHOICES):
         raise QuantizationRefused(
             f"the base model's checkpoint is pre-quantized (compressed-tensors {fixed}) and "
             f"fixes its own scheme; deploy it with weights {fixed}"
         )
-    if weights == "int4":
+    if weights in INT4_CHOICES:
         bad = {k: v for k, v in _linear_in_features(hf_config).items() if v % INT4_GROUP_SIZE}
         if bad:
             shown = ", ".join(f"{k}={v}" for k, v in bad.items())

@@ -38,9 +38,17 @@ def served_architecture(hf_config: dict[str, Any]) -> str | None:
     return None
 
 
-SERVED_WEIGHT_QUANTIZATIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8", "int4", "fp8")
+SERVED_WEIGHT_QUANTIZATIONS: tuple[str, ...] = (
+    "fp32",
+    "bf16",
+    "fp16",
+    "int8",
+    "int4",
+    "int4_sym",
+    "fp8",
+)
 """Deployment weight choices the engine implements: casts on load, int8 (W8A16), int4 (W4A16,
-asymmetric, groups of 128) and fp8 (W8A8 e4m3) quantized on load."""
+groups of 128, asymmetric; `int4_sym` symmetric) and fp8 (W8A8 e4m3) quantized on load."""
 
 
 SERVED_KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")

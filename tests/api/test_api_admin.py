@@ -113,14 +113,17 @@ def test_deployments(
         resp = client.post("/admin/v1/deployments", headers=admin_headers, json=body)
         assert resp.status_code == 201, resp.text
         assert resp.json()["quantization"] == {"weights": weights, "kv_cache": kv}
-    int4 = {"name": "int4-dep", "base_model": base_model, "quantization": {"weights": "int4"}}
-    resp = client.post("/admin/v1/deployments", headers=admin_headers, json=int4)
-    assert resp.status_code == 400, resp.text
-    err = resp.json()["error"]
-    assert err["param"] == "quantization.weights" and err["code"] == "unsupported_quantization"
-    assert "multiple of 128" in err["message"] and "int8 or fp8 would work" in err["message"]
-    listed = client.get("/admin/v1/deployments", headers=admin_headers).json()["data"]
-    assert "int4-dep" not in {d["name"] for d in listed}  # nothing half-written
+    for weights in ("int4", "int4_sym"):
+        int4 = {"name": f"{weights}-dep", "base_model": base_model,
+                "quantization": {"weights": weights}}  # fmt: skip
+        resp = client.post("/admin/v1/deployments", headers=admin_headers, json=int4)
+        assert resp.status_code == 400, resp.text
+        err = resp.json()["error"]
+        assert err["param"] == "quantization.weights"
+        assert err["code"] == "unsupported_quantization"
+        assert "multiple of 128" in err["message"] and "int8 or fp8 would work" in err["message"]
+        listed = client.get("/admin/v1/deployments", headers=admin_headers).json()["data"]
+        assert f"{weights}-dep" not in {d["name"] for d in listed}  # nothing half-written
     body = {
         "name": "fp16-dep",
         "base_model": base_model,

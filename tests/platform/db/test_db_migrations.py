@@ -16,7 +16,14 @@ from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 
 from loraplex.platform.db import migrate
-from loraplex.platform.db.models import Adapter, AdapterVersion, Base, BaseModel, Tenant
+from loraplex.platform.db.models import (
+    Adapter,
+    AdapterVersion,
+    Base,
+    BaseModel,
+    Deployment,
+    Tenant,
+)
 from loraplex.platform.db.session import get_engine, make_sessionmaker
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -41,7 +48,7 @@ def _tables(url: str) -> set[str]:
 def test_upgrade_builds_every_table_and_downgrade_removes_them(empty_db_url: str) -> None:
     assert migrate.current_revision(empty_db_url) is None
     migrate.upgrade(empty_db_url)
-    assert migrate.current_revision(empty_db_url) == "0011"
+    assert migrate.current_revision(empty_db_url) == "0012"
     assert _tables(empty_db_url) >= TABLES
     migrate.downgrade(empty_db_url, "base")
     assert migrate.current_revision(empty_db_url) is None
@@ -83,7 +90,7 @@ def test_alembic_command_line_upgrades_with_env_url(empty_db_url: str) -> None:
     ]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert migrate.current_revision(empty_db_url) == "0011"
+    assert migrate.current_revision(empty_db_url) == "0012"
 
 
 def test_constraints_hold(empty_db_url: str) -> None:
@@ -165,3 +172,45 @@ def test_0004_adds_and_drops_tenant_limits(empty_db_url: str) -> None:
     assert columns() & limits == set()
     migrate.upgrade(empty_db_url)
     assert columns() >= limits
+
+
+def test_0012_admits_int4_sym_awq_gptq_and_downgrade_refuses_to_lose_them(
+    empty_db_url: str,
+) -> None:
+    migrate.upgrade(empty_db_url)
+    sessions = make_sessionmaker(empty_db_url)
+
+    def deploy(name: str, weights: str) -> uuid.UUID:
+        with sessions() as s, s.begin():
+            base = BaseModel(
+                id=uuid.uuid4(), name=name, family="dense", object_prefix=f"m/{name}/", config={}
+            )
+            s.add(base)
+            s.flush()
+            dep = Deployment(
+                id=uuid.uuid4(),
+                name=name,
+                base_model_id=base.id,
+                weight_quantization=weights,
+                kv_cache_dtype="auto",
+                max_loras=8,
+                max_lora_rank=16,
+                replicas=1,
+                expert_parallel_size=1,
+            )
+            s.add(dep)
+        return dep.id
+
+    for choice in ("int4_sym", "awq", "gptq"):
+        deploy(choice, choice)
+    with pytest.raises(IntegrityError):
+        deploy("bogus", "int3")
+    with pytest.raises(RuntimeError, match="3 deployment"):
+        migrate.downgrade(empty_db_url, "0011")
+    assert migrate.current_revision(empty_db_url) == "0012"  # refused whole, nothing changed
+    with get_engine(empty_db_url).begin() as conn:
+        conn.execute(text("DELETE FROM deployments"))
+    migrate.downgrade(empty_db_url, "0011")
+    with pytest.raises(IntegrityError):
+        deploy("sym", "int4_sym")  # the old constraint is back
+    migrate.upgrade(empty_db_url)
