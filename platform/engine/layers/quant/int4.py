@@ -3,8 +3,9 @@
 On CPU the codes are packed once for PyTorch's `torch._weight_int4pack_mm_for_cpu`, which
 computes `w = (q - 8) * scale + zero_f` per group: an integer zero point z becomes
 `zero_f = (8 - z) * scale`. On CUDA they are packed two a byte (`triton_weight_only.pack_int4`)
-for the Triton W4A16 GEMM, which dequantizes in registers. Elsewhere (no triton, or a CPU layer
-whose out_features is not a multiple of 16, which the CPU packer needs) the codes stay one per
+for the Triton W4A16 GEMM, which dequantizes in registers. Elsewhere (no triton, a group size
+that is not a multiple of 32 on CUDA, or a CPU layer whose out_features is not a multiple of 16,
+which the CPU packer needs) the codes stay one per
 byte and are dequantized for the matmul. `layer.quant_kernel` says which ("cpu_int4pack",
 "triton", "dequant").
 """
@@ -18,6 +19,7 @@ from loraplex.loader.quant.schemes import QuantScheme
 from loraplex.loader.quant.weight_only import dequantize_int4
 from loraplex.platform.engine.layers.quant.base import add_bias, frozen
 from loraplex.platform.engine.layers.quant.triton_weight_only import (
+    W4A16_GROUP_MULTIPLE,
     pack_int4,
     triton_weight_only_available,
     w4a16_matmul,
@@ -62,7 +64,11 @@ class Int4Method:
             if not self.scheme.symmetric:
                 del layer.weight_zero
             layer.quant_kernel = "cpu_int4pack"
-        elif layer.weight.device.type != "cpu" and triton_weight_only_available(layer.weight):
+        elif (
+            layer.weight.device.type != "cpu"
+            and triton_weight_only_available(layer.weight)
+            and self.group % W4A16_GROUP_MULTIPLE == 0
+        ):
             self.use_triton(layer)
 
     def use_triton(self, layer) -> None:

@@ -38,6 +38,8 @@ try:
 except ImportError:  # pragma: no cover - triton is a Linux test/GPU dependency
     HAS_TRITON = False
 
+W4A16_GROUP_MULTIPLE = 32  # a K step holds two dots over BK / 2 >= 16 bytes inside one group
+
 # Triton reads this when the kernels are defined, so it is fixed for the process
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -242,7 +244,12 @@ def w4a16_matmul(
     n, half = packed.shape
     k = 2 * half
     groups = k // group if group else 0
-    if packed.dtype != torch.uint8 or group % 32 or k % group or scale.shape != (n, groups):
+    if (
+        packed.dtype != torch.uint8
+        or group % W4A16_GROUP_MULTIPLE
+        or k % group
+        or scale.shape != (n, groups)
+    ):
         raise ValueError(
             f"w4a16 needs packed uint8 [N, K/2] with K divisible by the group ({group}, a "
             f"multiple of 32) and scales [N, K/group]; got {tuple(packed.shape)} and "
