@@ -4,6 +4,12 @@ On CPU the codes are packed once for PyTorch's `torch._weight_int4pack_mm_for_cp
 computes `w = (q - 8) * scale + zero_f` per group: an integer zero point z becomes
 `zero_f = (8 - z) * scale`. Elsewhere (or when out_features is not a multiple of 16, which the
 CPU packer needs) the codes stay one per byte and are dequantized for the matmul.
+
+Act-order schemes (GPTQ `desc_act`) also load `input_perm` [in]: the checkpoint's groups are
+spread over the inputs, so the reader stores the weight's input columns in the order that makes
+every group contiguous, and apply gathers the activations by the same order first. That costs
+one gather of x per call (a copy of tokens x in_features activations, no extra FLOPs) and an
+int64 per input feature; an identity order (trivial g_idx) is dropped at load and costs nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ class Int4Method:
         layer.weight_scale = frozen(torch.empty(layer.out_features, groups, dtype=torch.float32))
         if not self.scheme.symmetric:
             layer.weight_zero = frozen(torch.empty(layer.out_features, groups, dtype=torch.float32))
+        if self.scheme.act_order:  # -1: not loaded yet (every slice of a fused layer shares it)
+            layer.input_perm = frozen(torch.full((layer.in_features,), -1, dtype=torch.int64))
 
     def zeros(self, layer) -> torch.Tensor:
         """The integer zero point of each group (8 everywhere when symmetric)."""
@@ -44,6 +52,9 @@ class Int4Method:
         return layer.weight_zero
 
     def finish_loading(self, layer) -> None:
+        perm = getattr(layer, "input_perm", None)
+        if perm is not None and torch.equal(perm, torch.arange(perm.numel(), device=perm.device)):
+            layer.input_perm = None  # a trivial g_idx: nothing to gather
         scale = layer.weight_scale.data.float()
         zero = self.zeros(layer).float()
         if layer.weight.device.type == "cpu" and layer.out_features % 16 == 0:
@@ -58,6 +69,9 @@ class Int4Method:
     def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
+        perm = getattr(layer, "input_perm", None)
+        if perm is not None:
+            x2 = x2.index_select(1, perm)
         if layer.packed_int4 and x2.device.type == "cpu":
             sz = layer.weight_scale
             if sz.dtype != x2.dtype:
