@@ -68,8 +68,16 @@ class AwqGptqReader:
         """The canonical tensors ready after `name` arrived (none while a module is partial)."""
         prefix, _, piece = name.rpartition(".")
         prefix += "."
-        if piece not in _PIECES or prefix not in self.in_features:
+        if piece not in _PIECES:
             return [(name, tensor)]
+        if prefix not in self.in_features:
+            if piece == "scales":  # not a packed-int4 name on its own
+                return [(name, tensor)]
+            raise NotImplementedError(
+                f"{name}: {self.scheme.name} weights of a module the engine does not serve "
+                "quantized (served: the decoder layers' attention and dense MLP Linears; not "
+                "MoE experts, lm_head or embeddings)"
+            )
         if prefix in self._done:  # a late trivial g_idx of a module already handed on
             self._check_trivial(prefix, tensor)
             return []
