@@ -63,14 +63,17 @@ def awq_gptq_format(hf_config: dict[str, Any]) -> AwqGptqFormat | None:
             raise _refuse(method, f"backend {qc.get('backend')!r} (llm-awq packing)")
         if qc.get("zero_point", True) is not True:
             raise _refuse(method, "zero_point false")
-        if qc.get("modules_to_not_convert"):
-            raise _refuse(method, f"modules_to_not_convert {qc['modules_to_not_convert']}")
+        kept = [m for m in qc.get("modules_to_not_convert") or [] if m != "lm_head"]
+        if kept:  # the engine serves every decoder Linear quantized (lm_head never is)
+            raise _refuse(method, f"modules_to_not_convert {kept}")
         return AwqGptqFormat("awq", group, symmetric=False, act_order=False)
     if method == "gptq":
         group = _common(method, qc, "bits", "group_size")
         fmt = str(qc.get("checkpoint_format") or qc.get("format") or "gptq").lower()
         if fmt != "gptq":
             raise _refuse(method, f"checkpoint_format {fmt!r}")
+        if str(qc.get("pack_dtype") or "int32").replace("torch.", "") != "int32":
+            raise _refuse(method, f"pack_dtype {qc['pack_dtype']!r}")
         if qc.get("lm_head"):
             raise _refuse(method, "a quantized lm_head")
         if qc.get("dynamic") or qc.get("modules_in_block_to_quantize"):

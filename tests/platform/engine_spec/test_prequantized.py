@@ -32,6 +32,8 @@ def test_read_layouts_parse_to_their_format() -> None:
     assert awq_gptq_format(_cfg(GPTQ)) == AwqGptqFormat("gptq", 128, False, True)
     autoawq_keys = {"quant_method": "awq", "w_bit": 4, "q_group_size": 128, "version": "GEMM"}
     assert awq_gptq_format(_cfg(autoawq_keys)).method == "awq"
+    assert awq_gptq_format(_cfg(AWQ, modules_to_not_convert=["lm_head"])).method == "awq"
+    assert awq_gptq_format(_cfg(GPTQ, pack_dtype="torch.int32")).method == "gptq"
     assert awq_gptq_format(_cfg()) is None
     assert awq_gptq_format(_cfg({"quant_method": "compressed-tensors"})) is None
 
@@ -63,7 +65,8 @@ def test_a_plain_checkpoint_cannot_be_deployed_as_awq_or_gptq(weights) -> None:
      (GPTQ, {"group_size": -1}, "group_size -1"),
      (GPTQ, {"bits": 8}, "bits 8"),
      (GPTQ, {"checkpoint_format": "marlin"}, "checkpoint_format 'marlin'"),
-     (GPTQ, {"lm_head": True}, "quantized lm_head")],
+     (GPTQ, {"lm_head": True}, "quantized lm_head"),
+     (GPTQ, {"pack_dtype": "int16"}, "pack_dtype 'int16'")],
 )  # fmt: skip
 def test_unread_layouts_are_refused_with_what_is_served(qc, changes, why) -> None:
     with pytest.raises(QuantizationRefused) as err:
