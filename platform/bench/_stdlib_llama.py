@@ -1,4 +1,4 @@
-"""A small byte-level Llama trained for a couple of minutes on the Python standard library's
+"""A small byte-level Llama trained for a fixed number of steps (a couple of minutes) on the Python standard library's
 sources (text every machine has), cached on disk, with held-out files for measuring quality.
 
 Files are split by a hash of their path: about one in ten is held out and never trained on.
@@ -77,9 +77,10 @@ def held_out_windows(count: int, length: int) -> list[list[int]]:
     return out
 
 
-def trained_model(cache_dir: Path, seconds: float, log=print) -> Path:  # noqa: ANN001
-    """The cached trained model's folder, training it first if needed."""
-    key = f"h{CONFIG['hidden_size']}-l{CONFIG['num_hidden_layers']}-s{int(seconds)}"
+def trained_model(cache_dir: Path, steps: int, log=print) -> Path:  # noqa: ANN001
+    """The cached trained model's folder, training it first if needed. A step count, not a
+    time budget, so a loaded machine trains the same model, only slower."""
+    key = f"h{CONFIG['hidden_size']}-l{CONFIG['num_hidden_layers']}-n{steps}"
     key += f"-py{sys.version_info.major}{sys.version_info.minor}"
     path = cache_dir / f"stdlib-llama-{key}"
     if (path / "config.json").exists() and (path / "train.json").exists():
@@ -91,17 +92,13 @@ def trained_model(cache_dir: Path, seconds: float, log=print) -> Path:  # noqa: 
     model = LlamaForCausalLM(LlamaConfig(**CONFIG)).float().train()
     train_files, _ = stdlib_files()
     data = corpus(train_files, limit=8_000_000)
-    log(f"training on {len(data):,} stdlib bytes for {seconds:.0f} s")
+    log(f"training on {len(data):,} stdlib bytes for {steps} steps")
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01, betas=(0.9, 0.95))
     batch, seq = 8, 128
     g = torch.Generator().manual_seed(1)
-    start, step, loss_ema = time.monotonic(), 0, None
-    while (elapsed := time.monotonic() - start) < seconds:
-        lr = (
-            2e-3
-            * min(1.0, (step + 1) / 50)
-            * (0.1 + 0.9 * math.cos(0.5 * math.pi * elapsed / seconds))
-        )
+    start, loss_ema = time.monotonic(), None
+    for step in range(steps):
+        lr = 2e-3 * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * math.cos(0.5 * math.pi * step / steps))
         for group in opt.param_groups:
             group["lr"] = lr
         idx = torch.randint(0, len(data) - seq - 1, (batch,), generator=g)
@@ -111,12 +108,12 @@ def trained_model(cache_dir: Path, seconds: float, log=print) -> Path:  # noqa: 
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        step += 1
         loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
-        if step % 25 == 0:
-            log(f"  step {step} loss {loss_ema:.3f} ({elapsed:.0f}/{seconds:.0f} s)")
+        if (step + 1) % 50 == 0:
+            elapsed = time.monotonic() - start
+            log(f"  step {step + 1}/{steps} loss {loss_ema:.3f} ({elapsed:.0f} s)")
     path.mkdir(parents=True, exist_ok=True)
     model.eval().save_pretrained(str(path))
-    (path / "train.json").write_text(json.dumps({"steps": step, "loss": loss_ema}))
-    log(f"trained {step} steps, loss {loss_ema:.3f} nats/byte; cached at {path}")
+    (path / "train.json").write_text(json.dumps({"steps": steps, "loss": loss_ema}))
+    log(f"trained {steps} steps, loss {loss_ema:.3f} nats/byte; cached at {path}")
     return path

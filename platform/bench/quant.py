@@ -2,11 +2,13 @@
 bf16 in the same run.
 
 Quality (a trained model, since random weights make it meaningless): a small byte-level Llama
-trained for `--train-seconds` on the Python standard library's sources (cached under the data
+trained for `--train-steps` on the Python standard library's sources (cached under the data
 dir), measured on held-out files: the mean KL divergence of next-token distributions from
 bf16's (teacher-forced over `--kl-windows` windows) and the share of 128 greedy tokens equal
 to bf16's. Memory and speed (weights must dominate): a random Llama of `--hidden` (2048) and
-`--layers` (4): weight bytes over bf16's, and decode tokens/s at batch 1 and 32 over bf16's.
+`--layers` (4): weight bytes over bf16's, and decode tokens/s at batch 1 and 32 over bf16's,
+every choice's engine built first and timed in turns, round after round (best round kept), so
+a change in the machine's load touches every choice alike.
 The fp8 KV cache: blocks in the same memory over the `auto` cache, and its KL / agreement.
 
 RESULT quant.<choice>_weight_bytes_ratio, _decode_speedup_b1, _decode_speedup_b32, _kl,
@@ -37,7 +39,7 @@ def _log(msg: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """Options of the benchmark."""
     p = argparse.ArgumentParser(prog="loraplex bench quant", description=__doc__)
-    p.add_argument("--train-seconds", type=float, default=150.0)
+    p.add_argument("--train-steps", type=int, default=1200)
     p.add_argument("--cache-dir", type=Path, default=None, help="default: <data dir>/bench-quant")
     p.add_argument("--kl-windows", type=int, default=6)
     p.add_argument("--window", type=int, default=384)
@@ -47,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--intermediate", type=int, default=5632)
     p.add_argument("--decode-steps", type=int, default=12)
-    p.add_argument("--rounds", type=int, default=2, help="timing rounds (best kept)")
+    p.add_argument("--rounds", type=int, default=3, help="timing rounds (best kept)")
     p.add_argument("--choices", default=",".join(CHOICES))
     return p
 
@@ -149,16 +151,23 @@ def decode_tokens_per_s(llm: Any, batch: int, steps: int) -> float:
     return batch * steps / dt
 
 
-def speed(path: Path, quant: str, args: argparse.Namespace) -> tuple[int, float, float]:
-    """(weight bytes, tokens/s at batch 1, tokens/s at batch 32) of one choice."""
-    llm = _engine(path, quant, num_gpu_blocks=32 * 4 + 8, max_model_len=64, max_num_seqs=32,
-                  enable_prefix_caching=False)  # fmt: skip
-    b1 = max(decode_tokens_per_s(llm, 1, args.decode_steps) for _ in range(args.rounds))
-    b32 = max(decode_tokens_per_s(llm, 32, args.decode_steps) for _ in range(args.rounds))
-    weight_bytes = llm.core.weight_bytes
-    del llm
-    gc.collect()
-    return weight_bytes, b1, b32
+def speed_engine(path: Path, quant: str) -> Any:  # noqa: ANN401
+    """An engine of one choice sized for the decode timings."""
+    return _engine(path, quant, num_gpu_blocks=32 * 4 + 8, max_model_len=64, max_num_seqs=32,
+                   enable_prefix_caching=False)  # fmt: skip
+
+
+def timed_in_turns(engines: dict[str, Any], args: argparse.Namespace) -> dict[str, tuple]:
+    """{choice: (best tokens/s at batch 1, at batch 32)}, each round timing every choice."""
+    best: dict[str, list[float]] = {c: [0.0, 0.0] for c in engines}
+    for r in range(args.rounds):
+        for choice, llm in engines.items():
+            for i, batch in enumerate((1, 32)):
+                tps = decode_tokens_per_s(llm, batch, args.decode_steps)
+                best[choice][i] = max(best[choice][i], tps)
+            _log(f"  round {r + 1}/{args.rounds} {choice}: b1 {best[choice][0]:.1f} "
+                 f"b32 {best[choice][1]:.1f} tok/s (best so far)")  # fmt: skip
+    return {c: tuple(v) for c, v in best.items()}
 
 
 class _Results(dict):
@@ -181,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     results = _Results()
 
     # quality, on the trained model
-    path = trained_model(args.cache_dir, args.train_seconds, log=_log)
+    path = trained_model(args.cache_dir, args.train_steps, log=_log)
     windows = held_out_windows(args.kl_windows + args.greedy_prompts, args.window)
     kl_windows = windows[: args.kl_windows]
     prompts = [w[:64] for w in windows[args.kl_windows :]]
@@ -203,16 +212,20 @@ def main(argv: list[str] | None = None) -> int:
 
     # memory and decode speed, on a model whose weights dominate
     spath = speed_model(args.cache_dir, args)
-    _log("speed: bf16")
-    ref_bytes, ref_b1, ref_b32 = speed(spath, "bf16", args)
-    results["quant.bf16_decode_tok_s_b1"] = ref_b1
-    results["quant.bf16_decode_tok_s_b32"] = ref_b32
+    engines = {}
+    for choice in ("bf16", *choices):
+        _log(f"speed: building {choice}")
+        engines[choice] = speed_engine(spath, choice)
+    tps = timed_in_turns(engines, args)
+    ref_bytes = engines["bf16"].core.weight_bytes
+    results["quant.bf16_decode_tok_s_b1"] = tps["bf16"][0]
+    results["quant.bf16_decode_tok_s_b32"] = tps["bf16"][1]
     for choice in choices:
-        _log(f"speed: {choice}")
-        weight_bytes, b1, b32 = speed(spath, choice, args)
-        results[f"quant.{choice}_weight_bytes_ratio"] = weight_bytes / ref_bytes
-        results[f"quant.{choice}_decode_speedup_b1"] = b1 / ref_b1
-        results[f"quant.{choice}_decode_speedup_b32"] = b32 / ref_b32
+        results[f"quant.{choice}_weight_bytes_ratio"] = (
+            engines[choice].core.weight_bytes / ref_bytes
+        )
+        results[f"quant.{choice}_decode_speedup_b1"] = tps[choice][0] / tps["bf16"][0]
+        results[f"quant.{choice}_decode_speedup_b32"] = tps[choice][1] / tps["bf16"][1]
     return 0
 
 

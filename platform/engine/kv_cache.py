@@ -44,7 +44,8 @@ def allocate_kv_cache(
     device: str | torch.device,
 ) -> list[torch.Tensor]:
     """Allocate `[2, num_blocks, block_size, Hkv, D]` per attention layer and bind it as
-    `attn.kv_cache`; returns the tensors in layer order."""
+    `attn.kv_cache` (its KV scales moved beside it, one per KV head, before any CUDA graph is
+    captured); returns the tensors in layer order."""
     if num_blocks <= 0 or block_size <= 0:
         raise ValueError("num_blocks and block_size must be positive")
     caches = []
@@ -53,6 +54,7 @@ def allocate_kv_cache(
             2, num_blocks, block_size, attn.num_kv_heads, attn.head_dim, dtype=dtype, device=device
         )
         attn.kv_cache = cache
+        attn.kv_scales = attn.kv_scales.per_head(attn.num_kv_heads, device)
         caches.append(cache)
     if not caches:
         raise ValueError("the model has no attention layers")

@@ -4,8 +4,9 @@ Runs on CPU (and on GPU when Triton is unavailable). Decodes are batched: K/V of
 sequences are gathered through their block tables and one masked batched attention runs. Prefill
 chunks loop over sequences (one SDPA call each, with the causal mask offset by the context).
 
-An fp8 (e4m3) cache stores `k / k_scale` and `v / v_scale` (one scale per layer, `KVScales`)
-and every read multiplies back: the same block layout in half the bytes of a bf16 cache.
+An fp8 (e4m3) cache stores `k / k_scale` and `v / v_scale` (`KVScales`: one scale per layer,
+or one per KV head) and every read multiplies back: the same block layout in half the bytes of
+a bf16 cache.
 """
 
 from __future__ import annotations
@@ -22,15 +23,36 @@ FP8_KV_DTYPES = (torch.float8_e4m3fn,)
 _FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
 
 
+Scale = float | torch.Tensor
+"""A per-tensor scale (float) or one per KV head (float32 tensor [Hkv])."""
+
+
 @dataclass(frozen=True)
 class KVScales:
-    """Per-layer dequantization scales of an fp8 KV cache (1.0 for a float cache)."""
+    """Dequantization scales of one layer's fp8 KV cache, per tensor or per KV head (unused by
+    a float cache)."""
 
-    k: float = 1.0
-    v: float = 1.0
+    k: Scale = 1.0
+    v: Scale = 1.0
+
+    def per_head(self, num_kv_heads: int, device: torch.device | str) -> KVScales:
+        """The same scales as float32 [Hkv] tensors on `device` (what the kernels read)."""
+
+        def expand(x: Scale) -> torch.Tensor:
+            t = torch.as_tensor(x, dtype=torch.float32).reshape(-1).to(device)
+            if t.numel() not in (1, num_kv_heads):
+                raise ValueError(f"a KV scale has {t.numel()} values for {num_kv_heads} KV heads")
+            return t.expand(num_kv_heads).contiguous()
+
+        return KVScales(expand(self.k), expand(self.v))
 
 
 NO_SCALES = KVScales()
+
+
+def _heads(scale: Scale) -> Scale:
+    """A per-head scale shaped to broadcast over [..., Hkv, D]."""
+    return scale[:, None] if isinstance(scale, torch.Tensor) else scale
 
 
 def is_fp8_cache(kv_cache: torch.Tensor) -> bool:
@@ -38,17 +60,17 @@ def is_fp8_cache(kv_cache: torch.Tensor) -> bool:
     return kv_cache.dtype in FP8_KV_DTYPES
 
 
-def to_cache(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
-    """x in the cache's dtype: fp8 codes of x / scale (saturated), or a plain cast."""
+def to_cache(x: torch.Tensor, dtype: torch.dtype, scale: Scale) -> torch.Tensor:
+    """x [..., Hkv, D] in the cache's dtype: fp8 codes of x / scale (saturated), or a cast."""
     if dtype in FP8_KV_DTYPES:
-        return (x.float() / scale).clamp_(-_FP8_MAX, _FP8_MAX).to(dtype)
+        return (x.float() / _heads(scale)).clamp_(-_FP8_MAX, _FP8_MAX).to(dtype)
     return x.to(dtype)
 
 
-def from_cache(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
-    """Cache contents as `dtype`: fp8 codes times their scale, or a plain cast."""
+def from_cache(x: torch.Tensor, dtype: torch.dtype, scale: Scale) -> torch.Tensor:
+    """Cache contents [..., Hkv, D] as `dtype`: fp8 codes times their scale, or a cast."""
     if x.dtype in FP8_KV_DTYPES:
-        return (x.float() * scale).to(dtype)
+        return (x.float() * _heads(scale)).to(dtype)
     return x.to(dtype)
 
 
@@ -130,15 +152,15 @@ def prefill_attention_torch(
     bs, hkv = kv_cache.shape[2], kv_cache.shape[3]
     num_blocks = -(-seq_len // bs)
     k, v = gather_kv(kv_cache, block_table[None, :], num_blocks)
-    k = k[0, :seq_len].transpose(0, 1)  # [Hkv, L, D]
-    v = v[0, :seq_len].transpose(0, 1)
+    k = from_cache(k[0, :seq_len], q.dtype, scales.k).transpose(0, 1)  # [Hkv, L, D]
+    v = from_cache(v[0, :seq_len], q.dtype, scales.v).transpose(0, 1)
     q_pos = torch.arange(n, device=q.device) + context_len
     key_pos = torch.arange(seq_len, device=q.device)
     mask = key_pos[None, :] <= q_pos[:, None]  # [n, L]
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1),
-        from_cache(k, q.dtype, scales.k),
-        from_cache(v, q.dtype, scales.v),
+        k,
+        v,
         attn_mask=mask,
         scale=scale,
         enable_gqa=hq != hkv,

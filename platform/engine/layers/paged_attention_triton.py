@@ -6,7 +6,7 @@ never materialises the gathered context. GQA maps query head h to KV head h // g
 kernels take their sizes from device tensors only, so they are CUDA-graph capturable. On CPU
 they run under `TRITON_INTERPRET=1` (tests only). An fp8 cache stores `k / k_scale` (and v)
 in e4m3 (rounded by torch before the store kernel copies the codes) and the decode kernel
-multiplies the scale back in registers.
+multiplies the scale of each KV head back in registers.
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ if HAS_TRITON:
         seq_lens_ptr,
         out_ptr,
         scale,
-        k_scale,
-        v_scale,
+        k_scale_ptr,
+        v_scale_ptr,
         stride_q_seq,
         stride_q_head,
         stride_c_block,
@@ -89,6 +89,8 @@ if HAS_TRITON:
         head = tl.program_id(1)
         kv_head = head // GROUP
         seq_len = tl.load(seq_lens_ptr + seq)
+        k_scale = tl.load(k_scale_ptr + kv_head)
+        v_scale = tl.load(v_scale_ptr + kv_head)
         offs_d = tl.arange(0, BLOCK_D)
         offs_t = tl.arange(0, BLOCK_T)
         d_mask = offs_d < HEAD_DIM
@@ -186,6 +188,7 @@ def decode_attention_triton(
     if s == 0:
         return out
     k_cache, v_cache = kv_cache[0], kv_cache[1]
+    per_head = scales.per_head(hkv, q.device)  # no copy when already [Hkv] on the device
     _paged_decode_kernel[(s, hq)](
         q,
         k_cache,
@@ -194,8 +197,8 @@ def decode_attention_triton(
         seq_lens,
         out,
         scale,
-        scales.k,
-        scales.v,
+        per_head.k,
+        per_head.v,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),

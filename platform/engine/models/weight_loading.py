@@ -7,15 +7,20 @@ Order of routing for one checkpoint name:
 2. `q_proj`/`k_proj`/`v_proj` go into `qkv_proj`, `gate_proj`/`up_proj` into `gate_up_proj`;
 3. anything else is copied into the parameter of the same name.
 Unknown names and parameters left unloaded are errors, so a wrong mapping can never go unnoticed.
+Before all of these, an fp8 KV cache's scales (`self_attn.k_scale` / `v_scale`, or the older
+`self_attn.k_proj.output_scale` / `v_proj.output_scale`; one value or one per KV head) go to
+the layer's `Attention.kv_scales`; a float cache never reads them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 from torch import nn
 
+from loraplex.platform.engine.layers.attention import Attention
 from loraplex.platform.engine.layers.linear import Linear
 
 STACKED = {
@@ -26,6 +31,12 @@ STACKED = {
     "up_proj": "gate_up_proj",
 }
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+KV_SCALE_SUFFIXES = {
+    "k_scale": "k",
+    "v_scale": "v",
+    "k_proj.output_scale": "k",
+    "v_proj.output_scale": "v",
+}
 
 
 class WeightLoadingError(ValueError):
@@ -47,6 +58,24 @@ def _find_delegate(model: nn.Module, name: str) -> tuple[nn.Module, str, str] | 
     return found
 
 
+def _load_kv_scale(modules: dict[str, nn.Module], name: str, tensor: torch.Tensor) -> bool:
+    """Route a checkpoint KV-cache scale to its attention layer; False if `name` is not one."""
+    for suffix, which in KV_SCALE_SUFFIXES.items():
+        if name.endswith(f"self_attn.{suffix}"):
+            attn = modules.get(name[: -len(suffix)] + "attn")
+            if not isinstance(attn, Attention):
+                raise WeightLoadingError(f"KV scale {name!r} has no attention layer")
+            scale = tensor.detach().float().reshape(-1).clone()
+            if scale.numel() not in (1, attn.num_kv_heads) or not bool((scale > 0).all()):
+                raise WeightLoadingError(
+                    f"{name}: a KV scale needs 1 or {attn.num_kv_heads} positive values, "
+                    f"got shape {tuple(tensor.shape)}"
+                )
+            attn.kv_scales = replace(attn.kv_scales, **{which: scale})
+            return True
+    return False
+
+
 def load_hf_weights(
     model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], *, skip_lm_head: bool
 ) -> None:
@@ -65,6 +94,8 @@ def load_hf_weights(
         if name.endswith(IGNORED_SUFFIXES):
             continue
         if skip_lm_head and name == "lm_head.weight":
+            continue
+        if _load_kv_scale(modules, name, tensor):
             continue
         delegate = _find_delegate(model, name)
         if delegate is not None:

@@ -61,11 +61,11 @@ def store_case() -> float:
     return float((kv_a - kv_b).abs().max()) if untouched else float("inf")
 
 
-def fp8_cases() -> dict[str, float]:
-    """An e4m3 cache with per-layer scales: the Triton store and decode vs the torch path."""
+def fp8_cases(scales: KVScales, tag: str) -> dict[str, float]:
+    """An e4m3 cache with per-layer or per-head scales: the Triton store and decode vs the
+    torch path."""
     g = torch.Generator().manual_seed(2)
     s, hq, hkv, d, bs, lens = 3, 8, 2, 16, 4, [2, 9, 21]
-    scales = KVScales(k=0.02, v=0.05)
     kv_a = torch.zeros(2, 32, bs, hkv, d, dtype=torch.float8_e4m3fn)
     kv_b = kv_a.clone()
     n = 32 * bs
@@ -80,7 +80,7 @@ def fp8_cases() -> dict[str, float]:
     q = torch.randn(s, hq, d, generator=g)
     got = decode_attention_triton(q, kv_b, tables, seq_lens, d**-0.5, scales)
     ref = decode_attention_torch(q, kv_b, tables, seq_lens, max(lens), d**-0.5, scales)
-    return {"fp8_store_kv": store, "fp8_decode": float((got - ref).abs().max())}
+    return {f"fp8_store_kv{tag}": store, f"fp8_decode{tag}": float((got - ref).abs().max())}
 
 
 def model_case() -> float:
@@ -111,7 +111,9 @@ def model_case() -> float:
 def main() -> None:
     results = {name: decode_case(*args) for name, args in DECODE_CASES.items()}
     results["store_kv"] = store_case()
-    results.update(fp8_cases())
+    results.update(fp8_cases(KVScales(k=0.02, v=0.05), ""))
+    per_head = KVScales(k=torch.tensor([0.02, 0.4]), v=torch.tensor([0.05, 0.003]))
+    results.update(fp8_cases(per_head, "_per_head"))
     results["model_decode"] = model_case()
     sys.stdout.write("RESULTS " + json.dumps(results) + "\n")
 

@@ -25,6 +25,8 @@ TOLERANCES = {
     "store_kv": 0.0,
     "fp8_store_kv": 0.0,
     "fp8_decode": 1e-4,
+    "fp8_store_kv_per_head": 0.0,
+    "fp8_decode_per_head": 1e-4,
     "model_decode": 1e-4,
 }
 

@@ -108,3 +108,82 @@ def test_fp8_cache_survives_preemption(tiny: Path) -> None:
     got = [o.outputs[0].token_ids for o in tight.generate(prompts, GREEDY)]
     assert tight.core.scheduler.num_preemptions > 0
     assert got == want
+
+
+def test_per_head_scales_keep_each_head_precise() -> None:
+    """Heads of very different magnitudes: one scale per head keeps both exact to e4m3's
+    precision, where one per-layer scale (sized for the large head) drowns the small head's
+    values in subnormals; decode and prefill read the same per-head scales back."""
+    from loraplex.platform.engine.layers.paged_attention_torch import prefill_attention_torch
+
+    g = torch.Generator().manual_seed(3)
+    mags = torch.tensor([40.0, 0.001])  # per KV head
+    k = torch.randn(24, 2, 16, generator=g) * mags[None, :, None]
+    v = torch.randn(24, 2, 16, generator=g) * mags[None, :, None]
+    per_head = KVScales(k=mags / 64, v=mags / 64)
+    per_layer = KVScales(k=40.0 / 64, v=40.0 / 64)
+    ref = torch.zeros(2, 8, 4, 2, 16)
+    write_kv_torch(ref, k, v, torch.arange(24))
+    tables = torch.arange(8, dtype=torch.int32).view(2, 4)
+    lens = torch.tensor([13, 11], dtype=torch.int32)
+    q = torch.randn(2, 4, 16, generator=g)
+    want = decode_attention_torch(q, ref, tables, lens, 13, 0.25)
+    qp = torch.randn(5, 4, 16, generator=g)
+    want_pre = prefill_attention_torch(qp, ref, tables[0], 8, 13, 0.25)
+    errs = {}
+    for name, sc in (("head", per_head), ("layer", per_layer)):
+        fp8 = torch.zeros(2, 8, 4, 2, 16, dtype=torch.float8_e4m3fn)
+        write_kv_torch(fp8, k, v, torch.arange(24), sc)
+        got = decode_attention_torch(q, fp8, tables, lens, 13, 0.25, sc)
+        pre = prefill_attention_torch(qp, fp8, tables[0], 8, 13, 0.25, sc)
+        small = (got - want)[:, 2:].abs().max() / want[:, 2:].abs().max()  # heads on KV head 1
+        small_pre = (pre - want_pre)[:, 2:].abs().max() / want_pre[:, 2:].abs().max()
+        errs[name] = (small.item(), small_pre.item())
+    assert max(errs["head"]) < 0.08, errs
+    assert min(errs["layer"]) > 4 * max(errs["head"]), errs
+
+
+def test_checkpoint_kv_scales_reach_the_attention_layers(tmp_path: Path) -> None:
+    """`self_attn.k_scale` / `v_scale` in the checkpoint (per head or one value) become the
+    layers' KV scales on the cache's device; a malformed scale is refused by name."""
+    from safetensors.torch import load_file, save_file
+
+    from loraplex.platform.engine.models.weight_loading import WeightLoadingError
+
+    save_tiny_model(tmp_path, "llama", seed=5, with_tokenizer=False)
+    (weights,) = tmp_path.glob("*.safetensors")
+    tensors = load_file(str(weights))
+    layers = sorted({int(n.split(".")[2]) for n in tensors if n.startswith("model.layers.")})
+    heads = LLM(
+        str(tmp_path), max_loras=0, num_gpu_blocks=16, block_size=4, max_model_len=64
+    ).core.model.model.layers[0]
+    hkv = heads.self_attn.attn.num_kv_heads
+    for i in layers:
+        tensors[f"model.layers.{i}.self_attn.k_scale"] = torch.arange(1, hkv + 1) * 0.01 * (i + 1)
+        tensors[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor(0.02 * (i + 1))
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    llm = LLM(
+        str(tmp_path),
+        kv_cache_dtype="fp8",
+        max_loras=0,
+        num_gpu_blocks=16,
+        block_size=4,
+        max_model_len=64,
+    )
+    for i, layer in enumerate(llm.core.model.model.layers):
+        sc = layer.self_attn.attn.kv_scales
+        assert torch.allclose(sc.k, torch.arange(1, hkv + 1) * 0.01 * (i + 1))
+        assert torch.allclose(sc.v, torch.full((hkv,), 0.02 * (i + 1)))
+    out = llm.generate(_prompts(2), GREEDY)
+    assert all(len(o.outputs[0].token_ids) == 12 for o in out)
+    tensors["model.layers.0.self_attn.k_scale"] = torch.ones(hkv + 1)
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    with pytest.raises(WeightLoadingError, match="k_scale"):
+        LLM(
+            str(tmp_path),
+            kv_cache_dtype="fp8",
+            max_loras=0,
+            num_gpu_blocks=16,
+            block_size=4,
+            max_model_len=64,
+        )
