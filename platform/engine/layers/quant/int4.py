@@ -5,9 +5,14 @@ computes `w = (q - 8) * scale + zero_f` per group: an integer zero point z becom
 `zero_f = (8 - z) * scale`. On CUDA they are packed two a byte (`triton_weight_only.pack_int4`)
 for the Triton W4A16 GEMM, which dequantizes in registers. Elsewhere (no triton, a group size
 that is not a multiple of 32 on CUDA, or a CPU layer whose out_features is not a multiple of 16,
-which the CPU packer needs) the codes stay one per
-byte and are dequantized for the matmul. `layer.quant_kernel` says which ("cpu_int4pack",
-"triton", "dequant").
+which the CPU packer needs) the codes stay one per byte and are dequantized for the matmul.
+`layer.quant_kernel` says which ("cpu_int4pack", "triton", "dequant").
+
+Act-order schemes (GPTQ `desc_act`) also load `input_perm` [in]: the checkpoint's groups are
+spread over the inputs, so the reader stores the weight's input columns in the order that makes
+every group contiguous, and apply gathers the activations by the same order first. That costs
+one gather of x per call (a copy of tokens x in_features activations, no extra FLOPs) and an
+int64 per input feature; an identity order (trivial g_idx) is dropped at load and costs nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ class Int4Method:
         layer.weight_scale = frozen(torch.empty(layer.out_features, groups, dtype=torch.float32))
         if not self.scheme.symmetric:
             layer.weight_zero = frozen(torch.empty(layer.out_features, groups, dtype=torch.float32))
+        if self.scheme.act_order:  # -1: not loaded yet (every slice of a fused layer shares it)
+            layer.input_perm = frozen(torch.full((layer.in_features,), -1, dtype=torch.int64))
 
     def zeros(self, layer) -> torch.Tensor:
         """The integer zero point of each group (8 everywhere when symmetric)."""
@@ -54,6 +61,9 @@ class Int4Method:
         return layer.weight_zero
 
     def finish_loading(self, layer) -> None:
+        perm = getattr(layer, "input_perm", None)
+        if perm is not None and torch.equal(perm, torch.arange(perm.numel(), device=perm.device)):
+            layer.input_perm = None  # a trivial g_idx: nothing to gather
         if layer.weight.device.type == "cpu" and layer.out_features % 16 == 0:
             scale = layer.weight_scale.data.float()
             zero = self.zeros(layer).float()
@@ -83,6 +93,9 @@ class Int4Method:
     def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
+        perm = getattr(layer, "input_perm", None)
+        if perm is not None:
+            x2 = x2.index_select(1, perm)
         if layer.quant_kernel == "cpu_int4pack" and x2.device.type == "cpu":
             sz = layer.weight_scale
             if sz.dtype != x2.dtype:

@@ -20,6 +20,7 @@ import torch  # noqa: E402
 pytest.importorskip("triton")
 
 from loraplex.loader.quant import Quantizer, resolve_scheme  # noqa: E402
+from loraplex.loader.quant.schemes import QuantScheme  # noqa: E402
 from loraplex.loader.quant.weight_only import (  # noqa: E402
     dequantize_int4,
     dequantize_int8,
@@ -164,3 +165,28 @@ def test_linear_methods_on_the_triton_kernels(choice: str, dtype: torch.dtype) -
     got = fused(x)
     assert got.shape == (2, 3, 72) and got.dtype == dtype
     assert _rel(got, ref(x.float())) < (1e-5 if dtype == torch.float32 else 2e-3)
+
+
+def test_act_order_input_order_on_the_triton_kernel() -> None:
+    g = torch.Generator().manual_seed(11)
+    out, inp = 40, 256
+    parts = {
+        "weight": torch.randint(0, 16, (out, inp), generator=g, dtype=torch.uint8),
+        "weight_scale": torch.rand(out, inp // 128, generator=g) * 0.02 + 0.005,
+        "weight_zero": torch.randint(0, 16, (out, inp // 128), generator=g).float(),
+        "input_perm": torch.randperm(inp, generator=g),
+    }
+    scheme = QuantScheme("gptq", "int4", None, 128, symmetric=False, act_order=True)
+    with linear_quantization(scheme):
+        layer = Linear(inp, out, bias=False, layer_idx=0, name="o_proj", dtype=torch.float16)
+    for piece, t in parts.items():
+        layer.load_slice("o_proj", t, piece=piece)
+    layer.quant_method.use_triton(layer)
+    stored = dequantize_int4(
+        parts["weight"], parts["weight_scale"], parts["weight_zero"], torch.float32
+    )
+    w = torch.empty_like(stored)
+    w[:, parts["input_perm"]] = stored  # stored column j is input input_perm[j]
+    x = torch.randn(3, inp, generator=g).to(torch.float16)
+    assert _rel(layer(x), x.float() @ w.T) < 2e-3
+    assert _rel(x.float() @ stored.T, x.float() @ w.T) > 0.1  # the order matters
