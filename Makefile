@@ -9,6 +9,11 @@ STAMP := $(VENV)/.loraplex-installed
 CHECKOV_VENV ?= .venv-checkov
 CHECKOV_SPEC ?= checkov==3.3.30
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
+# The AWQ / GPTQ test oracles' packers (tests/support/awq_gptq_checkpoints.py): --no-deps, since
+# their declared deps pull datasets/pandas/pyarrow (calibration) that the packers never use, and
+# autoawq's install_requires name torch; installed after the project, so torch stays the CPU build.
+QUANT_ORACLES_SPEC ?= autoawq==0.2.9 auto-gptq==0.7.1
+QUANT_ORACLES_STAMP := $(VENV)/.quant-oracles-installed
 # The CPU build on disk; installed first so nothing later pulls a CUDA torch.
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip
@@ -20,7 +25,7 @@ PYTEST_ARGS ?=
 
 .PHONY: venv install up test lint format clean
 
-venv install: $(STAMP)
+venv install: $(STAMP) $(QUANT_ORACLES_STAMP)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +37,11 @@ $(STAMP): $(BIN)/python pyproject.toml setup.py
 	$(PIP) install $(PIP_FLAGS) -e '.[embedded,test,dev,infra,kubernetes]'
 	@touch $@
 
+$(QUANT_ORACLES_STAMP): $(STAMP)
+	@echo "installing $(QUANT_ORACLES_SPEC) with --no-deps (AWQ/GPTQ test oracles)"
+	$(PIP) install $(PIP_FLAGS) --no-deps $(QUANT_ORACLES_SPEC)
+	@touch $@
+
 $(CHECKOV_STAMP):
 	@echo "installing $(CHECKOV_SPEC) into $(CHECKOV_VENV) (infra policy checks)"
 	$(PYTHON) -m venv $(CHECKOV_VENV)
@@ -41,7 +51,7 @@ $(CHECKOV_STAMP):
 up: $(STAMP)
 	$(BIN)/loraplex up $(ARGS)
 
-test: $(STAMP) $(CHECKOV_STAMP)
+test: $(STAMP) $(QUANT_ORACLES_STAMP) $(CHECKOV_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -29,8 +29,11 @@ _ALIASES: dict[str, str] = {
     "fp8_e4m3": "fp8",
     "w8a8_fp8": "fp8",
 }
-_NOT_IMPLEMENTED = ("fp8_e5m2", "awq", "gptq")
-QUANTIZED = ("int8", "int4", "int4_sym", "fp8")
+_NOT_IMPLEMENTED = ("fp8_e5m2",)
+PREQUANTIZED = ("awq", "gptq")
+"""Choices naming a pre-quantized checkpoint format: read as the checkpoint stores it (int4,
+groups of 128), never produced by quantizing on load."""
+QUANTIZED = ("int8", "int4", "int4_sym", "fp8", *PREQUANTIZED)
 """Choices that store linear weights in fewer bits (the rest are casts)."""
 
 INT4_GROUP_SIZE = 128
@@ -47,6 +50,7 @@ class QuantScheme:
     cast_to: torch.dtype | None
     group_size: int = 0
     symmetric: bool = True
+    act_order: bool = False  # GPTQ desc_act: inputs are permuted so groups are contiguous
 
     @property
     def quantizes_linears(self) -> bool:
@@ -61,21 +65,30 @@ def parse_quantization(choice: str | None) -> str:
         return key
     if key in _ALIASES:
         return _ALIASES[key]
+    if key in PREQUANTIZED:
+        return key
     if key in _NOT_IMPLEMENTED:
         raise NotImplementedError(
             f"weight quantization {choice!r} is not implemented in the loader; implemented: "
-            "none, fp32, bf16, fp16, int8, int4, int4_sym, fp8 (an AWQ/GPTQ checkpoint is "
-            "not re-quantized: serve it with its own scheme)"
+            "none, fp32, bf16, fp16, int8, int4, int4_sym, fp8, and awq / gptq for checkpoints "
+            "stored in those formats"
         )
     raise ValueError(
         f"unknown weight quantization {choice!r}; expected one of none, fp32, bf16, fp16, "
-        "int8, int4, int4_sym, fp8"
+        "int8, int4, int4_sym, fp8, awq, gptq"
     )
 
 
 def resolve_scheme(choice: str | None) -> QuantScheme:
-    """The scheme of a choice."""
+    """The scheme of a choice quantized on load (ValueError for awq / gptq, which only a
+    checkpoint in that format fixes)."""
     name = parse_quantization(choice)
+    if name in PREQUANTIZED:
+        raise ValueError(
+            f"weight quantization {name!r} reads a pre-quantized {name.upper()} checkpoint; "
+            "this checkpoint is not one (it stores plain weights): use int4 to quantize it to "
+            "4 bits on load (or int8 / fp8)"
+        )
     if name in _CASTS:
         return QuantScheme(name, "cast", _CASTS[name])
     if name in ("int8", "fp8"):

@@ -7,7 +7,8 @@ finish in under 10 minutes on one modern GPU) and prints a pass/fail table plus 
 - each Triton kernel against its torch reference, natively, in bf16 and fp16, at real sizes:
   paged decode attention (head_dim 128, 32 query heads over 8 KV heads, contexts to 8k), LoRA
   shrink/expand (ranks 8-64 over 4096x4096 and 4096x14336, 32 adapters mixed), grouped MoE
-  at Mixtral shapes;
+  at Mixtral shapes, the W8A16 / W4A16 GEMMs (4096x4096 and 4096x14336 at M 1/16/64, timed
+  against dequantize+matmul and against a dense F.linear);
 - decode replayed from CUDA graphs vs the same engine with `enforce_eager=True`, with and
   without adapters;
 - expert parallelism over NCCL on the GPUs present (skipped with one GPU);
@@ -34,6 +35,7 @@ import torch
 
 from loraplex.platform.bench import _gpu_engine_checks as eng
 from loraplex.platform.bench import _gpu_kernel_checks as ker
+from loraplex.platform.bench import _gpu_quant_checks as qnt
 from loraplex.platform.bench._gpu_kernel_checks import CheckContext
 
 
@@ -59,6 +61,11 @@ def all_checks(bandwidth_layers: int = 32) -> list[Check]:
                   "4096x4096 and 4096x14336, 32 adapters", partial(ker.lora_shrink_expand, dtype=dtype), True),
             Check(f"moe_{n}", f"Triton grouped MoE vs torch, {n}, Mixtral 8x(4096->14336) top-2",
                   partial(ker.grouped_moe, dtype=dtype), True),
+            Check(f"w8a16_{n}", f"Triton W8A16 GEMM vs dequantize+matmul and dense {n}, "
+                  "4096->4096 and 4096->14336, M 1/16/64 (+1024 timed)", partial(qnt.weight_only_gemm, dtype=dtype, bits=8), True),
+            Check(f"w4a16_{n}", f"Triton W4A16 GEMM (g128 sym and asym) vs dequantize+matmul and "
+                  f"dense {n}, 4096->4096 and 4096->14336, M 1/16/64 (+1024 timed)",
+                  partial(qnt.weight_only_gemm, dtype=dtype, bits=4), True),
             Check(f"moe_quant_{n}", f"Triton grouped MoE over int8/int4/fp8 experts vs torch, {n}, "
                   "Mixtral shapes", partial(ker.grouped_moe_quant, dtype=dtype), True),
         ]  # fmt: skip

@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-steps", type=int, default=12)
     p.add_argument("--rounds", type=int, default=3, help="timing rounds (best kept)")
     p.add_argument("--choices", default=",".join(CHOICES))
+    p.add_argument("--parts", default="quality,speed", help="quality, speed or both")
     return p
 
 
@@ -189,7 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     results = _Results()
 
-    # quality, on the trained model
+    parts = set(args.parts.split(","))
+    if "quality" in parts:
+        quality_results(args, choices, results)
+    if "speed" in parts:
+        speed_results(args, choices, results)
+    return 0
+
+
+def quality_results(args: argparse.Namespace, choices: list[str], results: dict) -> None:
+    """KL, greedy agreement and fp8 KV blocks, on the trained model."""
     path = trained_model(args.cache_dir, args.train_steps, log=_log)
     windows = held_out_windows(args.kl_windows + args.greedy_prompts, args.window)
     kl_windows = windows[: args.kl_windows]
@@ -210,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     results["quant.fp8_kv_blocks_ratio"] = fp8 / auto
     del ref_blocks
 
-    # memory and decode speed, on a model whose weights dominate
+
+def speed_results(args: argparse.Namespace, choices: list[str], results: dict) -> None:
+    """Weight bytes and decode speed, on a random model whose weights dominate."""
     spath = speed_model(args.cache_dir, args)
     engines = {}
     for choice in ("bf16", *choices):
@@ -226,7 +238,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         results[f"quant.{choice}_decode_speedup_b1"] = tps[choice][0] / tps["bf16"][0]
         results[f"quant.{choice}_decode_speedup_b32"] = tps[choice][1] / tps["bf16"][1]
-    return 0
 
 
 if __name__ == "__main__":

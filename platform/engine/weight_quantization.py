@@ -6,8 +6,9 @@ Casts (fp32 / bf16 / fp16) set the dtype the model runs in. int8 (W8A16), int4 /
 weight-only, quantized by the block as they load); everything else (embeddings, norms, the
 head, routers) and the activations stay in the engine's compute dtype (`EngineConfig.dtype`;
 deployments run quantized choices in bfloat16). The loader quantizes exactly the model's
-quantized Linears' weights as they stream in. A compressed-tensors checkpoint fixes its own
-scheme: it is read into the same layout, never re-quantized. Unknown choices are a ValueError.
+quantized Linears' weights as they stream in. A compressed-tensors, AWQ (gemm) or GPTQ
+checkpoint fixes its own scheme: it is read into the same layout, never re-quantized (awq /
+gptq name those checkpoints and are refused for a plain one). Unknown choices are a ValueError.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from loraplex.loader.quant import Quantizer, QuantScheme, resolve_scheme
+from loraplex.loader.quant import Quantizer, QuantScheme, parse_quantization, resolve_scheme
+from loraplex.loader.quant.awq_gptq import AwqGptqReader
 from loraplex.loader.quant.compressed_tensors import (
     CompressedTensorsReader,
     checkpoint_quant_method,
@@ -31,6 +33,9 @@ from loraplex.platform.engine.models.weight_loading import (
     quantized_linear_inputs,
     quantized_weight_names,
 )
+from loraplex.platform.engine_spec.prequantized import awq_gptq_format
+
+Reader = Quantizer | CompressedTensorsReader | AwqGptqReader
 
 
 @dataclass(frozen=True)
@@ -48,15 +53,15 @@ class WeightQuantization:
         with linear_quantization(self.scheme):
             yield
 
-    def quantizer(
-        self, model: nn.Module | None = None
-    ) -> Quantizer | CompressedTensorsReader | None:
+    def quantizer(self, model: nn.Module | None = None) -> Reader | None:
         """The loader's per-tensor quantizer (None when nothing changes); given the built model,
         it quantizes exactly the weights of the model's quantized Linears (a pre-quantized
         checkpoint is read into the same layout instead)."""
         if self.prequantized:
             if model is None:
                 raise ValueError("reading a pre-quantized checkpoint needs the built model")
+            if self.scheme.name in ("awq", "gptq"):
+                return AwqGptqReader(self.scheme, quantized_linear_inputs(model))
             return CompressedTensorsReader(self.scheme, quantized_linear_inputs(model))
         if self.choice in ("none", "auto"):
             return None
@@ -70,6 +75,17 @@ def _family(name: str) -> str:
     return "int4" if name.startswith("int4") else name
 
 
+def _checkpoint_scheme(hf_config: dict[str, Any]) -> QuantScheme | None:
+    """The scheme a pre-quantized checkpoint fixes (None if plain); NotImplementedError for
+    one the engine does not read."""
+    fmt = awq_gptq_format(hf_config)
+    if fmt is None:
+        return compressed_tensors_scheme(hf_config)
+    return QuantScheme(
+        fmt.method, "int4", None, fmt.group_size, symmetric=False, act_order=fmt.act_order
+    )
+
+
 def resolve_weight_quantization(
     choice: str | None, hf_config: dict[str, Any] | None = None
 ) -> WeightQuantization:
@@ -79,14 +95,15 @@ def resolve_weight_quantization(
     if method is None:
         scheme = resolve_scheme(choice)
         return WeightQuantization(scheme.name, scheme.cast_to, scheme)
-    fixed = compressed_tensors_scheme(hf_config or {})
+    fixed = _checkpoint_scheme(hf_config or {})
     if fixed is None:
         raise NotImplementedError(
-            f"pre-quantized {method!r} checkpoints are not read yet; served: compressed-tensors "
-            "(int4 pack-quantized, int8, fp8), or a bf16/fp16 checkpoint quantized on load"
+            f"pre-quantized {method!r} checkpoints are not read; served: compressed-tensors "
+            "(int4 pack-quantized, int8, fp8), AWQ gemm and GPTQ (4-bit, group 128), or a "
+            "bf16/fp16 checkpoint quantized on load"
         )
-    asked = resolve_scheme(choice)
-    if asked.name not in ("none", "auto") and _family(asked.name) != _family(fixed.name):
+    asked = parse_quantization(choice)
+    if asked not in ("none", "auto") and _family(asked) != _family(fixed.name):
         raise ValueError(
             f"the checkpoint is pre-quantized ({method}, {fixed.name}) and fixes its own scheme; "
             f"serve it with quantization {_family(fixed.name)!r} (or none), not {choice!r}"

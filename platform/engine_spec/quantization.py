@@ -7,8 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from loraplex.platform.engine_spec.prequantized import (
+    PREQUANTIZED_WEIGHTS,
+    SERVED_AWQ_GPTQ,
+    awq_gptq_format,
+)
+
 INT4_GROUP_SIZE = 128
-QUANTIZED_WEIGHTS = ("int8", "int4", "int4_sym", "fp8")
+QUANTIZED_WEIGHTS = ("int8", "int4", "int4_sym", "fp8", *PREQUANTIZED_WEIGHTS)
 INT4_CHOICES = ("int4", "int4_sym")
 WEIGHT_DEVICES = ("cpu", "cuda")
 """Device types the quantized Linear methods run on (packed CPU kernels; dequantizing or
@@ -57,24 +63,46 @@ def compressed_tensors_choice(hf_config: dict[str, Any]) -> str | None:
     return None
 
 
+def checkpoint_choice(hf_config: dict[str, Any]) -> str | None:
+    """The deployment weight choice a pre-quantized checkpoint fixes, when the engine reads
+    it (compressed-tensors int4 / int8 / fp8, awq, gptq); else None. NotImplementedError for an
+    AWQ / GPTQ checkpoint the engine does not read, saying what it reads."""
+    fmt = awq_gptq_format(hf_config)
+    return fmt.method if fmt is not None else compressed_tensors_choice(hf_config)
+
+
+def _unread(method: str, why: str) -> QuantizationRefused:
+    return QuantizationRefused(
+        f"the base model's checkpoint is pre-quantized ({method}) in a scheme the engine "
+        f"does not read{why}; served pre-quantized: compressed-tensors int4 pack-quantized g128, "
+        f"int8 or fp8 per channel; {SERVED_AWQ_GPTQ}. Or register the bf16/fp16 checkpoint and "
+        "deploy it with weights int8, int4 or fp8"
+    )
+
+
 def check_quantization(
     weights: str, kv_cache: str, hf_config: dict[str, Any], device: str | None = None
 ) -> None:
     """Raise QuantizationRefused when `weights` / `kv_cache` cannot serve `hf_config` on
     `device` (None: any device the engine supports)."""
     method = prequantized_method(hf_config)
-    fixed = compressed_tensors_choice(hf_config)
+    try:
+        fixed = checkpoint_choice(hf_config)
+    except NotImplementedError as exc:
+        raise _unread(str(method), f" ({exc})") from exc
     if method is not None and fixed is None:
-        raise QuantizationRefused(
-            f"the base model's checkpoint is pre-quantized ({method}) in a scheme the engine "
-            "does not read; served pre-quantized: compressed-tensors int4 pack-quantized g128, "
-            "int8 or fp8 per channel. Or register the bf16/fp16 checkpoint and deploy it with "
-            "weights int8, int4 or fp8"
-        )
+        raise _unread(method, "")
     if fixed is not None and weights != fixed and not (fixed == "int4" and weights in INT4_CHOICES):
+        label = method if method == fixed else f"{method} {fixed}"
         raise QuantizationRefused(
-            f"the base model's checkpoint is pre-quantized (compressed-tensors {fixed}) and "
+            f"the base model's checkpoint is pre-quantized ({label}) and "
             f"fixes its own scheme; deploy it with weights {fixed}"
+        )
+    if fixed is None and weights in PREQUANTIZED_WEIGHTS:
+        raise QuantizationRefused(
+            f"weights {weights} serve a checkpoint pre-quantized with {weights.upper()}, but the "
+            "base model's checkpoint stores plain (unquantized) weights; use int4 to quantize "
+            f"it to 4 bits on load (or int8 / fp8), or register a {weights.upper()} checkpoint"
         )
     if weights in INT4_CHOICES:
         bad = {k: v for k, v in _linear_in_features(hf_config).items() if v % INT4_GROUP_SIZE}

@@ -46,9 +46,12 @@ SERVED_WEIGHT_QUANTIZATIONS: tuple[str, ...] = (
     "int4",
     "int4_sym",
     "fp8",
+    "awq",
+    "gptq",
 )
 """Deployment weight choices the engine implements: casts on load, int8 (W8A16), int4 (W4A16,
-groups of 128, asymmetric; `int4_sym` symmetric) and fp8 (W8A8 e4m3) quantized on load."""
+groups of 128, asymmetric; `int4_sym` symmetric) and fp8 (W8A8 e4m3) quantized on load; awq and
+gptq serve checkpoints stored in those 4-bit formats as they are (W4A16)."""
 
 
 SERVED_KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")

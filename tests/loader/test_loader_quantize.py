@@ -22,8 +22,11 @@ def test_choices_are_parsed_and_unknown_ones_refused() -> None:
     assert parse_quantization("fp8_e4m3") == "fp8"
     with pytest.raises(ValueError, match="unknown weight quantization 'q3'"):
         parse_quantization("q3")
-    for choice in ("awq", "gptq", "fp8_e5m2"):
-        with pytest.raises(NotImplementedError, match="not implemented"):
+    with pytest.raises(NotImplementedError, match="not implemented"):
+        Quantizer("fp8_e5m2")
+    for choice in ("awq", "gptq"):  # named formats of pre-quantized checkpoints, never made here
+        assert parse_quantization(choice.upper()) == choice
+        with pytest.raises(ValueError, match="use int4"):
             Quantizer(choice)
 
 

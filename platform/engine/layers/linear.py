@@ -78,6 +78,12 @@ class Linear(nn.Module):
         return tuple(n for n in names if getattr(self, n, None) is not None)
 
     @property
+    def shared_params(self) -> tuple[str, ...]:
+        """Local names of the tensors every output slice loads whole and identical (the input
+        order of an act-order quantized weight: the slices share the input)."""
+        return tuple(n for n in ("input_perm",) if getattr(self, n, None) is not None)
+
+    @property
     def slice_offsets(self) -> list[int]:
         """Start row of each output slice in the fused weight."""
         offsets, start = [], 0
@@ -111,6 +117,9 @@ class Linear(nn.Module):
             idx = self.slice_names.index(slice_name)
         except ValueError:
             raise KeyError(f"{slice_name!r} is not a slice of {self.slice_names}") from None
+        if piece in self.shared_params:
+            self._load_shared(slice_name, piece, tensor)
+            return
         start, size = self.slice_offsets[idx], self.slice_sizes[idx]
         target = getattr(self, piece, None) if piece in self.sliced_params else None
         if target is None:
@@ -123,6 +132,23 @@ class Linear(nn.Module):
             )
         with torch.no_grad():
             target[start : start + size].copy_(tensor)
+
+    def _load_shared(self, slice_name: str, piece: str, tensor: torch.Tensor) -> None:
+        target = getattr(self, piece)
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(
+                f"{slice_name} {piece}: checkpoint shape {tuple(tensor.shape)} != expected "
+                f"{tuple(target.shape)}"
+            )
+        if bool((target < 0).all()):
+            with torch.no_grad():
+                target.copy_(tensor)
+        elif not torch.equal(target, tensor.to(target.device, target.dtype)):
+            raise ValueError(
+                f"{slice_name} {piece} differs from the other slices of {self.slice_names}: a "
+                "fused layer serves one input order (GPTQ act-order g_idx of projections of the "
+                "same input must match)"
+            )
 
     def finish_loading(self) -> None:
         """Repack quantized tensors for the kernel once every slice has loaded."""

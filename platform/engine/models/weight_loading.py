@@ -86,7 +86,7 @@ def load_hf_weights(
     pending: dict[str, set[str]] = {name: {""} for name in params}
     for mod_name, mod in modules.items():
         if isinstance(mod, Linear):
-            for piece in mod.sliced_params:
+            for piece in (*mod.sliced_params, *mod.shared_params):
                 if f"{mod_name}.{piece}" in pending:
                     pending[f"{mod_name}.{piece}"] = set(mod.slice_names)
 

@@ -14,6 +14,7 @@ import torch
 
 EXPECTED = {
     "paged_decode_bf16", "lora_bf16", "moe_bf16", "paged_decode_fp16", "lora_fp16", "moe_fp16",
+    "w8a16_bf16", "w4a16_bf16", "w8a16_fp16", "w4a16_fp16",
     "cuda_tests", "graphs_vs_eager", "ep_nccl", "loader_pinned", "bench_graphs",
     "decode_bandwidth", "moe_quant_bf16", "moe_quant_fp16",
 }  # fmt: skip
@@ -48,16 +49,19 @@ def test_without_cuda_it_refuses(capsys: pytest.CaptureFixture[str]) -> None:
 def test_kernel_checks_pass_at_tiny_sizes_under_the_interpreter() -> None:
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1"}
-    only = ["--only", "paged_decode_fp16", "--only", "lora_fp16", "--only", "moe_fp16"]
+    kernels = ("paged_decode_fp16", "lora_fp16", "moe_fp16", "w8a16_fp16", "w4a16_bf16")
+    only = [arg for name in kernels for arg in ("--only", name)]
     cmd = [sys.executable, "-m", "loraplex.platform.cli", "bench", "gpu-check", "--tiny"]
     proc = subprocess.run(
         [*cmd, "--device", "cpu", *only], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     found = dict(re.findall(r"^RESULT (gpu_check\.[a-z0-9_]+)=(\S+)$", proc.stdout, re.M))
-    for name in ("paged_decode_fp16", "lora_fp16", "moe_fp16"):
+    for name in kernels:
         assert found[f"gpu_check.{name}_pass"] == "1"
     assert float(found["gpu_check.lora_fp16_rel_err"]) < 5e-3
+    assert float(found["gpu_check.w8a16_fp16_rel_err"]) < 5e-3
+    assert float(found["gpu_check.w4a16_bf16_rel_err"]) < 3e-2
 
 
 def test_quantized_moe_check_passes_at_tiny_sizes_under_the_interpreter() -> None:

@@ -39,8 +39,14 @@ def test_served_quantizations_are_what_the_engine_accepts() -> None:
     from loraplex.platform.engine_spec.supported_models import SERVED_WEIGHT_QUANTIZATIONS
 
     assert set(SERVED_WEIGHT_QUANTIZATIONS) <= set(WEIGHT_QUANTIZATIONS)
+    awq = {"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}
+    gptq = {"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128}}
+    prequantized = {"awq": awq, "gptq": gptq}  # read from a checkpoint in that format only
     for choice in SERVED_WEIGHT_QUANTIZATIONS:
-        assert resolve_weight_quantization(choice).choice == choice
+        assert resolve_weight_quantization(choice, prequantized.get(choice)).choice == choice
+    for choice in prequantized:
+        with pytest.raises(ValueError, match="use int4"):
+            resolve_weight_quantization(choice)
     for choice in set(WEIGHT_QUANTIZATIONS) - set(SERVED_WEIGHT_QUANTIZATIONS):
         with pytest.raises(NotImplementedError):  # stored choices the engine does not serve yet
             resolve_weight_quantization(choice)
