@@ -37,10 +37,11 @@ from loraplex.loader.quant.weight_only import (
 
 KINDS = ("int8", "int4", "fp8")
 # Rows of one expert from which dequantize-then-matmul beats PyTorch's packed CPU kernels,
-# whose time grows with the rows (GEMV-like). Measured on one expert 2816x1024, bf16, one
-# thread: int8 packed 0.3 / 32 / 79 ms vs dequantized 18 / 19 / 20 ms at 1 / 64 / 256 rows;
-# int4 packed 0.2 / 26 / 54 / 104 ms vs 79 / 61 / 55 / 57 ms at 1 / 128 / 256 / 512 rows.
-DEQUANT_ROWS = {"int8": 48, "int4": 256}
+# whose time grows with the rows (GEMV-like). Measured on one expert 2816x1024, bf16 (noisy,
+# shared machine): int8 packed 0.15 / 4.1 / 18 ms vs dequantized 1.7 / 4.2 / 5.0 ms at
+# 16 / 64 / 256 rows; int4 (dequantized from the CPU layout, slower) packed 15 / 39 ms vs
+# 39 / 123 ms at 256 / 512 rows with 2 threads, 104 vs 57 ms at 512 rows with one.
+DEQUANT_ROWS = {"int8": 48, "int4": 512}
 
 
 def expert_quant_kind(scheme: QuantScheme | None) -> str | None:
