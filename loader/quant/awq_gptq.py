@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from loraplex.loader.quant.compressed_tensors import unpack_int4
+from loraplex.loader.quant.module_parts import ModuleParts
 from loraplex.loader.quant.schemes import QuantScheme
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -57,7 +58,7 @@ class AwqGptqReader:
             raise ValueError(f"AwqGptqReader reads awq / gptq int4 schemes, not {scheme.name!r}")
         self.scheme = scheme
         self.in_features = in_features  # "<prefix>." -> in_features of its Linear
-        self._pending: dict[str, dict[str, torch.Tensor]] = {}
+        self._parts = ModuleParts(scheme.name)
         self._done: set[str] = set()
 
     def _needs(self) -> set[str]:
@@ -81,11 +82,9 @@ class AwqGptqReader:
         if prefix in self._done:  # a late trivial g_idx of a module already handed on
             self._check_trivial(prefix, tensor)
             return []
-        parts = self._pending.setdefault(prefix, {})
-        parts[piece] = tensor.clone()  # a streamed tensor may be a view of a reused buffer
-        if not self._needs() <= parts.keys():
+        parts = self._parts.add(prefix, piece, tensor, self._needs())
+        if parts is None:
             return []
-        del self._pending[prefix]
         self._done.add(prefix)
         return self._canonical(prefix, parts)
 
@@ -129,6 +128,4 @@ class AwqGptqReader:
 
     def finish(self) -> None:
         """Raise if a module's tensors never all arrived."""
-        if self._pending:
-            shown = ", ".join(sorted(self._pending)[:5])
-            raise ValueError(f"{self.scheme.name} checkpoint lacks pieces of: {shown}")
+        self._parts.finish()

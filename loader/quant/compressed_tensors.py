@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from loraplex.loader.quant.module_parts import ModuleParts
 from loraplex.loader.quant.schemes import INT4_GROUP_SIZE, QuantScheme
 
 _PIECES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight")
@@ -90,7 +91,7 @@ class CompressedTensorsReader:
     def __init__(self, scheme: QuantScheme, in_features: dict[str, int]) -> None:
         self.scheme = scheme
         self.in_features = in_features  # "<prefix>." -> in_features of its Linear
-        self._pending: dict[str, dict[str, torch.Tensor]] = {}
+        self._parts = ModuleParts("compressed-tensors")
 
     def _needs(self) -> set[str]:
         if self.scheme.kind == "int4":
@@ -107,12 +108,8 @@ class CompressedTensorsReader:
             return [(name, tensor)]
         if piece == "weight_shape":
             return []
-        parts = self._pending.setdefault(prefix, {})
-        parts[piece] = tensor.clone()  # a streamed tensor may be a view of a reused buffer
-        if not self._needs() <= parts.keys():
-            return []
-        del self._pending[prefix]
-        return self._canonical(prefix, parts)
+        parts = self._parts.add(prefix, piece, tensor, self._needs())
+        return [] if parts is None else self._canonical(prefix, parts)
 
     def _canonical(self, prefix: str, parts: dict[str, torch.Tensor]) -> list:
         scale = parts["weight_scale"].float()
@@ -128,6 +125,4 @@ class CompressedTensorsReader:
 
     def finish(self) -> None:
         """Raise if a module's tensors never all arrived."""
-        if self._pending:
-            shown = ", ".join(sorted(self._pending)[:5])
-            raise ValueError(f"compressed-tensors checkpoint lacks pieces of: {shown}")
+        self._parts.finish()
