@@ -21,7 +21,6 @@ from loraplex.platform.engine.layers.quant.triton_weight_only import (
     w8a16_matmul,
 )
 
-
 CPU_PACKED_MAX_ROWS = 15
 """Rows (tokens) up to which the CPU's packed int8 kernel beats casting the codes for a GEMM."""
 
