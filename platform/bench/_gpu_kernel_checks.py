@@ -33,8 +33,9 @@ def dtype_name(dtype: torch.dtype) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
 
 
-def timed_ms(fn: Callable[[], object], device: str, iters: int = 10) -> float:
-    """Median milliseconds of `fn` on `device` (synchronised)."""
+def call_times_ms(fn: Callable[[], object], device: str, iters: int) -> list[float]:
+    """Milliseconds of each of `iters` calls of `fn` on `device` (synchronised), sorted, after
+    one warm-up call."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     fn()
     sync()
@@ -43,8 +44,14 @@ def timed_ms(fn: Callable[[], object], device: str, iters: int = 10) -> float:
         t0 = time.perf_counter()
         fn()
         sync()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2] * 1e3
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)
+
+
+def timed_ms(fn: Callable[[], object], device: str, iters: int = 10) -> float:
+    """Median milliseconds of `fn` on `device` (synchronised)."""
+    times = call_times_ms(fn, device, iters)
+    return times[len(times) // 2]
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:

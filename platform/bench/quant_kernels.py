@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from loraplex.loader.quant import Quantizer, resolve_scheme
+from loraplex.platform.bench._gpu_kernel_checks import call_times_ms
 from loraplex.platform.engine.layers.linear import Linear
 from loraplex.platform.engine.layers.quant import linear_quantization
 from loraplex.platform.engine.layers.quant.fp8 import scaled_mm_supported
@@ -43,18 +43,9 @@ def quantized_linear(choice: str, w: torch.Tensor, device: str) -> Linear:
 
 
 def best_ms(fn: Callable[[], object], device: str, iters: int) -> float:
-    """Fastest of `iters` calls of `fn` in milliseconds (synchronised on CUDA), after one
-    warm-up: the least disturbed run, since a shared CPU's scheduler adds whole time slices."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    fn()
-    sync()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return min(times) * 1e3
+    """Fastest of `iters` calls of `fn` in milliseconds: the least disturbed run, since a shared
+    CPU's scheduler adds whole time slices."""
+    return call_times_ms(fn, device, iters)[0]
 
 
 def paths(w: torch.Tensor, device: str) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
