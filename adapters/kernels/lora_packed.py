@@ -5,9 +5,10 @@ expands slice by slice: about fifteen small ops per Linear. On a CPU those ops c
 than their arithmetic (a bf16 GEMM of 64 x 256 x 24 takes ~30 us, in fp32 ~5-15 us), so a
 rank-8 adapter added 30-60% to a decode step of a hidden-256 model. Here a Linear's chunk
 weights are packed once per adapter layout (`pack_linear`): A as `[K, in, S*R]` and B as a
-block-diagonal `[K, S*R, out]` (slice `s`'s rank rows write only its columns), scales folded
-into B, rows past each adapter's own rank zeroed. The delta is then two batched GEMMs and one
-add (`lora_delta_packed`), plus a gather in and out when the adapter tokens are not one run.
+block-diagonal `[K, S*R, out]` (slice `s`'s rank rows write only its columns; per slice
+instead when that grows past a cache-sized bound), scales folded into B, rows past each
+adapter's own rank zeroed. The delta is then two batched GEMMs and one add
+(`lora_delta_packed`), plus a gather in and out when the adapter tokens are not one run.
 Packs depend only on which adapter owns each chunk (`SgmvPlan.chunk_adapters`): a decode
 batch keeps its layout from step to step, so `PackCache` rebuilds them only when it changes.
 
@@ -18,11 +19,16 @@ slower than fp32 ones there), and the delta is added into the output once, round
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from loraplex.adapters.kernels.lora_sgmv import SgmvPlan
 from loraplex.loader.tensor_layout import require_contiguous, require_stride1_last
+
+# A block-diagonal B past this size (many chunks, wide outputs) costs more memory traffic than
+# the GEMM per slice it saves: then B is packed per slice.
+BLOCK_DIAGONAL_MAX_BYTES = 512 << 10
 
 
 def lora_compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -30,6 +36,27 @@ def lora_compute_dtype(x: torch.Tensor) -> torch.dtype:
     if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
         return torch.float32
     return x.dtype
+
+
+@dataclass(frozen=True)
+class PackedLinear:
+    """One Linear's chunk weights: A `[K, in, S*R]`, and B either block-diagonal `[K, S*R, out]`
+    (`b` has one tensor) or one `[K, R, size]` per slice (`b` has S tensors)."""
+
+    a: torch.Tensor
+    b: tuple[torch.Tensor, ...]
+    slice_offsets: tuple[int, ...]
+    slice_sizes: tuple[int, ...]
+
+    @property
+    def block_diagonal(self) -> bool:
+        """Whether one GEMM expands every slice (B block-diagonal)."""
+        return len(self.b) == 1
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held."""
+        return sum(t.numel() * t.element_size() for t in (self.a, *self.b))
 
 
 def pack_linear(
@@ -40,15 +67,17 @@ def pack_linear(
     slice_offsets: Sequence[int],
     slice_sizes: Sequence[int],
     dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Linear `lid`'s chunk weights: A `[K, in, S*R]` and block-diagonal, scaled B `[K, S*R, out]`.
+) -> PackedLinear:
+    """Linear `lid`'s chunk weights for `plan`: A `[K, in, S*R]`, B scaled, rows past each
+    chunk's adapter zeroed; B block-diagonal when it stays within `BLOCK_DIAGONAL_MAX_BYTES`.
 
     `a_buf` is the pool's `[rows, S, in]` A buffer, `b_buf` its `[rows, out]` transposed B.
-    Column `s * R + j` of A is rank row j of slice s; rows past a chunk's adapter are zero.
+    Column `s * R + j` of A is rank row j of slice s.
     """
     require_contiguous("pack_linear", a_buf=a_buf, b_buf=b_buf)
     k, r = plan.num_chunks, plan.rank
     ns, d_in, out = a_buf.shape[1], a_buf.shape[2], b_buf.shape[1]
+    offsets, sizes = tuple(slice_offsets), tuple(slice_sizes)
     rank_mask = plan.mask[:, 0, :, 0].to(dtype)  # [K, R]: a chunk's first row is a real token
     a = a_buf.index_select(0, plan.row_index).view(k, r, ns, d_in).to(dtype)
     a = (a * rank_mask.view(k, r, 1, 1)).permute(0, 3, 2, 1).reshape(k, d_in, ns * r)
@@ -56,36 +85,58 @@ def pack_linear(
     b = b * rank_mask.view(k, r, 1)
     scales = plan.scales[lid, :, 0, 0, :ns].to(dtype)  # [K, S]
     if ns == 1:
-        return a.contiguous(), (b * scales.view(k, 1, 1)).contiguous()
+        return PackedLinear(
+            a.contiguous(), ((b * scales.view(k, 1, 1)).contiguous(),), offsets, sizes
+        )
+    elem = torch.empty((), dtype=dtype).element_size()
+    if k * ns * r * out * elem > BLOCK_DIAGONAL_MAX_BYTES:
+        per_slice = tuple(
+            (b[:, :, off : off + size] * scales[:, si].view(k, 1, 1)).contiguous()
+            for si, (off, size) in enumerate(zip(offsets, sizes, strict=True))
+        )
+        return PackedLinear(a.contiguous(), per_slice, offsets, sizes)
     bd = torch.zeros(k, ns * r, out, dtype=dtype, device=b.device)
-    for si, (off, size) in enumerate(zip(slice_offsets, slice_sizes, strict=True)):
-        bd[:, si * r : (si + 1) * r, off : off + size] = b[:, :, off : off + size] * scales[
-            :, si
-        ].view(k, 1, 1)
-    return a.contiguous(), bd
+    for si, (off, size) in enumerate(zip(offsets, sizes, strict=True)):
+        scale = scales[:, si].view(k, 1, 1)
+        bd[:, si * r : (si + 1) * r, off : off + size] = b[:, :, off : off + size] * scale
+    return PackedLinear(a.contiguous(), (bd,), offsets, sizes)
 
 
 def lora_delta_packed(
-    x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, bd: torch.Tensor, plan: SgmvPlan
+    x: torch.Tensor, y: torch.Tensor, packed: PackedLinear, plan: SgmvPlan
 ) -> None:
-    """Add every adapter token's delta into `y` [T, out] in place, from `pack_linear`'s A and B.
+    """Add every adapter token's delta into `y` [T, out] in place, from `pack_linear`'s weights.
 
     Padding rows of a chunk compute garbage that no token reads back.
     """
     require_stride1_last("lora_delta_packed", x=x, y=y)
     k, c = plan.num_chunks, plan.chunk_size
-    d_in, out = a.shape[1], bd.shape[2]
-    if plan.run_start is not None:  # the chunks are one run of tokens: views, no gather
+    a = packed.a
+    d_in = a.shape[1]
+    run = plan.run_start is not None  # the chunks are one run of tokens: views, no gather
+    if run:
         s, e = plan.run_start, plan.run_start + k * c
-        h = torch.bmm(x[s:e].to(a.dtype).view(k, c, d_in), a)
-        y[s:e].add_(torch.bmm(h, bd).view(k * c, out))
-        return
-    xg = x.index_select(0, plan.tok_index).to(a.dtype).view(k, c, d_in)
-    d = torch.bmm(torch.bmm(xg, a), bd).view(k * c, out).index_select(0, plan.inv_index)
-    if plan.token_mask is None:
-        y.add_(d)
+        xg = x[s:e]
     else:
-        y.add_(d.mul_(plan.token_mask))
+        xg = x.index_select(0, plan.tok_index)
+    h = torch.bmm(xg.to(a.dtype).view(k, c, d_in), a)
+    if packed.block_diagonal:
+        parts = [(torch.bmm(h, packed.b[0]), y)]
+    else:
+        r = h.shape[2] // len(packed.b)
+        parts = [
+            (torch.bmm(h[:, :, si * r : (si + 1) * r], b), y[:, off : off + size])
+            for si, (b, off, size) in enumerate(
+                zip(packed.b, packed.slice_offsets, packed.slice_sizes, strict=True)
+            )
+        ]
+    for d, out in parts:
+        d = d.view(k * c, -1)
+        if run:
+            out[s:e].add_(d)
+            continue
+        d = d.index_select(0, plan.inv_index)
+        out.add_(d if plan.token_mask is None else d.mul_(plan.token_mask))
 
 
 class PackCache:
@@ -99,7 +150,7 @@ class PackCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._layout: tuple | None = None
-        self._packs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._packs: dict[int, PackedLinear] = {}
         self._bytes = 0
 
     def get(
@@ -111,18 +162,17 @@ class PackCache:
         slice_offsets: Sequence[int],
         slice_sizes: Sequence[int],
         dtype: torch.dtype,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Linear `lid`'s packed (A, B) for `plan`'s layout, packed now if not cached."""
+    ) -> PackedLinear:
+        """Linear `lid`'s packed weights for `plan`'s layout, packed now if not cached."""
         layout = (plan.chunk_adapters, plan.rank, dtype)
         if layout != self._layout:
             self._layout, self._packs, self._bytes = layout, {}, 0
         packed = self._packs.get(lid)
         if packed is None:
             packed = pack_linear(a_buf, b_buf, plan, lid, slice_offsets, slice_sizes, dtype)
-            size = sum(t.numel() * t.element_size() for t in packed)
-            if self._bytes + size <= self.max_bytes:
+            if self._bytes + packed.nbytes <= self.max_bytes:
                 self._packs[lid] = packed
-                self._bytes += size
+                self._bytes += packed.nbytes
         return packed
 
     def clear(self) -> None:

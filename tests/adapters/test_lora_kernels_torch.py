@@ -7,6 +7,7 @@ import torch
 from support.lora_reference import llama_specs, random_adapter, reference_delta
 
 from loraplex.adapters.device_pool import DevicePool
+from loraplex.adapters.kernels import lora_packed
 from loraplex.adapters.kernels.lora_packed import (
     PackCache,
     lora_compute_dtype,
@@ -70,12 +71,22 @@ def lora_delta_packed_step(x, y, a_buf, b_buf, meta, lid, offsets, sizes):
     dtype = lora_compute_dtype(x)
     if meta.sgmv_plan is None:
         meta.sgmv_plan = build_sgmv_plan(meta, a_buf.shape[0], dtype)
-    a, bd = pack_linear(a_buf, b_buf, meta.sgmv_plan, lid, offsets, sizes, dtype)
-    lora_delta_packed(x, y, a, bd, meta.sgmv_plan)
+    packed = pack_linear(a_buf, b_buf, meta.sgmv_plan, lid, offsets, sizes, dtype)
+    lora_delta_packed(x, y, packed, meta.sgmv_plan)
 
 
-PATHS = [lora_delta_torch, lora_delta_gathered, lora_delta_packed_step]
-PATH_IDS = ["loop", "sgmv", "packed"]
+def lora_delta_packed_per_slice(x, y, a_buf, b_buf, meta, lid, offsets, sizes):
+    """The packed path with B packed per slice (what many chunks of wide outputs get)."""
+    saved = lora_packed.BLOCK_DIAGONAL_MAX_BYTES
+    lora_packed.BLOCK_DIAGONAL_MAX_BYTES = 0
+    try:
+        lora_delta_packed_step(x, y, a_buf, b_buf, meta, lid, offsets, sizes)
+    finally:
+        lora_packed.BLOCK_DIAGONAL_MAX_BYTES = saved
+
+
+PATHS = [lora_delta_torch, lora_delta_gathered, lora_delta_packed_step, lora_delta_packed_per_slice]
+PATH_IDS = ["loop", "sgmv", "packed", "packed_per_slice"]
 
 
 @pytest.mark.parametrize("fn", PATHS, ids=PATH_IDS)
@@ -197,16 +208,16 @@ def test_pack_cache_reuses_a_layout_and_repacks_a_new_one():
     again = cache.get(
         0, *args, plan_for([0, 1]), spec.slice_offsets, spec.slice_sizes, torch.float32
     )
-    assert again[0] is first[0] and again[1] is first[1]
+    assert again is first
     other = cache.get(
         0, *args, plan_for([1, 0]), spec.slice_offsets, spec.slice_sizes, torch.float32
     )
-    assert other[0] is not first[0] and not torch.equal(other[0], first[0])
+    assert other is not first and not torch.equal(other.a, first.a)
     # over budget: packed afresh each call, never kept, same values
     tiny = PackCache(max_bytes=0)
     p1 = tiny.get(0, *args, plan_for([0, 1]), spec.slice_offsets, spec.slice_sizes, torch.float32)
     p2 = tiny.get(0, *args, plan_for([0, 1]), spec.slice_offsets, spec.slice_sizes, torch.float32)
-    assert p1[0] is not p2[0] and torch.equal(p1[0], first[0]) and torch.equal(p1[1], first[1])
+    assert p1 is not p2 and torch.equal(p1.a, first.a) and torch.equal(p1.b[0], first.b[0])
 
 
 def test_packed_path_computes_16_bit_activations_in_fp32_on_cpu():

@@ -98,10 +98,10 @@ class LoraHooks:
             plan = meta.sgmv_plan
             if plan is None:  # the active adapters have no tokens this step
                 return
-            a, bd = self.packs.get(
+            packed = self.packs.get(
                 lid, pool.a[lid], pool.b[lid], plan, spec.slice_offsets, spec.slice_sizes, dtype
             )
-            lora_delta_packed(x, y, a, bd, plan)
+            lora_delta_packed(x, y, packed, plan)
 
     def slice_tensors(self, lid: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Linear `lid`'s int32 slice offsets and sizes on the device (built once)."""
