@@ -174,7 +174,3 @@ class PackCache:
                 self._packs[lid] = packed
                 self._bytes += packed.nbytes
         return packed
-
-    def clear(self) -> None:
-        """Drop every pack (the pool's contents changed under the same layout)."""
-        self._layout, self._packs, self._bytes = None, {}, 0

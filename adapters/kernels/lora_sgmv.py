@@ -11,7 +11,9 @@ fused slice to expand, and one gather back to token order added into the output 
 not a scatter: `index_add_` on CPU is several times slower, worst in bf16). No Python loop over
 adapters or tokens: 32 distinct adapters cost what 32 tokens of one adapter split in 32 chunks
 would, and the work grows with tokens x rank only. Punica's BGMV/SGMV and S-LoRA gather the
-same way on a GPU; this is the CPU twin, in plain torch ops.
+same way on a GPU; this is the CPU twin, in plain torch ops. The engine runs the packed
+variant (`lora_packed`: the same plan, chunk weights gathered once per adapter layout);
+`lora_delta_sgmv` stays as the per-call reference.
 """
 
 from __future__ import annotations
