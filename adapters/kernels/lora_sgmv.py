@@ -11,7 +11,9 @@ fused slice to expand, and one gather back to token order added into the output 
 not a scatter: `index_add_` on CPU is several times slower, worst in bf16). No Python loop over
 adapters or tokens: 32 distinct adapters cost what 32 tokens of one adapter split in 32 chunks
 would, and the work grows with tokens x rank only. Punica's BGMV/SGMV and S-LoRA gather the
-same way on a GPU; this is the CPU twin, in plain torch ops.
+same way on a GPU; this is the CPU twin, in plain torch ops. The engine runs the packed
+variant (`lora_packed`: the same plan, chunk weights gathered once per adapter layout);
+`lora_delta_sgmv` stays as the per-call reference.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ class SgmvPlan:
     token_mask: torch.Tensor | None  # [T, 1]: 1 for adapter tokens; None when all are
     mask: torch.Tensor  # [K, C, R, 1]: 1 for a real token x a rank row of its adapter
     scales: torch.Tensor  # [num_linears, K, 1, 1, max_slices]: each chunk's adapter's scales
+    # Each chunk's adapter (key, first pool row, rows): what its gathered weights depend on.
+    chunk_adapters: tuple[tuple[str, int, int], ...] = ()
+    # When the chunks are exactly tokens run_start.. run_start + K * C in order (no padding, no
+    # base token between), the packed path reads and writes that slice with no gather.
+    run_start: int | None = None
 
 
 def build_sgmv_plan(
@@ -87,7 +94,17 @@ def build_sgmv_plan(
     mask = (valid.view(k, c, 1) * rmask.view(k, 1, rank)).to(dtype)[..., None]
     scales = meta.scales.to(dev)[:, :, chunk_slot.to(dev)].permute(0, 2, 1)  # [L, K, S]
     scales = scales.to(dtype)[:, :, None, None, :].contiguous()
-    return SgmvPlan(k, c, rank, tok_index, row_index, inv_index, token_mask, mask, scales)
+    keys = [(g.key, g.row_start, g.rows) for g in groups]
+    chunk_adapters = tuple(keys[i] for i in chunk_slot.tolist())
+    run_start = None
+    if k * c == total:  # no padding: the chunks are the sorted tokens in order
+        first = int(sorted_tok[0])
+        if torch.equal(sorted_tok.cpu(), torch.arange(first, first + total)):
+            run_start = first
+    return SgmvPlan(
+        k, c, rank, tok_index, row_index, inv_index, token_mask, mask, scales,
+        chunk_adapters, run_start,
+    )  # fmt: skip
 
 
 def lora_delta_sgmv(

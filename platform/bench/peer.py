@@ -96,19 +96,24 @@ def _tok_s(llm, prompts, refs, max_tokens: int) -> float:  # noqa: ANN001
 
 
 def run_ours(
-    model: Path, prompts: list, configs: dict[str, list], dtype: str, max_tokens: int, passes: int
-) -> dict[str, float]:
+    model: Path, prompts: list, configs: dict[str, list], dtype: str, max_tokens: int, passes: int,
+    cpu_threads: int | None = None,
+) -> dict[str, float]:  # fmt: skip
     """Our engine over every config, best of `passes` (variants alternated each pass)."""
     from loraplex.platform.engine.llm import LLM
 
     args = dict(
         dtype=dtype, max_num_seqs=len(prompts), max_num_batched_tokens=max(2048, len(prompts)),
         block_size=16, max_model_len=max(len(p) for p in prompts) + max_tokens + 16,
+        cpu_threads=cpu_threads,
     )  # fmt: skip
     distinct = max(len({r for r in refs if r is not None}) for refs in configs.values())
     llms = {False: LLM(str(model), **args)}
     llms[True] = LLM(str(model), max_loras=max(1, distinct), max_lora_rank=RANK, **args)
-    print(f"[ours] compute dtype {llms[False].core.dtype} ({llms[False].core.dtype_reason})")
+    print(
+        f"[ours] compute dtype {llms[False].core.dtype} ({llms[False].core.dtype_reason}), "
+        f"{torch.get_num_threads()} torch threads"
+    )
     for name, refs in configs.items():  # warm-up: first-step allocations, adapter loads
         _tok_s(llms[name != "base"], prompts, refs, 2)
     best = dict.fromkeys(configs, 0.0)
@@ -162,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--ours-only", action="store_true", help="run our engine alone (no vLLM)")
     ap.add_argument("--skip-mixed32", action="store_true")
+    ap.add_argument(
+        "--cpu-threads", type=int, default=None,
+        help="our engine's torch threads (EngineConfig.cpu_threads; default: torch's)",
+    )  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="tiny sizes, for tests")
     args = ap.parse_args(argv)
     python = Settings().peer_vllm_python
@@ -186,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
             vllm = run_vllm(python, model, prompts, peer, dtype, args.max_tokens, args.passes, tmp)
             results.update({f"peer.vllm.{k}_tok_s": v for k, v in vllm.items()})
         ours_dtype = "auto" if args.dtype == "auto" else dtype  # so /state says why
-        ours = run_ours(model, prompts, configs, ours_dtype, args.max_tokens, args.passes)
+        ours = run_ours(
+            model, prompts, configs, ours_dtype, args.max_tokens, args.passes, args.cpu_threads
+        )
     results.update({f"peer.loraplex.{k}_tok_s": v for k, v in ours.items()})
     if python:
         results.update({f"peer.{k}_over_vllm": ours[k] / vllm[k] for k in PEER_CONFIGS})

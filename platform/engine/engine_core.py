@@ -49,6 +49,8 @@ class EngineCore:
     ) -> None:
         self.config = config
         self.before_forward = before_forward
+        if config.cpu_threads is not None and torch.device(config.device).type == "cpu":
+            torch.set_num_threads(config.cpu_threads)  # process-wide: one engine per process
         # Cold start: model (local folder or streamed from s3://), KV cache, decode graphs.
         self.timeline = Timeline(config.model_id or config.model)
         loaded = load_engine_model(config, self.timeline)

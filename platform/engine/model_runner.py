@@ -39,17 +39,21 @@ class ModelRunnerOutput:
 
 
 def group_by_adapter(scheduled: list[ScheduledRequest]) -> list[ScheduledRequest]:
-    """The batch reordered so each adapter's tokens are one contiguous run (stable otherwise).
+    """The batch reordered so each adapter's tokens are one contiguous run and base rows come
+    last (stable otherwise).
 
-    Row order within a step is free (results are keyed by request id); with one run per
-    adapter the LoRA delta reads and writes views instead of gathering and scattering rows.
+    Row order within a step is free (results are keyed by request id); with the adapter rows
+    one run ahead of the base rows, the LoRA delta of a decode batch reads and writes one slice
+    of the activations instead of gathering and scattering rows.
     """
     keys = [s.request.adapter_key for s in scheduled]
     if all(k == keys[0] for k in keys):
         return scheduled
     first: dict[str | None, int] = {}
     for k in keys:
-        first.setdefault(k, len(first))
+        if k is not None:
+            first.setdefault(k, len(first))
+    first[None] = len(first)
     return sorted(scheduled, key=lambda s: first[s.request.adapter_key])
 
 

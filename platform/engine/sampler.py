@@ -39,6 +39,28 @@ def topn_logprobs(
     return out
 
 
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Row-wise argmax [S, V] -> [S] int64, the first maximum like `torch.argmax`, ~7x faster
+    on CPU: `aten::argmax` is scalar there (3.6 ms for 64 x 32k fp32) while `amax` vectorises.
+
+    Max per chunk of `c` columns (a contiguous view), the first chunk holding the row's max
+    (ties and NaN resolve to the first, as in `argmax`), then the argmax inside that chunk.
+    A ragged tail chunk is read through the last full window, which covers it and finds no
+    earlier maximum (that would have been an earlier chunk's max).
+    """
+    s, v = logits.shape
+    c = next((c for c in (256, 128, 512) if v % c == 0), 256)
+    if logits.device.type != "cpu" or v < 2 * c or not logits.is_contiguous():
+        return logits.argmax(dim=-1)
+    full = v // c
+    maxima = logits[:, : full * c].reshape(s, full, c).amax(-1)
+    if v % c:
+        maxima = torch.cat([maxima, logits[:, full * c :].amax(-1, keepdim=True)], dim=1)
+    start = (maxima.argmax(-1) * c).clamp_(max=v - c)
+    window = logits.gather(1, start[:, None] + torch.arange(c, device=logits.device))
+    return start + window.argmax(-1)
+
+
 def _plain_greedy(r: Request) -> bool:
     """Greedy with nothing else to do: no logprobs, no penalties, no EOS/stop ban pending."""
     p = r.sampling_params
@@ -62,7 +84,7 @@ class Sampler:
         logits = logits.float()
         params = [r.sampling_params for r in requests]
         if all(_plain_greedy(r) for r in requests):  # the common case: one argmax, no extras
-            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * len(requests))
+            return SamplerOutput(greedy_argmax(logits).tolist(), [None] * len(requests))
         raw_logprobs = None
         if any(p.logprobs is not None for p in params):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
@@ -72,7 +94,7 @@ class Sampler:
             logits = self._block_early_stop(logits.clone(), requests)
 
         greedy = torch.tensor([p.greedy for p in params], device=logits.device)
-        tokens = logits.argmax(dim=-1)
+        tokens = greedy_argmax(logits)
         if not bool(greedy.all()):
             sampled = self._sample(logits, requests)
             tokens = torch.where(greedy, tokens, sampled)
@@ -165,7 +187,7 @@ class Sampler:
         for i, r in enumerate(requests):
             gen = self._generator_for(r)
             q[i].exponential_(generator=gen)
-        return (probs / q).argmax(dim=-1)
+        return greedy_argmax(probs / q)
 
     def _generator_for(self, request: Request) -> torch.Generator:
         seed = request.sampling_params.seed

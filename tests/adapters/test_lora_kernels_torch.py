@@ -7,6 +7,13 @@ import torch
 from support.lora_reference import llama_specs, random_adapter, reference_delta
 
 from loraplex.adapters.device_pool import DevicePool
+from loraplex.adapters.kernels import lora_packed
+from loraplex.adapters.kernels.lora_packed import (
+    PackCache,
+    lora_compute_dtype,
+    lora_delta_packed,
+    pack_linear,
+)
 from loraplex.adapters.kernels.lora_sgmv import build_sgmv_plan, lora_delta_sgmv
 from loraplex.adapters.kernels.lora_torch import lora_delta_torch
 from loraplex.adapters.metadata import build_lora_meta
@@ -44,6 +51,7 @@ LAYOUTS = [
     [(i % 6, 1) for i in range(13)] + [(None, 1)],
     [(None, 4)],
     [(2, 9)],
+    [(None, 3), (0, 2), (1, 2), (2, 2), (None, 1)],  # one run after base rows: no gather
 ]
 
 
@@ -56,7 +64,32 @@ def lora_delta_gathered(x, y, a_buf, b_buf, meta, lid, offsets, sizes):
     lora_delta_sgmv(x, y, a_buf, b_buf, meta.sgmv_plan, lid, offsets, sizes)
 
 
-@pytest.mark.parametrize("fn", [lora_delta_torch, lora_delta_gathered], ids=["loop", "sgmv"])
+def lora_delta_packed_step(x, y, a_buf, b_buf, meta, lid, offsets, sizes):
+    """The packed path as the runtime drives it (plan in the LoRA compute dtype, packed once)."""
+    if not meta.groups:
+        return
+    dtype = lora_compute_dtype(x)
+    if meta.sgmv_plan is None:
+        meta.sgmv_plan = build_sgmv_plan(meta, a_buf.shape[0], dtype)
+    packed = pack_linear(a_buf, b_buf, meta.sgmv_plan, lid, offsets, sizes, dtype)
+    lora_delta_packed(x, y, packed, meta.sgmv_plan)
+
+
+def lora_delta_packed_per_slice(x, y, a_buf, b_buf, meta, lid, offsets, sizes):
+    """The packed path with B packed per slice (what many chunks of wide outputs get)."""
+    saved = lora_packed.BLOCK_DIAGONAL_MAX_BYTES
+    lora_packed.BLOCK_DIAGONAL_MAX_BYTES = 0
+    try:
+        lora_delta_packed_step(x, y, a_buf, b_buf, meta, lid, offsets, sizes)
+    finally:
+        lora_packed.BLOCK_DIAGONAL_MAX_BYTES = saved
+
+
+PATHS = [lora_delta_torch, lora_delta_gathered, lora_delta_packed_step, lora_delta_packed_per_slice]
+PATH_IDS = ["loop", "sgmv", "packed", "packed_per_slice"]
+
+
+@pytest.mark.parametrize("fn", PATHS, ids=PATH_IDS)
 @pytest.mark.parametrize("layout", range(len(LAYOUTS)))
 def test_torch_path_matches_oracle(layout, fn):
     specs, pool, adapters, residents = setup_pool()
@@ -93,7 +126,7 @@ def test_metadata_groups_tokens_by_slot():
         build_lora_meta(seqs, max_loras=1, num_linears=len(specs), max_slices=3)
 
 
-@pytest.mark.parametrize("fn", [lora_delta_torch, lora_delta_gathered], ids=["loop", "sgmv"])
+@pytest.mark.parametrize("fn", PATHS, ids=PATH_IDS)
 def test_bf16_path_close(fn):
     specs, pool, adapters, residents = setup_pool(torch.bfloat16)
     seqs = [(residents[i], 2) for i in range(6)]
@@ -141,3 +174,53 @@ def test_sgmv_refuses_strided_last_dimension():
     y = torch.zeros(2, spec.out_features)
     with pytest.raises(ValueError, match="stride-1"):
         lora_delta_sgmv(x, y, pool.a[0], pool.b[0], plan, 0, spec.slice_offsets, spec.slice_sizes)
+
+
+def test_packed_plan_reads_one_run_in_place_and_gathers_otherwise():
+    specs, pool, adapters, residents = setup_pool()
+    run = build_lora_meta(
+        [(None, 3), (residents[0], 2), (residents[1], 2), (None, 1)], max_loras=8,
+        num_linears=len(specs), max_slices=3,
+    )  # fmt: skip
+    assert build_sgmv_plan(run, pool.num_rows).run_start == 3
+    split = build_lora_meta(
+        [(residents[0], 2), (None, 1), (residents[1], 2)], max_loras=8,
+        num_linears=len(specs), max_slices=3,
+    )  # fmt: skip
+    assert build_sgmv_plan(split, pool.num_rows).run_start is None
+
+
+def test_pack_cache_reuses_a_layout_and_repacks_a_new_one():
+    specs, pool, adapters, residents = setup_pool()
+    spec = specs[0]
+
+    def plan_for(order):
+        meta = build_lora_meta(
+            [(residents[i], 2) for i in order], max_loras=8, num_linears=len(specs), max_slices=3
+        )
+        return build_sgmv_plan(meta, pool.num_rows)
+
+    args = (pool.a[0], pool.b[0])
+    cache = PackCache(max_bytes=1 << 30)
+    first = cache.get(
+        0, *args, plan_for([0, 1]), spec.slice_offsets, spec.slice_sizes, torch.float32
+    )
+    again = cache.get(
+        0, *args, plan_for([0, 1]), spec.slice_offsets, spec.slice_sizes, torch.float32
+    )
+    assert again is first
+    other = cache.get(
+        0, *args, plan_for([1, 0]), spec.slice_offsets, spec.slice_sizes, torch.float32
+    )
+    assert other is not first and not torch.equal(other.a, first.a)
+    # over budget: packed afresh each call, never kept, same values
+    tiny = PackCache(max_bytes=0)
+    p1 = tiny.get(0, *args, plan_for([0, 1]), spec.slice_offsets, spec.slice_sizes, torch.float32)
+    p2 = tiny.get(0, *args, plan_for([0, 1]), spec.slice_offsets, spec.slice_sizes, torch.float32)
+    assert p1 is not p2 and torch.equal(p1.a, first.a) and torch.equal(p1.b[0], first.b[0])
+
+
+def test_packed_path_computes_16_bit_activations_in_fp32_on_cpu():
+    assert lora_compute_dtype(torch.zeros(1, dtype=torch.bfloat16)) == torch.float32
+    assert lora_compute_dtype(torch.zeros(1, dtype=torch.float16)) == torch.float32
+    assert lora_compute_dtype(torch.zeros(1)) == torch.float32

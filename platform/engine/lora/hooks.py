@@ -3,10 +3,11 @@
 Every LoRA-targetable `Linear` (its slices are modules a PEFT adapter may target) gets a
 `lora_delta` hook. Each call reads the step's metadata from the forward context and adds the
 adapters' low-rank deltas into the output in place, with the fastest path for the device and
-batch: the Triton shrink/expand on a GPU (graph-static for captured decode steps); on CPU the
-view-only torch path when one adapter owns one contiguous run of tokens, else the gathered
-SGMV-style path, whose cost does not grow with the number of distinct adapters. Weights come
-from the device pool the tiers own (`weights()`), read at call time.
+batch: the Triton shrink/expand on a GPU (graph-static for captured decode steps), elsewhere
+the packed SGMV-style path (`kernels.lora_packed`): the step's adapter tokens in chunks, two
+batched GEMMs per Linear over chunk weights packed once per adapter layout and kept while
+decode steps repeat it; its cost does not grow with the number of distinct adapters. Weights
+come from the device pool the tiers own (`weights()`), read at call time.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import torch
 from torch import nn
 
 from loraplex.adapters.device_pool import DevicePool, LoraLinearSpec
-from loraplex.adapters.kernels.lora_sgmv import build_sgmv_plan, lora_delta_sgmv
-from loraplex.adapters.kernels.lora_torch import lora_delta_torch
+from loraplex.adapters.kernels.lora_packed import PackCache, lora_compute_dtype, lora_delta_packed
+from loraplex.adapters.kernels.lora_sgmv import build_sgmv_plan
 from loraplex.adapters.kernels.lora_triton import (
     lora_delta_triton,
     lora_delta_triton_static,
@@ -58,6 +59,7 @@ class LoraHooks:
         weights: Callable[[], DevicePool],
         max_lora_rank: int,
         device: torch.device,
+        pack_cache_bytes: int = 256 << 20,
     ) -> None:
         self.modules = [m for m, _ in linears]
         self.specs = [s for _, s in linears]
@@ -65,6 +67,7 @@ class LoraHooks:
         self.device = device
         self._weights = weights
         self._slice_tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.packs = PackCache(pack_cache_bytes)
         for lid, module in enumerate(self.modules):
             module.lora_delta = functools.partial(self._delta, lid)
 
@@ -88,17 +91,17 @@ class LoraHooks:
                 x, y, pool.a[lid], pool.b[lid], meta, lid, spec.slice_offsets,
                 spec.slice_sizes, self.max_lora_rank, self.slice_tensors(lid),
             )  # fmt: skip
-        elif len(meta.groups) == 1 and len(meta.groups[0].runs) == 1:  # views, no gather
-            lora_delta_torch(
-                x, y, pool.a[lid], pool.b[lid], meta, lid, spec.slice_offsets, spec.slice_sizes
-            )
         else:
+            dtype = lora_compute_dtype(x)
             if meta.sgmv_plan is None:
-                meta.sgmv_plan = build_sgmv_plan(meta, pool.num_rows, x.dtype)
-            lora_delta_sgmv(
-                x, y, pool.a[lid], pool.b[lid], meta.sgmv_plan, lid, spec.slice_offsets,
-                spec.slice_sizes,
-            )  # fmt: skip
+                meta.sgmv_plan = build_sgmv_plan(meta, pool.num_rows, dtype)
+            plan = meta.sgmv_plan
+            if plan is None:  # the active adapters have no tokens this step
+                return
+            packed = self.packs.get(
+                lid, pool.a[lid], pool.b[lid], plan, spec.slice_offsets, spec.slice_sizes, dtype
+            )
+            lora_delta_packed(x, y, packed, plan)
 
     def slice_tensors(self, lid: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Linear `lid`'s int32 slice offsets and sizes on the device (built once)."""

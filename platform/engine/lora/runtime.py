@@ -96,6 +96,10 @@ class LoraRuntime:
         self.hooks = LoraHooks(linears, lambda: self.tiers.pool, max_lora_rank, device)
         self.admission_policy = LoraAdmissionPolicy(self.tiers, max_loras, max_wait_steps)
         self.device = device
+        # The last step's metadata and what it was built from: decode steps repeat a layout
+        # until a request joins or leaves, and then reuse it (and its kernel plan) as is.
+        self._last_layout: tuple | None = None
+        self._last_meta: LoraBatchMeta | None = None
 
     @classmethod
     def for_engine(cls, core: EngineCore, **overrides: Any) -> LoraRuntime:
@@ -133,7 +137,8 @@ class LoraRuntime:
         return self.tiers.take_failed_request_ids()
 
     def prepare_step(self, requests: list[Request], num_tokens: list[int]) -> LoraBatchMeta | None:
-        """Build this step's LoRA metadata (None when no scheduled request uses an adapter)."""
+        """This step's LoRA metadata (None when no scheduled request uses an adapter); the last
+        step's object when every row has the same adapter version, pool rows and token count."""
         self.tiers.unstage_except(self.admission_policy.waiting)  # their requests went away
         if all(r.adapter_key is None for r in requests):
             return None
@@ -149,13 +154,20 @@ class LoraRuntime:
                     )
                 pool.touch(r.adapter_key)
             seqs.append((resident, n))
-        return build_lora_meta(
+        layout = tuple(
+            (None, n) if res is None else (res.key, res.row_start, res.rows, n) for res, n in seqs
+        )
+        if layout == self._last_layout and self._last_meta is not None:
+            return self._last_meta
+        meta = build_lora_meta(
             seqs,
             max_loras=self.max_loras,
             num_linears=len(self.tiers.specs),
             max_slices=pool.max_slices,
             device=self.device,
         )
+        self._last_layout, self._last_meta = layout, meta
+        return meta
 
     def static_lora_meta(self, max_batch: int) -> StaticLoraMeta:
         """Graph-static LoRA buffers for decode graphs of up to `max_batch` rows.

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from loraplex.platform.engine.request import Request
-from loraplex.platform.engine.sampler import Sampler
+from loraplex.platform.engine.sampler import Sampler, greedy_argmax
 from loraplex.platform.engine.sampling_params import SamplingParams
 
 V = 12
@@ -153,3 +153,17 @@ def test_min_tokens_blocks_eos_and_stop_ids() -> None:
     assert Sampler()(logits, [r]).token_ids[0] not in (2, 7)
     r.output_token_ids = [4, 4]
     assert Sampler()(logits, [r]).token_ids[0] == 2
+
+
+@pytest.mark.parametrize("vocab", [32000, 32001, 1000, 200, 151936])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_argmax_is_torch_argmax(vocab: int, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(9, vocab, generator=g).to(dtype)
+    logits[1] = 0.0  # all tied: the first index
+    logits[2, vocab // 3] = logits[2, vocab - 1] = 50.0  # tied maxima far apart
+    logits[3, -1] = 50.0  # the max in a ragged tail
+    logits[4, 7] = logits[4, vocab - 2] = float("nan")  # NaN wins, the first one
+    logits[5] = float("-inf")
+    logits[6, min(255, vocab - 2)] = logits[6, min(256, vocab - 1)] = 50.0  # across a chunk edge
+    assert torch.equal(greedy_argmax(logits), logits.argmax(dim=-1))

@@ -60,6 +60,7 @@ def test_config_to_argv_and_back_is_identity() -> None:
         quantization="bf16",
         max_loras=3,
         max_lora_rank=16,
+        cpu_threads=1,
         ep_size=4,
         ep_redundant_experts=2,
         eplb_interval=100,
@@ -98,6 +99,8 @@ def test_bad_values_are_refused_by_the_config() -> None:
         parse_engine_args(["--model", "/m", "--block-size", "12"])
     with pytest.raises(ValueError, match="ep_size"):
         EngineConfig(model="/m", ep_size=0)
+    with pytest.raises(ValueError, match="cpu_threads"):
+        parse_engine_args(["--model", "/m", "--cpu-threads", "0"])
 
 
 def test_deployment_row_maps_to_one_config_and_command_line() -> None:
