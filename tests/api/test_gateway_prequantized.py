@@ -107,7 +107,8 @@ def test_a_prequantized_deployment_serves_an_adapter_through_the_gateway(
         replica = Replica(quant_dir, body["name"], redis_url, tmp_path, extra_args=args,
                           env=settings_env(s, "engine"))  # fmt: skip
 
-        folder = make_peft_adapter(plain_dir, tmp_path / "ad", seed=3)  # same shapes as the quantized base
+        # the adapter has the plain model's shapes, which are the quantized base's
+        folder = make_peft_adapter(plain_dir, tmp_path / "ad", seed=3)
         upload_and_wait(api.url, key, base, f"ad-{method}", folder, 180)
         tok = ModelAssets.load(quant_dir).tokenizer
         ids = tok.encode(

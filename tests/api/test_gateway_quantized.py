@@ -1,4 +1,4 @@
-"""Quantized deployments end to end: each weight choice (int8, int4, fp8; with the fp8 KV cache
+"""Quantized deployments end to end: each weight choice (int8, int4, int4_sym, fp8; with the fp8 KV cache
 on one) created through the admin API, its replica started from the deployment row's engine
 options, serves a tenant's uploaded adapter through the gateway exactly as the offline engine
 with the same choices does; `/v1/models` and the replica's `/state` show the quantization."""
@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.gateway_adapters]
 
 # widths in whole int4 groups of 128 (the tiny default, 64, is refused for int4)
 SIZES = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
-CHOICES = {"int8": "auto", "int4": "fp8", "fp8": "auto"}
+CHOICES = {"int8": "auto", "int4": "fp8", "int4_sym": "auto", "fp8": "auto"}
 
 
 class QuantStack:
