@@ -57,8 +57,7 @@ test: $(STAMP) $(QUANT_ORACLES_STAMP) $(CHECKOV_STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	# import-linter over a symlink tree: plain `lint-imports` cannot walk setup.py's package-dir
-	$(BIN)/python tests/support/import_tree.py
+	$(BIN)/lint-imports
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -39,3 +39,15 @@ def test_loraplex_platform_imports_from_the_folder() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()).resolve() == REPO / "platform" / "settings.py"
+
+
+def test_loraplex_folder_links_every_part_for_import_linter() -> None:
+    """`loraplex/` at the root holds one relative link per part of the distribution (setup.py's
+    PARTS) and nothing else: what plain `lint-imports` walks, so a new part needs its link."""
+    from support.import_tree import parts
+
+    links = {p.name: p for p in (REPO / "loraplex").iterdir()}
+    assert set(links) == set(parts())
+    for name, link in links.items():
+        assert link.is_symlink() and str(link.readlink()) == f"../{name}"
+        assert link.resolve() == REPO / name

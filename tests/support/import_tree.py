@@ -1,6 +1,7 @@
-"""Run import-linter on the project: `loraplex` is one distribution spread over top-level
-folders (setup.py `package-dir`), which import-linter cannot walk, so `loraplex_tree` lays the
-package out as one folder of symlinks, and `lint_imports` runs `lint-imports` over it."""
+"""Run import-linter: `lint_imports` runs `lint-imports` with a root first on the path, and
+`package_tree` lays a package out as one folder for it. The project needs no tree of its own:
+the repository's `loraplex/` folder links each part (setup.py's `PARTS`) so that plain
+`lint-imports` at the repository root finds the package the editable install hides from it."""
 
 from __future__ import annotations
 
@@ -40,11 +41,6 @@ def package_tree(root: Path, name: str, folders: dict[str, Path]) -> Path:
     return root
 
 
-def loraplex_tree(root: Path) -> Path:
-    """The `loraplex` package as one folder under `root` (returns `root`, for PYTHONPATH)."""
-    return package_tree(root, "loraplex", {p: REPO / p for p in parts()})
-
-
 def lint_imports(path_root: Path, config: Path) -> subprocess.CompletedProcess[str]:
     """`lint-imports CONFIG` with `path_root` first on the path; exit status 0: all kept."""
     env = {**os.environ, "PYTHONPATH": str(path_root)}
@@ -57,18 +53,3 @@ def lint_imports(path_root: Path, config: Path) -> subprocess.CompletedProcess[s
         text=True,
         timeout=300,
     )
-
-
-def main() -> int:
-    """`python tests/support/import_tree.py`: the project's contracts over a symlink tree (plain
-    `lint-imports` cannot walk the package-dir layout); `make lint` runs this."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        done = lint_imports(loraplex_tree(Path(tmp)), REPO / "pyproject.toml")
-    print(done.stdout + done.stderr, end="")
-    return done.returncode
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
