@@ -15,6 +15,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from support.logit_spy import record_sampled_logits
 from support.peft_adapters import make_adapter  # noqa: E402
 
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
@@ -86,22 +87,6 @@ def _peft_logits(hf, adapter_dir, tokens: list[int]) -> torch.Tensor:
         return model(torch.tensor([tokens])).logits[0].float()
 
 
-def record_logits(llm: LLM) -> dict[str, list[torch.Tensor]]:
-    """Record, per request id, every logits row the engine sampled from (full vocab)."""
-    rows: dict[str, list[torch.Tensor]] = {}
-    runner = llm.core.runner
-    inner = runner._sample
-
-    def spy(sampling, logits, prompt_lps):
-        if logits is not None:
-            for s, row in zip(sampling, logits, strict=True):
-                rows.setdefault(s.request.request_id, []).append(row.detach().clone())
-        return inner(sampling, logits, prompt_lps)
-
-    runner._sample = spy
-    return rows
-
-
 def check_against_peft(hf, prompts, refs, outs, rows, tol=1e-4):
     by_prompt = {}
     for rid, rs in rows.items():
@@ -144,7 +129,7 @@ def test_mixed_adapters_match_peft_through_chunks_decode_and_prefix_hits(world, 
         delta = (peft_logits(hf, dirs[name], prompts[0]) - peft_logits(hf, None, prompts[0])).abs()
         assert delta.max() > 1e-2, name
     llm = LLM(base_dir, max_lora_rank=64, block_size=4, **CONFIGS[config])
-    rows = record_logits(llm)
+    rows = record_sampled_logits(llm)
     steps: list[tuple[int, int, int]] = []  # (adapters, base tokens, chunked prefills) per step
     rt = llm.core.lora_runtime
     prepare = rt.prepare_step
@@ -192,7 +177,7 @@ def test_reuploaded_version_changes_output_and_never_reuses_old_kv(world, tmp_pa
     path = make_adapter(hf, tmp_path / "tenant-adapter", seed=1, **ADAPTERS["r8_all"])
     old_copy = shutil.copytree(path, tmp_path / "v1-copy")
     llm = LLM(base_dir, max_loras=2, block_size=4, max_num_batched_tokens=64, max_num_seqs=4)
-    rows = record_logits(llm)
+    rows = record_sampled_logits(llm)
     prompt = make_prompts(1)[0]
     params = SamplingParams(max_tokens=3, **GREEDY)
     v1 = llm.generate([prompt], params, adapters=[str(path)])[0]
@@ -243,7 +228,7 @@ def test_cold_adapter_fetched_from_s3_while_others_decode(
     llm = LLM(base_dir, max_loras=2, block_size=4, max_num_batched_tokens=64, max_num_seqs=4)
     core = llm.core
     core.lora_runtime.fetcher.object_store = store
-    rows = record_logits(llm)
+    rows = record_sampled_logits(llm)
     prompts = make_prompts(3)
     params = SamplingParams(max_tokens=6, **GREEDY)
     sha = hashlib.sha256(weights).hexdigest()
@@ -391,7 +376,7 @@ def test_moe_model_attention_adapters_match_peft(tmp_path):
         hf, tmp_path / "router", seed=5, r=4, lora_alpha=8, target_modules=["gate"]
     )
     llm = LLM(str(base), max_loras=2, block_size=4, max_num_batched_tokens=32, max_num_seqs=8)
-    rows = record_logits(llm)
+    rows = record_sampled_logits(llm)
     prompts = make_prompts(3)
     refs = [attn, None, attn]
     outs = llm.generate(
@@ -432,7 +417,7 @@ def test_identical_bytes_of_two_tenants_survive_the_first_tenants_delete(
     ref_a = AdapterRef(prefix_a, sha, tenant="tenant-a", targets=targets)
     ref_b = AdapterRef(prefix_b, sha, tenant="tenant-b", targets=targets)
     assert ref_a.key == ref_b.key
-    rows = record_logits(llm)
+    rows = record_sampled_logits(llm)
     prompt = make_prompts(1)[0]
     params = SamplingParams(max_tokens=4, **GREEDY)
     first = llm.generate([prompt], params, adapters=[ref_a])[0]

@@ -11,6 +11,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from support.logit_spy import record_sampled_logits
 from support.peft_adapters import make_adapter  # noqa: E402
 
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
@@ -64,17 +65,7 @@ def test_attention_lora_over_moe_matches_peft(tmp_path, arch):
         assert delta.abs().max() > 1e-2
     llm = LLM(str(tmp_path / "base"), max_loras=2, block_size=4, max_num_batched_tokens=16,
               max_num_seqs=4)  # fmt: skip
-    rows: dict[str, list[torch.Tensor]] = {}
-    runner = llm.core.runner
-    inner = runner._sample
-
-    def spy(sampling, logits, prompt_lps):
-        if logits is not None:
-            for s, row in zip(sampling, logits, strict=True):
-                rows.setdefault(s.request.request_id, []).append(row.detach().clone())
-        return inner(sampling, logits, prompt_lps)
-
-    runner._sample = spy
+    rows = record_sampled_logits(llm)
     params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     outs = llm.generate(prompts, params, adapters=[str(r) if r else None for r in refs])
     by_prompt = {int(rid.split("-")[-2]): torch.stack(rs) for rid, rs in rows.items()}

@@ -13,6 +13,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from support.logit_spy import record_sampled_logits
 from support.paged_harness import PagedHarness  # noqa: E402
 from support.peft_adapters import make_adapter  # noqa: E402
 
@@ -137,21 +138,6 @@ def test_quantized_weights_take_less_memory(base) -> None:
     assert sizes["int4"] / sizes["bf16"] < 0.30
 
 
-def _record_logits(llm: LLM) -> dict[str, list[torch.Tensor]]:
-    rows: dict[str, list[torch.Tensor]] = {}
-    runner = llm.core.runner
-    inner = runner._sample
-
-    def spy(sampling, logits, prompt_lps):
-        if logits is not None:
-            for s, row in zip(sampling, logits, strict=True):
-                rows.setdefault(s.request.request_id, []).append(row.detach().float().clone())
-        return inner(sampling, logits, prompt_lps)
-
-    runner._sample = spy
-    return rows
-
-
 @pytest.mark.parametrize("choice", CHOICES)
 def test_lora_over_quantized_base_matches_peft_over_dequantized_base(base, choice, tmp_path):
     from peft import PeftModel
@@ -166,7 +152,7 @@ def test_lora_over_quantized_base_matches_peft_over_dequantized_base(base, choic
         for m in llm.core.model.modules():
             if getattr(m, "quant_method", None) is not None:
                 m.fp8_w8a8 = False
-    rows = _record_logits(llm)
+    rows = record_sampled_logits(llm)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 128, (n,), generator=g).tolist() for n in (13, 6, 21)]
     refs = [adapter, None, adapter]

@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from support.logit_spy import record_sampled_logits
 from support.paged_harness import PagedHarness, hf_logits, run_mixed_scenario  # noqa: E402
 from support.peft_adapters import make_adapter  # noqa: E402
 from support.quant_reference import dequantized_moe_copy  # noqa: E402
@@ -171,17 +172,7 @@ def test_attention_lora_over_quantized_moe_matches_peft(tmp_path, choice):
     llm = LLM(str(tmp_path / "base"), quantization=choice, max_loras=2, dtype="float32", **ENGINE)
     assert _blocks(llm.core)[0].quant_kind == choice
     _weight_only(llm.core)
-    rows: dict[str, list[torch.Tensor]] = {}
-    runner = llm.core.runner
-    inner = runner._sample
-
-    def spy(sampling, logits, prompt_lps):
-        if logits is not None:
-            for s, row in zip(sampling, logits, strict=True):
-                rows.setdefault(s.request.request_id, []).append(row.detach().float().clone())
-        return inner(sampling, logits, prompt_lps)
-
-    runner._sample = spy
+    rows = record_sampled_logits(llm)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 128, (n,), generator=g).tolist() for n in (13, 6)]
     refs = [adapter, None]
