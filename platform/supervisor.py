@@ -124,12 +124,13 @@ class Supervisor:
         _kill_group(child.process)
         st.failures_in_a_row += 1
         if st.failures_in_a_row > self.max_restarts:
-            st.state = GAVE_UP
+            # reported before the state changes: whoever sees GAVE_UP has the report too
             self.report(
                 f"{child.name} keeps crashing (exit code {st.last_exit_code}; "
                 f"{self.max_restarts} restarts in a row failed): giving up on it. Last lines "
                 f"of {child.process.log_path}:\n{log_tail(child.process.log_path)}"
             )
+            st.state = GAVE_UP
             self._save()
             return
         delay = self.backoff_s(st.failures_in_a_row)

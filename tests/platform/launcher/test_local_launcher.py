@@ -7,6 +7,8 @@ drain and exit 0 and leave the registry and the supervisor."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -91,9 +93,16 @@ def test_scaling_the_row_starts_and_stops_replica_processes(
 
         _set_replicas(factory, dep, 2)  # what PATCH /admin/v1/deployments/{id} does
         reconciler.once()
-        status = launcher.status(dep)
+        # The new replica is reported starting while it does not answer /health. A tiny engine
+        # can be up before the next line runs, so it is held (SIGSTOP) while status is read.
+        new_pid = launcher.replicas(dep)[1].process.pid
+        os.kill(new_pid, signal.SIGSTOP)
+        try:
+            status = launcher.status(dep)
+        finally:
+            os.kill(new_pid, signal.SIGCONT)
         assert status.desired == 2 and len(status.replicas) == 2
-        assert status.replicas[1].state == STARTING  # started, not ready yet
+        assert status.replicas[1].state == STARTING
         launcher.wait_ready(dep, timeout=180)
         reps = launcher.replicas(dep)
         assert reps[0] is first and reps[1].process.pid != first.process.pid
