@@ -27,7 +27,8 @@ setup(
     packages=packages,
     package_dir=package_dir,
     package_data={
-        "": ["*.html", "*.css", "*.js", "*.ini", "*.mako", "*.json", "*.jinja"],
+        # *.c: the native CPU kernels, compiled on the serving machine at first use.
+        "": ["*.html", "*.css", "*.js", "*.ini", "*.mako", "*.json", "*.jinja", "*.c"],
         "loraplex.infra.k8s": ["templates/*.j2", "values/*.yaml"],
         # The console's templates and static files, vendored libraries with their licences.
         "loraplex.api.console": [

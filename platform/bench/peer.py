@@ -100,6 +100,8 @@ def run_ours(
     cpu_threads: int | None = None,
 ) -> dict[str, float]:  # fmt: skip
     """Our engine over every config, best of `passes` (variants alternated each pass)."""
+    from loraplex.adapters.kernels.lora_cpu import native_lora_status
+    from loraplex.platform.engine.layers.paged_attention_cpu import native_decode_status
     from loraplex.platform.engine.llm import LLM
 
     args = dict(
@@ -112,7 +114,8 @@ def run_ours(
     llms[True] = LLM(str(model), max_loras=max(1, distinct), max_lora_rank=RANK, **args)
     print(
         f"[ours] compute dtype {llms[False].core.dtype} ({llms[False].core.dtype_reason}), "
-        f"{torch.get_num_threads()} torch threads"
+        f"{torch.get_num_threads()} torch threads; decode attention: {native_decode_status()}; "
+        f"LoRA: {native_lora_status()}"
     )
     for name, refs in configs.items():  # warm-up: first-step allocations, adapter loads
         _tok_s(llms[name != "base"], prompts, refs, 2)

@@ -116,7 +116,7 @@ def model_weight_bytes(model: nn.Module) -> int:
     seen: set[int] = set()
     total = 0
     for t in [*model.parameters(), *model.buffers()]:
-        key = t.data_ptr()
+        key = t.data_ptr() if t.layout == torch.strided else id(t)  # oneDNN-packed: no storage
         if key in seen:
             continue
         seen.add(key)

@@ -1,4 +1,5 @@
-"""The torch batched LoRA path against a per-token oracle built from each adapter's own A and B."""
+"""The CPU batched LoRA paths (torch, and the native kernel) against a per-token oracle built
+from each adapter's own A and B."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ from support.lora_reference import llama_specs, random_adapter, reference_delta
 
 from loraplex.adapters.device_pool import DevicePool
 from loraplex.adapters.kernels import lora_packed
+from loraplex.adapters.kernels.lora_cpu import (
+    lora_delta_native,
+    native_lora_available,
+    slice_bounds,
+)
 from loraplex.adapters.kernels.lora_packed import (
     PackCache,
     lora_compute_dtype,
@@ -85,8 +91,20 @@ def lora_delta_packed_per_slice(x, y, a_buf, b_buf, meta, lid, offsets, sizes):
         lora_packed.BLOCK_DIAGONAL_MAX_BYTES = saved
 
 
-PATHS = [lora_delta_torch, lora_delta_gathered, lora_delta_packed_step, lora_delta_packed_per_slice]
-PATH_IDS = ["loop", "sgmv", "packed", "packed_per_slice"]
+def lora_delta_native_step(x, y, a_buf, b_buf, meta, lid, offsets, sizes):
+    """The native CPU kernel as the hooks call it (must build here: a C compiler is present)."""
+    assert native_lora_available(x, a_buf, meta.max_rank)
+    lora_delta_native(x, y, a_buf, b_buf, meta, lid, slice_bounds(offsets, sizes))
+
+
+PATHS = [
+    lora_delta_torch,
+    lora_delta_gathered,
+    lora_delta_packed_step,
+    lora_delta_packed_per_slice,
+    lora_delta_native_step,
+]
+PATH_IDS = ["loop", "sgmv", "packed", "packed_per_slice", "native"]
 
 
 @pytest.mark.parametrize("fn", PATHS, ids=PATH_IDS)
@@ -224,3 +242,38 @@ def test_packed_path_computes_16_bit_activations_in_fp32_on_cpu():
     assert lora_compute_dtype(torch.zeros(1, dtype=torch.bfloat16)) == torch.float32
     assert lora_compute_dtype(torch.zeros(1, dtype=torch.float16)) == torch.float32
     assert lora_compute_dtype(torch.zeros(1)) == torch.float32
+
+
+def test_native_kernel_splits_tokens_over_threads_and_reads_strided_rows():
+    """64 tokens of 32 adapters over two OpenMP threads; x and y as column slices of wider
+    rows (row stride past the width), as a fused projection hands them over."""
+    specs, pool, adapters, residents = setup_pool()
+    seqs = [(residents[i % 6], 1) for i in range(64)]
+    per_token = [adapters[i % 6] for i in range(64)]
+    meta = build_lora_meta(seqs, max_loras=8, num_linears=len(specs), max_slices=3)
+    spec = specs[0]
+    wide_x = torch.randn(64, spec.in_features + 5)
+    wide_y = torch.randn(64, spec.out_features + 3)
+    x, y = wide_x[:, : spec.in_features], wide_y[:, : spec.out_features]
+    base, tail = y.clone(), wide_y[:, spec.out_features :].clone()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        lora_delta_native_step(x, y, pool.a[0], pool.b[0], meta, 0, spec.slice_offsets,
+                               spec.slice_sizes)  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    want = base.double() + reference_delta(x, per_token, spec)
+    torch.testing.assert_close(y.double(), want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(wide_y[:, spec.out_features :], tail)  # the columns past y untouched
+
+
+def test_native_kernel_refuses_mismatched_dtypes():
+    specs, pool, adapters, residents = setup_pool()
+    meta = build_lora_meta([(residents[0], 2)], max_loras=2, num_linears=len(specs), max_slices=3)
+    spec = specs[0]
+    x = torch.randn(2, spec.in_features)
+    y = torch.zeros(2, spec.out_features, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="fp32/bf16 x and y alike"):
+        lora_delta_native(x, y, pool.a[0], pool.b[0], meta, 0,
+                          slice_bounds(spec.slice_offsets, spec.slice_sizes))  # fmt: skip

@@ -2,7 +2,9 @@
 
 Each step the layer writes the new tokens' K/V to their slots (`slot_mapping`), then attends
 causally over the whole context through the block tables. Decode-only batches on CUDA use the
-Triton kernels (no host sync, CUDA-graph capturable); everything else uses the torch path.
+Triton kernels (no host sync, CUDA-graph capturable). On a CPU, decode rows over an fp32 or bf16
+cache use the native kernel that reads the blocks in place (`paged_attention_cpu`) where it
+builds; everything else uses the torch path.
 """
 
 from __future__ import annotations
@@ -12,6 +14,11 @@ from torch import nn
 
 from loraplex.platform.engine.forward_context import get_forward_context
 from loraplex.platform.engine.layers.attention_metadata import AttentionMetadata
+from loraplex.platform.engine.layers.paged_attention_cpu import (
+    native_decode_attention,
+    native_decode_available,
+    native_write_kv,
+)
 from loraplex.platform.engine.layers.paged_attention_torch import (
     NO_SCALES,
     KVScales,
@@ -47,6 +54,7 @@ class Attention(nn.Module):
         self.kv_cache: torch.Tensor | None = None
         self.kv_scales: KVScales = NO_SCALES  # dequantization scales of an fp8 cache
         self.use_triton = True  # may be switched off to force the torch path on CUDA
+        self.use_native = True  # may be switched off to force the torch path on a CPU
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq*D], k/v [T, Hkv*D] (rope applied) -> attention output [T, Hq*D]."""
@@ -66,6 +74,9 @@ class Attention(nn.Module):
         if fast:
             write_kv_triton(self.kv_cache, k, v, md.slot_mapping, sc)
             out = paged_attention_torch(q, self.kv_cache, md, self.scale, _triton_decode, sc)
+        elif self.use_native and native_decode_available(q, self.kv_cache):
+            native_write_kv(self.kv_cache, k, v, md.slot_mapping)
+            out = paged_attention_torch(q, self.kv_cache, md, self.scale, native_decode_attention)
         else:
             write_kv_torch(self.kv_cache, k, v, md.slot_mapping, sc)
             out = paged_attention_torch(q, self.kv_cache, md, self.scale, scales=sc)

@@ -8,6 +8,9 @@ A Linear built inside `layers.quant.linear_quantization(scheme)` stores its weig
 (`quant_method`: int8 / int4 / fp8 codes plus `weight_scale`, maybe `weight_zero`); every one of
 those tensors has output channels as rows, so slices load the same way. The LoRA delta still
 runs in the activation dtype on top of the quantized matmul.
+
+A plain bf16 weight on a CPU with native bf16 is packed for oneDNN once loaded
+(`onednn_weights`): `weight` then holds the packed tensor, same shape and values.
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loraplex.platform.engine.layers.onednn_weights import (
+    can_pack,
+    is_packed,
+    pack_weight,
+    packed_linear,
+)
 from loraplex.platform.engine.layers.quant.base import (
     QuantMethod,
     current_linear_scheme,
@@ -95,7 +104,8 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Base projection, plus the LoRA delta when a runtime has hooked this module."""
         if self.quant_method is None:
-            y = F.linear(x, self.weight, self.bias)
+            w = self.weight
+            y = packed_linear(x, w, self.bias) if is_packed(w) else F.linear(x, w, self.bias)
         else:
             y = self.quant_method.apply(self, x)
         if self.lora_delta is not None:
@@ -151,9 +161,12 @@ class Linear(nn.Module):
             )
 
     def finish_loading(self) -> None:
-        """Repack quantized tensors for the kernel once every slice has loaded."""
+        """Repack the weight for its kernel once every slice has loaded: quantized tensors for
+        their method, a plain bf16 CPU weight for oneDNN."""
         if self.quant_method is not None:
             self.quant_method.finish_loading(self)
+        elif can_pack(self.weight):
+            self.weight = nn.Parameter(pack_weight(self.weight.data), requires_grad=False)
 
     def extra_repr(self) -> str:
         return (

@@ -3,11 +3,12 @@
 Every LoRA-targetable `Linear` (its slices are modules a PEFT adapter may target) gets a
 `lora_delta` hook. Each call reads the step's metadata from the forward context and adds the
 adapters' low-rank deltas into the output in place, with the fastest path for the device and
-batch: the Triton shrink/expand on a GPU (graph-static for captured decode steps), elsewhere
-the packed SGMV-style path (`kernels.lora_packed`): the step's adapter tokens in chunks, two
+batch: the Triton shrink/expand on a GPU (graph-static for captured decode steps); on a CPU the
+native per-token kernel (`kernels.lora_cpu`, pool rows read in place) where it builds, else the
+packed SGMV-style path (`kernels.lora_packed`): the step's adapter tokens in chunks, two
 batched GEMMs per Linear over chunk weights packed once per adapter layout and kept while
-decode steps repeat it; its cost does not grow with the number of distinct adapters. Weights
-come from the device pool the tiers own (`weights()`), read at call time.
+decode steps repeat it. Neither CPU path's cost grows with the number of distinct adapters.
+Weights come from the device pool the tiers own (`weights()`), read at call time.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ import torch
 from torch import nn
 
 from loraplex.adapters.device_pool import DevicePool, LoraLinearSpec
+from loraplex.adapters.kernels.lora_cpu import (
+    lora_delta_native,
+    native_lora_available,
+    slice_bounds,
+)
 from loraplex.adapters.kernels.lora_packed import PackCache, lora_compute_dtype, lora_delta_packed
 from loraplex.adapters.kernels.lora_sgmv import build_sgmv_plan
 from loraplex.adapters.kernels.lora_triton import (
@@ -67,6 +73,7 @@ class LoraHooks:
         self.device = device
         self._weights = weights
         self._slice_tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._slice_bounds: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.packs = PackCache(pack_cache_bytes)
         for lid, module in enumerate(self.modules):
             module.lora_delta = functools.partial(self._delta, lid)
@@ -91,6 +98,13 @@ class LoraHooks:
                 x, y, pool.a[lid], pool.b[lid], meta, lid, spec.slice_offsets,
                 spec.slice_sizes, self.max_lora_rank, self.slice_tensors(lid),
             )  # fmt: skip
+        elif native_lora_available(x, pool.a[lid], meta.max_rank):
+            bounds = self._slice_bounds.get(lid)
+            if bounds is None:
+                bounds = self._slice_bounds[lid] = slice_bounds(
+                    spec.slice_offsets, spec.slice_sizes
+                )
+            lora_delta_native(x, y, pool.a[lid], pool.b[lid], meta, lid, bounds)
         else:
             dtype = lora_compute_dtype(x)
             if meta.sgmv_plan is None:

@@ -18,6 +18,12 @@ from loraplex.platform.engine.layers.activation import check_activation, silu_an
 from loraplex.platform.engine.layers.attention import Attention
 from loraplex.platform.engine.layers.linear import Linear, MergedLinear
 from loraplex.platform.engine.layers.norm import RMSNorm
+from loraplex.platform.engine.layers.onednn_weights import (
+    can_pack,
+    is_packed,
+    pack_weight,
+    packed_linear,
+)
 from loraplex.platform.engine.layers.rotary import RotaryEmbedding, apply_rotary
 from loraplex.platform.engine.models.decoder_config import DecoderConfig
 from loraplex.platform.engine.models.weight_loading import load_hf_weights
@@ -153,6 +159,17 @@ class LMHead(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype))
 
+    def finish_loading(self, tied: bool) -> None:
+        """Pack an untied bf16 CPU weight for oneDNN (a tied one stays plain: the embedding
+        looks rows up in it, and a packed copy would cost vocab x hidden more memory)."""
+        if not tied and can_pack(self.weight):
+            self.weight = nn.Parameter(pack_weight(self.weight.data), requires_grad=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] -> logits [N, V] in the weight's dtype."""
+        w = self.weight
+        return packed_linear(hidden, w) if is_packed(w) else F.linear(hidden, w)
+
 
 class DecoderForCausalLM(nn.Module):
     """Causal LM skeleton shared by the Llama-family architectures.
@@ -190,8 +207,10 @@ class DecoderForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> fp32 logits [N, V]."""
-        return F.linear(hidden, self.lm_head.weight).float()
+        return self.lm_head(hidden).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load a HuggingFace checkpoint's (name, tensor) pairs, fusing q/k/v and gate/up."""
-        load_hf_weights(self, weights, skip_lm_head=self.config.tie_word_embeddings)
+        tied = self.config.tie_word_embeddings
+        load_hf_weights(self, weights, skip_lm_head=tied)
+        self.lm_head.finish_loading(tied)

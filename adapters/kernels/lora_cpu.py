@@ -1,0 +1,125 @@
+"""The native CPU LoRA path: each adapter token against its adapter's pool rows, in one C call.
+
+`lora_packed` turns a step into two batched GEMMs per Linear over chunk weights it gathers
+(and caches) per adapter layout: with 32 distinct adapters in a decode batch that is a
+19 MB fp32 copy to build and read, and a dozen torch ops per Linear that each pay dispatch and,
+with two threads, an OpenMP barrier. `lora_cpu.c` instead walks the step's adapter tokens in
+adapter order and, per token, shrinks by its adapter's A rows and expands by its B rows where
+they lie in the device pool (bf16 or fp32), accumulating in fp32 and rounding into `y` once,
+like Punica's BGMV on a GPU. Work is tokens x rank x (in + out), whatever the number of
+adapters; nothing is copied per step. The tokens are split over torch's OpenMP threads (the
+library shares torch's libgomp, so no second pool competes for the cores).
+
+It is built for this CPU on first use (`loader.native_library`); where it cannot be, or for
+dtypes it does not read, `native_lora_available` is False and the packed path runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from loraplex.adapters.metadata import LoraBatchMeta
+from loraplex.loader.native_library import NativeBuildError, load_library
+from loraplex.loader.tensor_layout import require_contiguous, require_stride1_last
+
+SOURCE = Path(__file__).with_name("lora_cpu.c")
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+MAX_RANK = 512  # lora_cpu.c's scratch for one slice's rank values
+
+_kernel: ctypes._CFuncPtr | None = None
+_build_error: str | None = None
+
+
+def _load() -> ctypes._CFuncPtr | None:
+    global _kernel, _build_error
+    if _kernel is None and _build_error is None:
+        try:
+            fn = load_library(SOURCE).lora_delta
+        except NativeBuildError as exc:
+            _build_error = str(exc)
+            return None
+        i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+        fn.argtypes = [
+            ptr, i64, ptr, i64, c_int, ptr, ptr, c_int, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr,
+            i64, i64, i64, i64, i64,
+        ]  # fmt: skip
+        fn.restype = c_int
+        _kernel = fn
+    return _kernel
+
+
+def native_lora_status() -> str:
+    """One line for reports: whether the native LoRA kernel is in use, or why not."""
+    if _load() is not None:
+        return "native CPU kernel (per-token, pool rows in place)"
+    return f"packed torch GEMMs ({_build_error})"
+
+
+def native_lora_available(x: torch.Tensor, a_buf: torch.Tensor, max_rank: int) -> bool:
+    """Whether `lora_delta_native` serves these activations and pool weights."""
+    return (
+        x.device.type == "cpu"
+        and a_buf.device.type == "cpu"
+        and x.dtype in DTYPE_CODES
+        and a_buf.dtype in DTYPE_CODES
+        and max_rank <= MAX_RANK
+        and _load() is not None
+    )
+
+
+def lora_delta_native(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    a_buf: torch.Tensor,
+    b_buf: torch.Tensor,
+    meta: LoraBatchMeta,
+    lid: int,
+    slice_bounds: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    """Add every adapter token's delta for Linear `lid` into `y` [T, out] in place.
+
+    `a_buf` is the pool's `[rows, S, in]` A buffer and `b_buf` its `[rows, out]` transposed-B
+    buffer; `slice_bounds` the Linear's int64 slice offsets and sizes (`[S]` each).
+    """
+    kernel = _load()
+    if kernel is None:
+        raise NativeBuildError(f"the native LoRA kernel is unavailable: {_build_error}")
+    require_stride1_last("lora_delta_native", x=x, y=y)
+    require_contiguous("lora_delta_native", a_buf=a_buf, b_buf=b_buf)
+    if x.dtype not in DTYPE_CODES or y.dtype != x.dtype or a_buf.dtype not in DTYPE_CODES:
+        raise ValueError(f"native LoRA needs fp32/bf16 x and y alike and fp32/bf16 weights, got "
+                         f"{x.dtype}, {y.dtype}, {a_buf.dtype}")  # fmt: skip
+    if b_buf.dtype != a_buf.dtype:
+        raise ValueError(f"A and B buffers differ in dtype ({a_buf.dtype}, {b_buf.dtype})")
+    offsets, sizes = slice_bounds
+    num_slices, d_in, d_out = a_buf.shape[1], a_buf.shape[2], b_buf.shape[1]
+    if x.shape[-1] != d_in or y.shape[-1] != d_out or offsets.numel() != num_slices:
+        raise ValueError(f"x {tuple(x.shape)} / y {tuple(y.shape)} do not fit the pool's "
+                         f"{num_slices} slices of {d_in} -> {d_out}")  # fmt: skip
+    total = sum(g.num_tokens for g in meta.groups)
+    if total == 0:
+        return
+    ranks, scales = meta.ranks[lid], meta.scales[lid]  # [max_slices, max_loras], contiguous
+    args = (
+        x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0), DTYPE_CODES[x.dtype],
+        a_buf.data_ptr(), b_buf.data_ptr(), DTYPE_CODES[a_buf.dtype],
+        meta.sorted_token_ids.data_ptr(), meta.token_slot.data_ptr(),
+        meta.slot_row_start.data_ptr(), ranks.data_ptr(), scales.data_ptr(), meta.max_loras,
+        offsets.data_ptr(), sizes.data_ptr(), num_slices, d_in, d_out,
+    )  # fmt: skip
+    rc = kernel(*args, 0, total)
+    if rc == -1:
+        raise MemoryError("native LoRA could not allocate its scratch rows")
+    if rc == -2:
+        raise ValueError(f"an adapter rank exceeds the native kernel's {MAX_RANK}")
+
+
+def slice_bounds(offsets: Sequence[int], sizes: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Linear's slice offsets and sizes as the int64 tensors `lora_delta_native` reads."""
+    return torch.tensor(list(offsets), dtype=torch.int64), torch.tensor(
+        list(sizes), dtype=torch.int64
+    )

@@ -1,0 +1,117 @@
+"""Build a small C kernel library for this CPU once, and load it with ctypes.
+
+The CPU kernels that torch ops cannot express without extra copies (paged attention reading
+KV blocks in place, LoRA gathered per token) are plain C: no PyTorch headers, no Python
+extension module, so a build takes about a second with the system C compiler and needs
+nothing from PyPI. Each library is compiled with `-march=native` (this CPU's vector units),
+so its cache key holds the source, the flags, the compiler and the CPU model; a build writes a
+temporary file and renames it, so processes racing to build never load half a file.
+
+Without a C compiler (or when `LORAPLEX_NATIVE_KERNELS=0`) `load_library` raises
+`NativeBuildError` and callers keep their torch path; why is kept for the engine to report.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+# -fassociative-math (with the two flags it needs) lets fp32 sums vectorise: the kernels' sums
+# are reordered, as every BLAS and oneDNN reorders them.
+# -fopenmp: the kernels split their work with OpenMP, and the library's libgomp.so.1 resolves to
+# the one PyTorch has already loaded (same soname), so they run on torch's own thread pool.
+CFLAGS = (
+    "-O3", "-march=native", "-fPIC", "-shared", "-std=c11", "-fno-math-errno",
+    "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math", "-fopenmp",
+)  # fmt: skip
+DISABLE_ENV = "LORAPLEX_NATIVE_KERNELS"
+BUILD_TIMEOUT_S = 120
+
+_lock = threading.Lock()
+_loaded: dict[Path, ctypes.CDLL] = {}
+
+
+class NativeBuildError(RuntimeError):
+    """The library cannot be built or loaded here (no compiler, a compile error, disabled)."""
+
+
+def cache_dir() -> Path:
+    """Where built libraries live: `$XDG_CACHE_HOME/loraplex/native` (or ~/.cache)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "loraplex" / "native"
+
+
+def _compiler() -> str:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise NativeBuildError("no C compiler on PATH (cc or gcc; set CC)")
+    return cc
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def library_path(source: Path, extra_flags: tuple[str, ...] = ()) -> Path:
+    """The cached build of `source` for this compiler, flags and CPU."""
+    cc = _compiler()
+    key = hashlib.sha256()
+    flags = " ".join((*CFLAGS, *extra_flags)).encode()
+    for part in (source.read_bytes(), flags, cc.encode(), _cpu_model().encode()):
+        key.update(part)
+        key.update(b"\0")
+    return cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
+
+
+def load_library(source: Path, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """`source` (a .c file) compiled for this CPU (with `extra_flags` after `CFLAGS`) and
+    loaded; built on first use, then cached."""
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        raise NativeBuildError(f"native kernels are off ({DISABLE_ENV}=0)")
+    with _lock:
+        target = library_path(source, extra_flags)
+        lib = _loaded.get(target)
+        if lib is not None:
+            return lib
+        if not target.exists():
+            _build(source, target, extra_flags)
+        try:
+            lib = ctypes.CDLL(str(target))
+        except OSError as exc:
+            raise NativeBuildError(f"cannot load {target}: {exc}") from exc
+        _loaded[target] = lib
+        return lib
+
+
+def _build(source: Path, target: Path, extra_flags: tuple[str, ...]) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    cmd = [_compiler(), *CFLAGS, *extra_flags, "-o", tmp, str(source), "-lm"]
+    try:
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
+        )
+        if done.returncode != 0:
+            raise NativeBuildError(
+                f"compiling {source.name} failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}"
+            )
+        os.replace(tmp, target)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise NativeBuildError(f"compiling {source.name} failed: {exc}") from exc
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

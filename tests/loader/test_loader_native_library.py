@@ -1,0 +1,64 @@
+"""Building and loading a C kernel library: cached per source and CPU, clear errors."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from loraplex.loader import native_library
+from loraplex.loader.native_library import NativeBuildError, library_path, load_library
+
+SOURCE = "int add_one(int x) { return x + 1; }\n"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(native_library, "_loaded", {})
+    return tmp_path / "cache" / "loraplex" / "native"
+
+
+def test_builds_once_then_loads_the_cached_library(tmp_path, cache):
+    src = tmp_path / "add.c"
+    src.write_text(SOURCE)
+    lib = load_library(src)
+    lib.add_one.argtypes, lib.add_one.restype = [ctypes.c_int], ctypes.c_int
+    assert lib.add_one(41) == 42
+    built = library_path(src)
+    assert built.parent == cache and built.exists()
+    mtime = built.stat().st_mtime_ns
+    native_library._loaded.clear()
+    load_library(src)
+    assert built.stat().st_mtime_ns == mtime  # not rebuilt
+    assert [p.name for p in cache.iterdir()] == [built.name]  # no temporary file left
+
+
+def test_a_changed_source_or_flag_gets_its_own_build(tmp_path, cache):
+    src = tmp_path / "add.c"
+    src.write_text(SOURCE)
+    first = library_path(src)
+    assert library_path(src, ("-DX=1",)) != first
+    src.write_text(SOURCE + "int two(void) { return 2; }\n")
+    assert library_path(src) != first
+
+
+def test_a_compile_error_raises_with_the_compiler_output(tmp_path, cache):
+    src = tmp_path / "broken.c"
+    src.write_text("int broken( { return 0; }\n")
+    with pytest.raises(NativeBuildError, match="compiling broken.c failed"):
+        load_library(src)
+    assert not any(cache.glob("*.so"))
+
+
+def test_no_compiler_or_switched_off_raises(tmp_path, cache, monkeypatch):
+    src = tmp_path / "add.c"
+    src.write_text(SOURCE)
+    monkeypatch.setenv("LORAPLEX_NATIVE_KERNELS", "0")
+    with pytest.raises(NativeBuildError, match="off"):
+        load_library(src)
+    monkeypatch.delenv("LORAPLEX_NATIVE_KERNELS")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    with pytest.raises(NativeBuildError, match="no C compiler"):
+        load_library(src)
