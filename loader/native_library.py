@@ -28,9 +28,10 @@ from pathlib import Path
 # -fopenmp: the kernels split their work with OpenMP, and the library's libgomp.so.1 resolves to
 # the one PyTorch has already loaded (same soname), so they run on torch's own thread pool.
 CFLAGS = (
-    "-O3", "-march=native", "-fPIC", "-shared", "-std=c11", "-fno-math-errno",
+    "-O3", "-march=native", "-fPIC", "-std=c11", "-fno-math-errno",
     "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math", "-fopenmp",
 )  # fmt: skip
+LINK_FLAGS = ("-shared", "-fopenmp")  # never a fast-math flag: see `_build`
 DISABLE_ENV = "LORAPLEX_NATIVE_KERNELS"
 BUILD_TIMEOUT_S = 120
 
@@ -69,7 +70,7 @@ def library_path(source: Path, extra_flags: tuple[str, ...] = ()) -> Path:
     """The cached build of `source` for this compiler, flags and CPU."""
     cc = _compiler()
     key = hashlib.sha256()
-    flags = " ".join((*CFLAGS, *extra_flags)).encode()
+    flags = " ".join((*CFLAGS, *extra_flags, "|", *LINK_FLAGS)).encode()
     for part in (source.read_bytes(), flags, cc.encode(), _cpu_model().encode()):
         key.update(part)
         key.update(b"\0")
@@ -97,21 +98,25 @@ def load_library(source: Path, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL
 
 
 def _build(source: Path, target: Path, extra_flags: tuple[str, ...]) -> None:
+    """Compile, then link in a second command: linking with -ffast-math would add
+    crtfastmath.o, whose constructor flushes subnormals to zero in the whole process."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    cmd = [_compiler(), *CFLAGS, *extra_flags, "-o", tmp, str(source), "-lm"]
+    with tempfile.TemporaryDirectory(dir=target.parent) as work:
+        obj, lib = Path(work) / "kernel.o", Path(work) / "kernel.so"
+        cc = _compiler()
+        _run([cc, *CFLAGS, *extra_flags, "-c", "-o", str(obj), str(source)], source)
+        _run([cc, *LINK_FLAGS, "-o", str(lib), str(obj), "-lm"], source)
+        os.replace(lib, target)
+
+
+def _run(cmd: list[str], source: Path) -> None:
     try:
         done = subprocess.run(
             cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
         )
-        if done.returncode != 0:
-            raise NativeBuildError(
-                f"compiling {source.name} failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}"
-            )
-        os.replace(tmp, target)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise NativeBuildError(f"compiling {source.name} failed: {exc}") from exc
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    if done.returncode != 0:
+        raise NativeBuildError(
+            f"compiling {source.name} failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}"
+        )

@@ -88,34 +88,47 @@ def lora_delta_native(
     kernel = _load()
     if kernel is None:
         raise NativeBuildError(f"the native LoRA kernel is unavailable: {_build_error}")
+    act, wt = DTYPE_CODES.get(x.dtype), DTYPE_CODES.get(a_buf.dtype)
+    if act is None or y.dtype != x.dtype or wt is None or b_buf.dtype != a_buf.dtype:
+        raise ValueError(f"native LoRA needs fp32/bf16 x and y alike and fp32/bf16 A and B alike, "
+                         f"got {x.dtype}, {y.dtype}, {a_buf.dtype}, {b_buf.dtype}")  # fmt: skip
     require_stride1_last("lora_delta_native", x=x, y=y)
     require_contiguous("lora_delta_native", a_buf=a_buf, b_buf=b_buf)
-    if x.dtype not in DTYPE_CODES or y.dtype != x.dtype or a_buf.dtype not in DTYPE_CODES:
-        raise ValueError(f"native LoRA needs fp32/bf16 x and y alike and fp32/bf16 weights, got "
-                         f"{x.dtype}, {y.dtype}, {a_buf.dtype}")  # fmt: skip
-    if b_buf.dtype != a_buf.dtype:
-        raise ValueError(f"A and B buffers differ in dtype ({a_buf.dtype}, {b_buf.dtype})")
     offsets, sizes = slice_bounds
     num_slices, d_in, d_out = a_buf.shape[1], a_buf.shape[2], b_buf.shape[1]
     if x.shape[-1] != d_in or y.shape[-1] != d_out or offsets.numel() != num_slices:
         raise ValueError(f"x {tuple(x.shape)} / y {tuple(y.shape)} do not fit the pool's "
                          f"{num_slices} slices of {d_in} -> {d_out}")  # fmt: skip
-    total = sum(g.num_tokens for g in meta.groups)
+    step = meta.native_step
+    if step is None:  # once per step, shared by every Linear
+        step = meta.native_step = _step_args(meta)
+    total, tokens, token_slot, row_start, ranks, scales, max_loras, per_linear = step
     if total == 0:
         return
-    ranks, scales = meta.ranks[lid], meta.scales[lid]  # [max_slices, max_loras], contiguous
     args = (
-        x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0), DTYPE_CODES[x.dtype],
-        a_buf.data_ptr(), b_buf.data_ptr(), DTYPE_CODES[a_buf.dtype],
-        meta.sorted_token_ids.data_ptr(), meta.token_slot.data_ptr(),
-        meta.slot_row_start.data_ptr(), ranks.data_ptr(), scales.data_ptr(), meta.max_loras,
-        offsets.data_ptr(), sizes.data_ptr(), num_slices, d_in, d_out,
+        x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0), act, a_buf.data_ptr(),
+        b_buf.data_ptr(), wt, tokens, token_slot, row_start, ranks + lid * per_linear * 4,
+        scales + lid * per_linear * 4, max_loras, offsets.data_ptr(), sizes.data_ptr(),
+        num_slices, d_in, d_out,
     )  # fmt: skip
     rc = kernel(*args, 0, total)
     if rc == -1:
         raise MemoryError("native LoRA could not allocate its scratch rows")
     if rc == -2:
         raise ValueError(f"an adapter rank exceeds the native kernel's {MAX_RANK}")
+
+
+def _step_args(meta: LoraBatchMeta) -> tuple[int, ...]:
+    """The step's share of the kernel's arguments: adapter tokens, then pointers to the
+    metadata (ranks and scales `[num_linears, max_slices, max_loras]` int32 / fp32)."""
+    for name, t in (("ranks", meta.ranks), ("scales", meta.scales)):
+        if not t.is_contiguous() or t.element_size() != 4:
+            raise ValueError(f"LoRA metadata {name} must be contiguous 4-byte values")
+    return (
+        sum(g.num_tokens for g in meta.groups), meta.sorted_token_ids.data_ptr(),
+        meta.token_slot.data_ptr(), meta.slot_row_start.data_ptr(), meta.ranks.data_ptr(),
+        meta.scales.data_ptr(), meta.max_loras, meta.ranks.stride(0),
+    )  # fmt: skip
 
 
 def slice_bounds(offsets: Sequence[int], sizes: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:

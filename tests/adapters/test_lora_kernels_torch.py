@@ -3,6 +3,8 @@ from each adapter's own A and B."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from support.lora_reference import llama_specs, random_adapter, reference_delta
@@ -97,12 +99,15 @@ def lora_delta_native_step(x, y, a_buf, b_buf, meta, lid, offsets, sizes):
     lora_delta_native(x, y, a_buf, b_buf, meta, lid, slice_bounds(offsets, sizes))
 
 
+NO_CC = pytest.mark.skipif(
+    not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler on this machine"
+)
 PATHS = [
     lora_delta_torch,
     lora_delta_gathered,
     lora_delta_packed_step,
     lora_delta_packed_per_slice,
-    lora_delta_native_step,
+    pytest.param(lora_delta_native_step, marks=NO_CC),
 ]
 PATH_IDS = ["loop", "sgmv", "packed", "packed_per_slice", "native"]
 
@@ -244,6 +249,7 @@ def test_packed_path_computes_16_bit_activations_in_fp32_on_cpu():
     assert lora_compute_dtype(torch.zeros(1)) == torch.float32
 
 
+@NO_CC
 def test_native_kernel_splits_tokens_over_threads_and_reads_strided_rows():
     """64 tokens of 32 adapters over two OpenMP threads; x and y as column slices of wider
     rows (row stride past the width), as a fused projection hands them over."""
@@ -268,6 +274,7 @@ def test_native_kernel_splits_tokens_over_threads_and_reads_strided_rows():
     assert torch.equal(wide_y[:, spec.out_features :], tail)  # the columns past y untouched
 
 
+@NO_CC
 def test_native_kernel_refuses_mismatched_dtypes():
     specs, pool, adapters, residents = setup_pool()
     meta = build_lora_meta([(residents[0], 2)], max_loras=2, num_linears=len(specs), max_slices=3)

@@ -59,6 +59,12 @@ def is_packed(weight: torch.Tensor) -> bool:
     return weight.layout == torch._mkldnn
 
 
+def dense(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` as a plain tensor (a packed one unpacked; others as they are), for readers
+    such as checks and exports that compare or copy weights."""
+    return weight.to_dense() if is_packed(weight) else weight
+
+
 def packed_linear(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:

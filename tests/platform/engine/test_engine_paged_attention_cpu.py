@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -16,6 +18,11 @@ from loraplex.platform.engine.layers.paged_attention_torch import (
     decode_attention_torch,
     paged_attention_torch,
     write_kv_torch,
+)
+
+# Without a C compiler the engine keeps the torch path (test_loader_native_library covers that).
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler on this machine"
 )
 
 
@@ -112,3 +119,13 @@ def test_mixed_batch_decode_rows_through_native_kernel_match_torch():
     md.cache.clear()
     got = paged_attention_torch(q, kv, md, 0.2, native_decode_attention)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_loading_the_kernels_keeps_subnormals():
+    """Linking with -ffast-math would flush subnormals to zero process-wide (crtfastmath.o):
+    fp8 decoding and anything else relying on them would silently change."""
+    from loraplex.adapters.kernels.lora_cpu import native_lora_status
+
+    assert native_lora_status().startswith("native") and native_decode_status().startswith("native")
+    tiny = torch.tensor([1e-40])
+    assert (tiny * 1.0).item() > 0.0
