@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from loraplex.platform.engine.greedy_cpu import native_argmax, native_argmax_available
 from loraplex.platform.engine.request import Request
 
 
@@ -80,11 +81,14 @@ class Sampler:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
-        """Sample one token for each row of `logits` [S, V] (fp32), row i for requests[i]."""
-        logits = logits.float()
+        """Sample one token for each row of `logits` [S, V] (the model's dtype; upcast to fp32
+        here where anything but a plain argmax is computed), row i for requests[i]."""
         params = [r.sampling_params for r in requests]
         if all(_plain_greedy(r) for r in requests):  # the common case: one argmax, no extras
-            return SamplerOutput(greedy_argmax(logits).tolist(), [None] * len(requests))
+            if native_argmax_available(logits):  # a CPU: no fp32 copy of the logits first
+                return SamplerOutput(native_argmax(logits).tolist(), [None] * len(requests))
+            return SamplerOutput(greedy_argmax(logits.float()).tolist(), [None] * len(requests))
+        logits = logits.float()
         raw_logprobs = None
         if any(p.logprobs is not None for p in params):
             raw_logprobs = torch.log_softmax(logits, dim=-1)

@@ -84,7 +84,7 @@ class PagedHarness:
         input_ids, positions, md = self.build(chunks)
         with forward_context(ForwardContext(attn=md)):
             hidden = self.model(input_ids, positions)
-        logits = self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden).float()
         starts = md.query_start_loc.tolist()
         return [logits[starts[i] : starts[i + 1]] for i in range(len(chunks))]
 

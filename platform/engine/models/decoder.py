@@ -206,8 +206,9 @@ class DecoderForCausalLM(nn.Module):
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, H] -> fp32 logits [N, V]."""
-        return self.lm_head(hidden).float()
+        """hidden [N, H] -> logits [N, V] in the model's dtype (the sampler upcasts to fp32
+        where it computes more than an argmax)."""
+        return self.lm_head(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load a HuggingFace checkpoint's (name, tensor) pairs, fusing q/k/v and gate/up."""
