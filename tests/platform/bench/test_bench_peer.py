@@ -63,3 +63,16 @@ def test_side_by_side_with_vllm(capsys: pytest.CaptureFixture[str]) -> None:
     for k in PEER_CONFIGS:
         assert re.search(rf"^RESULT peer\.vllm\.{k}_tok_s=[0-9.]+$", out, re.M)
         assert re.search(rf"^RESULT peer\.{k}_over_vllm=[0-9.]+$", out, re.M)
+
+
+def test_ratios_pair_configs_within_a_pass() -> None:
+    """A pass on a slow stretch of the machine lowers both sides of its ratio, not one."""
+    from loraplex.platform.bench.peer import best_of, ratio_over_base
+
+    runs = [
+        {"base": 100.0, "mixed4": 90.0},
+        {"base": 50.0, "mixed4": 48.0},
+        {"base": 80.0, "mixed4": 60.0},
+    ]
+    assert best_of(runs) == {"base": 100.0, "mixed4": 90.0}
+    assert ratio_over_base(runs, "mixed4") == pytest.approx(0.9)  # median of 0.9, 0.96, 0.75
