@@ -8,7 +8,8 @@ so its cache key holds the source, the flags, the compiler and the CPU model; a 
 temporary file and renames it, so processes racing to build never load half a file.
 
 Without a C compiler (or when `LORAPLEX_NATIVE_KERNELS=0`) `load_library` raises
-`NativeBuildError` and callers keep their torch path; why is kept for the engine to report.
+`NativeBuildError` and callers keep their torch path; `NativeLibrary` keeps why, for reports.
+Every kernel includes `native_common.h` (bf16 conversions), which is hashed into the key too.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 # -fassociative-math (with the two flags it needs) lets fp32 sums vectorise: the kernels' sums
 # are reordered, as every BLAS and oneDNN reorders them.
@@ -32,6 +35,7 @@ CFLAGS = (
     "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math", "-fopenmp",
 )  # fmt: skip
 LINK_FLAGS = ("-shared", "-fopenmp")  # never a fast-math flag: see `_build`
+COMMON_HEADER = Path(__file__).with_name("native_common.h")
 DISABLE_ENV = "LORAPLEX_NATIVE_KERNELS"
 BUILD_TIMEOUT_S = 120
 
@@ -71,7 +75,14 @@ def library_path(source: Path, extra_flags: tuple[str, ...] = ()) -> Path:
     cc = _compiler()
     key = hashlib.sha256()
     flags = " ".join((*CFLAGS, *extra_flags, "|", *LINK_FLAGS)).encode()
-    for part in (source.read_bytes(), flags, cc.encode(), _cpu_model().encode()):
+    parts = (
+        source.read_bytes(),
+        COMMON_HEADER.read_bytes(),
+        flags,
+        cc.encode(),
+        _cpu_model().encode(),
+    )
+    for part in parts:
         key.update(part)
         key.update(b"\0")
     return cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
@@ -104,7 +115,8 @@ def _build(source: Path, target: Path, extra_flags: tuple[str, ...]) -> None:
     with tempfile.TemporaryDirectory(dir=target.parent) as work:
         obj, lib = Path(work) / "kernel.o", Path(work) / "kernel.so"
         cc = _compiler()
-        _run([cc, *CFLAGS, *extra_flags, "-c", "-o", str(obj), str(source)], source)
+        include = f"-I{COMMON_HEADER.parent}"
+        _run([cc, *CFLAGS, *extra_flags, include, "-c", "-o", str(obj), str(source)], source)
         _run([cc, *LINK_FLAGS, "-o", str(lib), str(obj), "-lm"], source)
         os.replace(lib, target)
 
@@ -120,3 +132,48 @@ def _run(cmd: list[str], source: Path) -> None:
         raise NativeBuildError(
             f"compiling {source.name} failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}"
         )
+
+
+class NativeLibrary:
+    """One kernel library, built on first use, its functions typed once; a library that cannot
+    be built stays unavailable for the process, with the reason kept (`error`)."""
+
+    def __init__(
+        self,
+        source: Path,
+        signatures: dict[str, tuple[Sequence[Any], Any]],
+        extra_flags: tuple[str, ...] = (),
+    ) -> None:
+        self.source = source
+        self.signatures = signatures  # function name -> (argtypes, restype)
+        self.extra_flags = extra_flags
+        self.error: str | None = None
+        self._functions: dict[str, Any] | None = None
+
+    def functions(self) -> dict[str, Any] | None:
+        """The typed functions by name, or None when the library cannot be built here."""
+        if self._functions is None and self.error is None:
+            try:
+                lib = load_library(self.source, self.extra_flags)
+            except NativeBuildError as exc:
+                self.error = str(exc)
+                return None
+            found = {}
+            for name, (argtypes, restype) in self.signatures.items():
+                fn = getattr(lib, name)
+                fn.argtypes, fn.restype = list(argtypes), restype
+                found[name] = fn
+            self._functions = found
+        return self._functions
+
+    @property
+    def available(self) -> bool:
+        """Whether the library is (or can now be) built and loaded."""
+        return self.functions() is not None
+
+    def get(self, name: str) -> Any:  # noqa: ANN401
+        """Function `name`; raises `NativeBuildError` (with the reason) when unavailable."""
+        functions = self.functions()
+        if functions is None:
+            raise NativeBuildError(f"{self.source.name} is unavailable: {self.error}")
+        return functions[name]

@@ -23,40 +23,52 @@ from pathlib import Path
 import torch
 
 from loraplex.adapters.metadata import LoraBatchMeta
-from loraplex.loader.native_library import NativeBuildError, load_library
+from loraplex.loader.native_library import NativeLibrary
 from loraplex.loader.tensor_layout import require_contiguous, require_stride1_last
 
 SOURCE = Path(__file__).with_name("lora_cpu.c")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 MAX_RANK = 512  # lora_cpu.c's scratch for one slice's rank values
 
-_kernel: ctypes._CFuncPtr | None = None
-_build_error: str | None = None
-
-
-def _load() -> ctypes._CFuncPtr | None:
-    global _kernel, _build_error
-    if _kernel is None and _build_error is None:
-        try:
-            fn = load_library(SOURCE).lora_delta
-        except NativeBuildError as exc:
-            _build_error = str(exc)
-            return None
-        i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-        fn.argtypes = [
-            ptr, i64, ptr, i64, c_int, ptr, ptr, c_int, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr,
-            i64, i64, i64, i64, i64,
-        ]  # fmt: skip
-        fn.restype = c_int
-        _kernel = fn
-    return _kernel
+_I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+LIBRARY = NativeLibrary(
+    SOURCE,
+    {
+        "lora_delta": (
+            [
+                _PTR,
+                _I64,
+                _PTR,
+                _I64,
+                _INT,
+                _PTR,
+                _PTR,
+                _INT,
+                _PTR,
+                _PTR,
+                _PTR,
+                _PTR,
+                _PTR,
+                _I64,
+                _PTR,
+                _PTR,
+                _I64,
+                _I64,
+                _I64,
+                _I64,
+                _I64,
+            ],  # fmt: skip
+            _INT,
+        )
+    },
+)
 
 
 def native_lora_status() -> str:
     """One line for reports: whether the native LoRA kernel is in use, or why not."""
-    if _load() is not None:
+    if LIBRARY.available:
         return "native CPU kernel (per-token, pool rows in place)"
-    return f"packed torch GEMMs ({_build_error})"
+    return f"packed torch GEMMs ({LIBRARY.error})"
 
 
 def native_lora_available(x: torch.Tensor, a_buf: torch.Tensor, max_rank: int) -> bool:
@@ -67,7 +79,7 @@ def native_lora_available(x: torch.Tensor, a_buf: torch.Tensor, max_rank: int) -
         and x.dtype in DTYPE_CODES
         and a_buf.dtype in DTYPE_CODES
         and max_rank <= MAX_RANK
-        and _load() is not None
+        and LIBRARY.available
     )
 
 
@@ -85,9 +97,7 @@ def lora_delta_native(
     `a_buf` is the pool's `[rows, S, in]` A buffer and `b_buf` its `[rows, out]` transposed-B
     buffer; `slice_bounds` the Linear's int64 slice offsets and sizes (`[S]` each).
     """
-    kernel = _load()
-    if kernel is None:
-        raise NativeBuildError(f"the native LoRA kernel is unavailable: {_build_error}")
+    kernel = LIBRARY.get("lora_delta")
     act, wt = DTYPE_CODES.get(x.dtype), DTYPE_CODES.get(a_buf.dtype)
     if act is None or y.dtype != x.dtype or wt is None or b_buf.dtype != a_buf.dtype:
         raise ValueError(f"native LoRA needs fp32/bf16 x and y alike and fp32/bf16 A and B alike, "

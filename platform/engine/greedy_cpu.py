@@ -15,28 +15,27 @@ from pathlib import Path
 
 import torch
 
-from loraplex.loader.native_library import NativeBuildError, load_library
+from loraplex.loader.native_library import NativeLibrary
 
 SOURCE = Path(__file__).with_name("greedy_cpu.c")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
-_kernel: ctypes._CFuncPtr | None = None
-_build_error: str | None = None
-
-
-def _load() -> ctypes._CFuncPtr | None:
-    global _kernel, _build_error
-    if _kernel is None and _build_error is None:
-        try:
-            fn = load_library(SOURCE).argmax_rows
-        except NativeBuildError as exc:
-            _build_error = str(exc)
-            return None
-        i64 = ctypes.c_int64
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, i64, i64, i64, ctypes.c_void_p]
-        fn.restype = None
-        _kernel = fn
-    return _kernel
+LIBRARY = NativeLibrary(
+    SOURCE,
+    {
+        "argmax_rows": (
+            [
+                ctypes.c_void_p,
+                ctypes.c_int,
+                ctypes.c_int64,
+                ctypes.c_int64,
+                ctypes.c_int64,
+                ctypes.c_void_p,
+            ],  # fmt: skip
+            None,
+        )
+    },
+)
 
 
 def native_argmax_available(logits: torch.Tensor) -> bool:
@@ -46,15 +45,13 @@ def native_argmax_available(logits: torch.Tensor) -> bool:
         and logits.dim() == 2
         and logits.dtype in DTYPE_CODES
         and logits.stride(-1) == 1
-        and _load() is not None
+        and LIBRARY.available
     )
 
 
 def native_argmax(logits: torch.Tensor) -> torch.Tensor:
     """Row-wise argmax [S, V] -> [S] int64, as `torch.argmax(logits, -1)`."""
-    kernel = _load()
-    if kernel is None:
-        raise NativeBuildError(f"the native argmax is unavailable: {_build_error}")
+    kernel = LIBRARY.get("argmax_rows")
     if not native_argmax_available(logits):
         raise ValueError(
             f"native argmax reads 2-D fp32/bf16 CPU logits with stride-1 rows, got "

@@ -62,3 +62,19 @@ def test_no_compiler_or_switched_off_raises(tmp_path, cache, monkeypatch):
     monkeypatch.delenv("CC", raising=False)
     with pytest.raises(NativeBuildError, match="no C compiler"):
         load_library(src)
+
+
+def test_native_library_types_its_functions_and_keeps_why_it_is_unavailable(tmp_path, cache):
+    from loraplex.loader.native_library import NativeLibrary
+
+    src = tmp_path / "add.c"
+    src.write_text('#include "native_common.h"\n' + SOURCE)  # the shared header is found
+    lib = NativeLibrary(src, {"add_one": ([ctypes.c_int], ctypes.c_int)})
+    assert lib.available and lib.error is None
+    assert lib.get("add_one")(1) == 2
+    broken = tmp_path / "broken.c"
+    broken.write_text("int nope(\n")
+    bad = NativeLibrary(broken, {"nope": ([], ctypes.c_int)})
+    assert not bad.available and "compiling broken.c failed" in bad.error
+    with pytest.raises(NativeBuildError, match="broken.c is unavailable"):
+        bad.get("nope")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from loraplex.loader.native_library import NativeBuildError, load_library
+from loraplex.loader.native_library import NativeLibrary
 from loraplex.loader.tensor_layout import require_contiguous
 from loraplex.platform.engine.layers.paged_attention_torch import NO_SCALES, KVScales
 
@@ -28,39 +28,42 @@ SOURCE = Path(__file__).with_name("paged_attention_cpu.c")
 EXTRA_FLAGS = ("-ffast-math", "-fopenmp-simd")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
-_kernel: ctypes._CFuncPtr | None = None
-_write: ctypes._CFuncPtr | None = None
-_build_error: str | None = None
-
-
-def _load() -> ctypes._CFuncPtr | None:
-    global _kernel, _write, _build_error
-    if _kernel is None and _build_error is None:
-        try:
-            lib = load_library(SOURCE, EXTRA_FLAGS)
-        except NativeBuildError as exc:
-            _build_error = str(exc)
-            return None
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        write = lib.write_kv
-        write.argtypes = [ptr, ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64]
-        write.restype = None
-        _write = write
-        fn = lib.paged_decode_attention
-        fn.argtypes = [
-            ptr, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64,
-            ctypes.c_float, ctypes.c_int, i64, i64,
-        ]  # fmt: skip
-        fn.restype = ctypes.c_int
-        _kernel = fn
-    return _kernel
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+LIBRARY = NativeLibrary(
+    SOURCE,
+    {
+        "paged_decode_attention": (
+            [
+                _PTR,
+                _PTR,
+                _PTR,
+                _PTR,
+                _PTR,
+                _I64,
+                _PTR,
+                _I64,
+                _I64,
+                _I64,
+                _I64,
+                _I64,
+                ctypes.c_float,
+                ctypes.c_int,
+                _I64,
+                _I64,
+            ],  # fmt: skip
+            ctypes.c_int,
+        ),
+        "write_kv": ([_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64], None),
+    },
+    EXTRA_FLAGS,
+)
 
 
 def native_decode_status() -> str:
     """One line for reports: whether the in-place kernel is in use, or why not."""
-    if _load() is not None:
+    if LIBRARY.available:
         return "native CPU kernel (KV blocks read in place)"
-    return f"torch gather + SDPA ({_build_error})"
+    return f"torch gather + SDPA ({LIBRARY.error})"
 
 
 def native_decode_available(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
@@ -70,7 +73,7 @@ def native_decode_available(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
         and kv_cache.device.type == "cpu"
         and q.dtype in DTYPE_CODES
         and kv_cache.dtype == q.dtype
-        and _load() is not None
+        and LIBRARY.available
     )
 
 
@@ -79,8 +82,7 @@ def native_write_kv(
 ) -> None:
     """Store k, v [T, Hkv, D] at their slots of kv_cache [2, N, bs, Hkv, D] (slot -1 skipped):
     `write_kv_torch` for a float cache of k's dtype, without its mask and index copies."""
-    if _load() is None or _write is None:
-        raise NativeBuildError(f"the native KV write is unavailable: {_build_error}")
+    write = LIBRARY.get("write_kv")
     _, _, _, hkv, d = kv_cache.shape
     require_contiguous("native_write_kv", kv_cache=kv_cache)
     for name, x in (("k", k), ("v", v)):
@@ -94,7 +96,7 @@ def native_write_kv(
     if slots.shape[0] < n or v.shape[0] != n:
         raise ValueError("k, v and slot_mapping need a row per token")
     base = kv_cache.data_ptr()
-    _write(
+    write(
         k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0), base,
         base + kv_cache[0].numel() * kv_cache.element_size(), slots.data_ptr(), n, hkv * d,
         kv_cache.element_size(),
@@ -112,9 +114,7 @@ def native_decode_attention(
 ) -> torch.Tensor:
     """One query token per sequence: q [S, Hq, D] -> out [S, Hq, D] (the torch path's
     signature; a float cache has no scales to apply, so `scales` is not read)."""
-    kernel = _load()
-    if kernel is None:
-        raise NativeBuildError(f"the native decode kernel is unavailable: {_build_error}")
+    kernel = LIBRARY.get("paged_decode_attention")
     if q.dtype not in DTYPE_CODES or kv_cache.dtype != q.dtype:
         raise ValueError(f"native decode attention needs fp32 or bf16 q and cache alike, got "
                          f"{q.dtype} and {kv_cache.dtype}")  # fmt: skip
