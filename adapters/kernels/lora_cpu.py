@@ -31,37 +31,17 @@ DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 MAX_RANK = 512  # lora_cpu.c's scratch for one slice's rank values
 
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-LIBRARY = NativeLibrary(
-    SOURCE,
-    {
-        "lora_delta": (
-            [
-                _PTR,
-                _I64,
-                _PTR,
-                _I64,
-                _INT,
-                _PTR,
-                _PTR,
-                _INT,
-                _PTR,
-                _PTR,
-                _PTR,
-                _PTR,
-                _PTR,
-                _I64,
-                _PTR,
-                _PTR,
-                _I64,
-                _I64,
-                _I64,
-                _I64,
-                _I64,
-            ],  # fmt: skip
-            _INT,
-        )
-    },
-)
+# fmt: off
+LORA_DELTA_ARGS = [  # lora_cpu.c's lora_delta, in order
+    _PTR, _I64, _PTR, _I64, _INT,  # x, x_stride, y, y_stride, act_dtype
+    _PTR, _PTR, _INT,  # a_buf, b_buf, w_dtype
+    _PTR, _PTR, _PTR,  # sorted_tokens, token_slot, slot_row_start
+    _PTR, _PTR, _I64,  # ranks, scales, max_loras
+    _PTR, _PTR, _I64, _I64, _I64,  # slice_offsets, slice_sizes, num_slices, d_in, d_out
+    _I64, _I64,  # first, last
+]
+# fmt: on
+LIBRARY = NativeLibrary(SOURCE, {"lora_delta": (LORA_DELTA_ARGS, _INT)})
 
 
 def native_lora_status() -> str:

@@ -4,8 +4,8 @@
 `amax`), so a bf16 model paid a [rows, vocab] fp32 copy every step before its argmax.
 `greedy_cpu.c` reads each row once in its own dtype (chunk maxima compared as integers, then the
 index inside the winning chunk), and returns what `torch.argmax` returns: the first maximum, or
-the first NaN. Built on first use (`loader.native_library`); elsewhere `argmax_rows` falls back
-to `greedy_argmax` on fp32 logits.
+the first NaN. Built on first use (`loader.native_library`); where it cannot be, the sampler
+keeps `greedy_argmax` on fp32 logits.
 """
 
 from __future__ import annotations
@@ -20,21 +20,10 @@ from loraplex.loader.native_library import NativeLibrary
 SOURCE = Path(__file__).with_name("greedy_cpu.c")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+# greedy_cpu.c's argmax_rows(logits, dtype, rows, cols, row_stride, out)
 LIBRARY = NativeLibrary(
-    SOURCE,
-    {
-        "argmax_rows": (
-            [
-                ctypes.c_void_p,
-                ctypes.c_int,
-                ctypes.c_int64,
-                ctypes.c_int64,
-                ctypes.c_int64,
-                ctypes.c_void_p,
-            ],  # fmt: skip
-            None,
-        )
-    },
+    SOURCE, {"argmax_rows": ([_PTR, ctypes.c_int, _I64, _I64, _I64, _PTR], None)}
 )
 
 

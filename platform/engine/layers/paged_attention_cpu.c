@@ -17,7 +17,9 @@
 
 #include "native_common.h"
 
-static inline __attribute__((always_inline)) void load_row(const void *base, int64_t index, int64_t d, int dtype, float *dst) {
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE void load_row(const void *base, int64_t index, int64_t d, int dtype, float *dst) {
     if (dtype == 0) {
         memcpy(dst, (const float *)base + index, (size_t)d * sizeof(float));
     } else {
@@ -26,7 +28,7 @@ static inline __attribute__((always_inline)) void load_row(const void *base, int
     }
 }
 
-static inline __attribute__((always_inline)) void store_row(void *base, int64_t index, int64_t d, int dtype, const float *src) {
+INLINE void store_row(void *base, int64_t index, int64_t d, int dtype, const float *src) {
     if (dtype == 0) {
         memcpy((float *)base + index, src, (size_t)d * sizeof(float));
     } else {
@@ -37,7 +39,7 @@ static inline __attribute__((always_inline)) void store_row(void *base, int64_t 
 
 /* One (sequence, KV head) item; `d` is a compile-time constant at the common head sizes, so
  * the row loops unroll into whole vectors. */
-static inline __attribute__((always_inline)) void attend_item(
+INLINE void attend_item(
     const void *q, void *out, const void *k_cache, const void *v_cache,
     const int32_t *table, int64_t len, int64_t s, int64_t hk, int64_t num_heads,
     int64_t num_kv_heads, const int64_t d, int64_t g, int64_t block_size, float scale,

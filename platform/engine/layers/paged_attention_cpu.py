@@ -29,32 +29,20 @@ EXTRA_FLAGS = ("-ffast-math", "-fopenmp-simd")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+# fmt: off
+DECODE_ARGS = [  # paged_attention_cpu.c's paged_decode_attention, in order
+    _PTR, _PTR, _PTR, _PTR,  # q, out, k_cache, v_cache
+    _PTR, _I64, _PTR,  # block_tables, bt_stride, seq_lens
+    _I64, _I64, _I64, _I64, _I64,  # num_heads, num_kv_heads, head_dim, block_size, max_seq_len
+    ctypes.c_float, ctypes.c_int, _I64, _I64,  # scale, dtype, first, last
+]
+WRITE_KV_ARGS = [  # write_kv: k, v, k_stride, v_stride, k_cache, v_cache, slots, tokens, row, elem
+    _PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64,
+]
+# fmt: on
 LIBRARY = NativeLibrary(
     SOURCE,
-    {
-        "paged_decode_attention": (
-            [
-                _PTR,
-                _PTR,
-                _PTR,
-                _PTR,
-                _PTR,
-                _I64,
-                _PTR,
-                _I64,
-                _I64,
-                _I64,
-                _I64,
-                _I64,
-                ctypes.c_float,
-                ctypes.c_int,
-                _I64,
-                _I64,
-            ],  # fmt: skip
-            ctypes.c_int,
-        ),
-        "write_kv": ([_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64], None),
-    },
+    {"paged_decode_attention": (DECODE_ARGS, ctypes.c_int), "write_kv": (WRITE_KV_ARGS, None)},
     EXTRA_FLAGS,
 )
 
