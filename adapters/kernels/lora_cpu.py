@@ -41,7 +41,10 @@ LORA_DELTA_ARGS = [  # lora_cpu.c's lora_delta, in order
     _I64, _I64,  # first, last
 ]
 # fmt: on
-LIBRARY = NativeLibrary(SOURCE, {"lora_delta": (LORA_DELTA_ARGS, _INT)})
+# 512-bit vectors where the CPU has them: one step's LoRA 1.1 -> 0.9 ms (4 adapters) and
+# 0.94 -> 0.64 ms (32) on the AVX-512 machine; no effect on AVX2 ones.
+EXTRA_FLAGS = ("-mprefer-vector-width=512",)
+LIBRARY = NativeLibrary(SOURCE, {"lora_delta": (LORA_DELTA_ARGS, _INT)}, EXTRA_FLAGS)
 
 
 def native_lora_status() -> str:
