@@ -10,7 +10,8 @@ those tensors has output channels as rows, so slices load the same way. The LoRA
 runs in the activation dtype on top of the quantized matmul.
 
 A plain bf16 weight on a CPU with native bf16 is packed for oneDNN once loaded
-(`onednn_weights`): `weight` then holds the packed tensor, same shape and values.
+(`onednn_weights`): `weight` then holds the packed tensor, same shape and values, and forward
+pays one layout check to pick the packed call (`onednn_weights.dense` reads the plain one back).
 """
 
 from __future__ import annotations
