@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import shutil
 
 import pytest
 
@@ -10,6 +11,9 @@ from loraplex.loader import native_library
 from loraplex.loader.native_library import NativeBuildError, library_path, load_library
 
 SOURCE = "int add_one(int x) { return x + 1; }\n"
+NEEDS_CC = pytest.mark.skipif(
+    not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler on this machine"
+)
 
 
 @pytest.fixture
@@ -19,6 +23,7 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache" / "loraplex" / "native"
 
 
+@NEEDS_CC
 def test_builds_once_then_loads_the_cached_library(tmp_path, cache):
     src = tmp_path / "add.c"
     src.write_text(SOURCE)
@@ -34,6 +39,7 @@ def test_builds_once_then_loads_the_cached_library(tmp_path, cache):
     assert [p.name for p in cache.iterdir()] == [built.name]  # no temporary file left
 
 
+@NEEDS_CC
 def test_a_changed_source_or_flag_gets_its_own_build(tmp_path, cache):
     src = tmp_path / "add.c"
     src.write_text(SOURCE)
@@ -43,6 +49,7 @@ def test_a_changed_source_or_flag_gets_its_own_build(tmp_path, cache):
     assert library_path(src) != first
 
 
+@NEEDS_CC
 def test_a_compile_error_raises_with_the_compiler_output(tmp_path, cache):
     src = tmp_path / "broken.c"
     src.write_text("int broken( { return 0; }\n")
@@ -64,6 +71,7 @@ def test_no_compiler_or_switched_off_raises(tmp_path, cache, monkeypatch):
         load_library(src)
 
 
+@NEEDS_CC
 def test_native_library_types_its_functions_and_keeps_why_it_is_unavailable(tmp_path, cache):
     from loraplex.loader.native_library import NativeLibrary
 
