@@ -6,8 +6,8 @@
  * The pool's rows are read where they lie (A [rows, S, in], B [rows, out]): no gathered or
  * packed copy per step, and no per-adapter pass; a step's cost is tokens x rank x (in + out),
  * whatever the number of distinct adapters. Tokens are visited in adapter order
- * (`sorted_tokens`), so an adapter's rows stay in cache across its tokens. `first`/`last`
- * select positions in that order, so threads may split a call.
+ * (`sorted_tokens`), so an adapter's rows stay in cache across its tokens; the first `total`
+ * positions of that order are split over torch's OpenMP threads.
  *
  * dtype codes: 0 = fp32, 1 = bf16 (x and y share one, A and B another). Math is fp32; y is
  * rounded once, after the delta is added.
@@ -17,10 +17,6 @@
 #include <string.h>
 
 #include "native_common.h"
-
-static inline __attribute__((always_inline)) float elem(const void *base, int64_t i, int dtype) {
-    return dtype == 0 ? ((const float *)base)[i] : bf16_to_f32(((const uint16_t *)base)[i]);
-}
 
 #define MAX_RANK 512
 
@@ -50,12 +46,12 @@ static int token_delta(
     const void *x, int64_t x_stride, void *y, int64_t y_stride, int act_dtype,
     const void *a_buf, const void *b_buf, int w_dtype, int64_t tok, const int32_t *token_slot,
     const int32_t *slot_row_start, const int32_t *ranks, const float *scales, int64_t max_loras,
-    const int64_t *slice_offsets, const int64_t *slice_sizes, int64_t num_slices, int64_t d_in,
+    const int32_t *slice_offsets, const int32_t *slice_sizes, int64_t num_slices, int64_t d_in,
     int64_t d_out, float *xf, float *delta, float *h) {
     const int64_t slot = token_slot[tok];
     if (slot < 0) return 0;
     const int64_t rs = slot_row_start[slot];
-    for (int64_t i = 0; i < d_in; i++) xf[i] = elem(x, tok * x_stride + i, act_dtype);
+    load_row(x, tok * x_stride, d_in, act_dtype, xf);
     int touched = 0;
     for (int64_t si = 0; si < num_slices; si++) {
         const int64_t r = ranks[si * max_loras + slot];
@@ -110,17 +106,17 @@ int lora_delta(
     const void *a_buf, const void *b_buf, int w_dtype,
     const int32_t *sorted_tokens, const int32_t *token_slot, const int32_t *slot_row_start,
     const int32_t *ranks, const float *scales, int64_t max_loras,
-    const int64_t *slice_offsets, const int64_t *slice_sizes, int64_t num_slices,
-    int64_t d_in, int64_t d_out, int64_t first, int64_t last) {
+    const int32_t *slice_offsets, const int32_t *slice_sizes, int64_t num_slices,
+    int64_t d_in, int64_t d_out, int64_t total) {
     int rc = 0;
-#pragma omp parallel if (last - first > 8) reduction(min : rc)
+#pragma omp parallel if (total > 8) reduction(min : rc)
     {
         float *xf = malloc(sizeof(float) * (size_t)d_in);
         float *delta = malloc(sizeof(float) * (size_t)d_out);
         float h[MAX_RANK];
         int err = (!xf || !delta) ? -1 : 0; /* this thread's; rc is the reduction's copy */
 #pragma omp for schedule(static)
-        for (int64_t pos = first; pos < last; pos++) {
+        for (int64_t pos = 0; pos < total; pos++) {
             if (err) continue;
             err = token_delta(x, x_stride, y, y_stride, act_dtype, a_buf, b_buf, w_dtype,
                              sorted_tokens[pos], token_slot, slot_row_start, ranks, scales,

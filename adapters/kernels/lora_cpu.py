@@ -17,7 +17,6 @@ dtypes it does not read, `native_lora_available` is False and the packed path ru
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -38,7 +37,7 @@ LORA_DELTA_ARGS = [  # lora_cpu.c's lora_delta, in order
     _PTR, _PTR, _PTR,  # sorted_tokens, token_slot, slot_row_start
     _PTR, _PTR, _I64,  # ranks, scales, max_loras
     _PTR, _PTR, _I64, _I64, _I64,  # slice_offsets, slice_sizes, num_slices, d_in, d_out
-    _I64, _I64,  # first, last
+    _I64,  # total: adapter tokens, the first positions of sorted_tokens
 ]
 # fmt: on
 # 512-bit vectors where the CPU has them: one step's LoRA 1.1 -> 0.9 ms (4 adapters) and
@@ -78,7 +77,8 @@ def lora_delta_native(
     """Add every adapter token's delta for Linear `lid` into `y` [T, out] in place.
 
     `a_buf` is the pool's `[rows, S, in]` A buffer and `b_buf` its `[rows, out]` transposed-B
-    buffer; `slice_bounds` the Linear's int64 slice offsets and sizes (`[S]` each).
+    buffer; `slice_bounds` the Linear's int32 slice offsets and sizes (`[S]` each, contiguous;
+    `LoraHooks.slice_tensors`).
     """
     kernel = LIBRARY.get("lora_delta")
     act, wt = DTYPE_CODES.get(x.dtype), DTYPE_CODES.get(a_buf.dtype)
@@ -88,6 +88,8 @@ def lora_delta_native(
     require_stride1_last("lora_delta_native", x=x, y=y)
     require_contiguous("lora_delta_native", a_buf=a_buf, b_buf=b_buf)
     offsets, sizes = slice_bounds
+    if offsets.dtype != torch.int32 or sizes.dtype != torch.int32:
+        raise ValueError("slice offsets and sizes must be int32 tensors")
     num_slices, d_in, d_out = a_buf.shape[1], a_buf.shape[2], b_buf.shape[1]
     if x.shape[-1] != d_in or y.shape[-1] != d_out or offsets.numel() != num_slices:
         raise ValueError(f"x {tuple(x.shape)} / y {tuple(y.shape)} do not fit the pool's "
@@ -104,7 +106,7 @@ def lora_delta_native(
         scales + lid * per_linear * 4, max_loras, offsets.data_ptr(), sizes.data_ptr(),
         num_slices, d_in, d_out,
     )  # fmt: skip
-    rc = kernel(*args, 0, total)
+    rc = kernel(*args, total)
     if rc == -1:
         raise MemoryError("native LoRA could not allocate its scratch rows")
     if rc == -2:
@@ -122,10 +124,3 @@ def _step_args(meta: LoraBatchMeta) -> tuple[int, ...]:
         meta.token_slot.data_ptr(), meta.slot_row_start.data_ptr(), meta.ranks.data_ptr(),
         meta.scales.data_ptr(), meta.max_loras, meta.ranks.stride(0),
     )  # fmt: skip
-
-
-def slice_bounds(offsets: Sequence[int], sizes: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Linear's slice offsets and sizes as the int64 tensors `lora_delta_native` reads."""
-    return torch.tensor(list(offsets), dtype=torch.int64), torch.tensor(
-        list(sizes), dtype=torch.int64
-    )

@@ -11,11 +11,7 @@ from support.lora_reference import llama_specs, random_adapter, reference_delta
 
 from loraplex.adapters.device_pool import DevicePool
 from loraplex.adapters.kernels import lora_packed
-from loraplex.adapters.kernels.lora_cpu import (
-    lora_delta_native,
-    native_lora_available,
-    slice_bounds,
-)
+from loraplex.adapters.kernels.lora_cpu import lora_delta_native, native_lora_available
 from loraplex.adapters.kernels.lora_packed import (
     PackCache,
     lora_compute_dtype,
@@ -91,6 +87,11 @@ def lora_delta_packed_per_slice(x, y, a_buf, b_buf, meta, lid, offsets, sizes):
         lora_delta_packed_step(x, y, a_buf, b_buf, meta, lid, offsets, sizes)
     finally:
         lora_packed.BLOCK_DIAGONAL_MAX_BYTES = saved
+
+
+def slice_bounds(offsets, sizes):
+    """A Linear's slice offsets and sizes as the int32 tensors the hooks hand the kernel."""
+    return torch.tensor(offsets, dtype=torch.int32), torch.tensor(sizes, dtype=torch.int32)
 
 
 def lora_delta_native_step(x, y, a_buf, b_buf, meta, lid, offsets, sizes):
@@ -284,3 +285,6 @@ def test_native_kernel_refuses_mismatched_dtypes():
     with pytest.raises(ValueError, match="fp32/bf16 x and y alike"):
         lora_delta_native(x, y, pool.a[0], pool.b[0], meta, 0,
                           slice_bounds(spec.slice_offsets, spec.slice_sizes))  # fmt: skip
+    wide = tuple(t.long() for t in slice_bounds(spec.slice_offsets, spec.slice_sizes))
+    with pytest.raises(ValueError, match="int32"):
+        lora_delta_native(x, y.float(), pool.a[0], pool.b[0], meta, 0, wide)

@@ -5,7 +5,7 @@
  * all G heads), a softmax in fp32, then the weighted sum of V rows. Rows are found through the
  * block table: token t of sequence s is row t % block_size of block block_tables[s][t / bs].
  * No gathered copy of K/V is made. Caller checks shapes, dtypes and contiguity
- * (paged_attention_cpu.py); `first`/`last` select items so threads may split a call.
+ * (paged_attention_cpu.py). The num_seqs x Hkv items are split over torch's OpenMP threads.
  *
  * dtype: 0 = fp32, 1 = bf16 (q, out and the cache share it). Math is fp32.
  */
@@ -18,24 +18,6 @@
 #include "native_common.h"
 
 #define INLINE static inline __attribute__((always_inline))
-
-INLINE void load_row(const void *base, int64_t index, int64_t d, int dtype, float *dst) {
-    if (dtype == 0) {
-        memcpy(dst, (const float *)base + index, (size_t)d * sizeof(float));
-    } else {
-        const uint16_t *p = (const uint16_t *)base + index;
-        for (int64_t i = 0; i < d; i++) dst[i] = bf16_to_f32(p[i]);
-    }
-}
-
-INLINE void store_row(void *base, int64_t index, int64_t d, int dtype, const float *src) {
-    if (dtype == 0) {
-        memcpy((float *)base + index, src, (size_t)d * sizeof(float));
-    } else {
-        uint16_t *p = (uint16_t *)base + index;
-        for (int64_t i = 0; i < d; i++) p[i] = f32_to_bf16(src[i]);
-    }
-}
 
 /* One (sequence, KV head) item; `d` is a compile-time constant at the common head sizes, so
  * the row loops unroll into whole vectors. */
@@ -95,10 +77,11 @@ int paged_decode_attention(
     const void *q, void *out, const void *k_cache, const void *v_cache,
     const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-    int64_t max_seq_len, float scale, int dtype, int64_t first, int64_t last) {
+    int64_t max_seq_len, float scale, int dtype, int64_t num_seqs) {
+    const int64_t items = num_seqs * num_kv_heads;
     const int64_t g = num_heads / num_kv_heads, d = head_dim;
     int failed = 0;
-#pragma omp parallel if (last - first > 1) reduction(| : failed)
+#pragma omp parallel if (items > 1) reduction(| : failed)
     {
         float *qf = malloc(sizeof(float) * (size_t)(g * d));
         float *acc = malloc(sizeof(float) * (size_t)(g * d));
@@ -107,7 +90,7 @@ int paged_decode_attention(
         const int err = !qf || !acc || !row || !scores; /* this thread's */
         failed = err;
 #pragma omp for schedule(static)
-        for (int64_t item = first; item < last; item++) {
+        for (int64_t item = 0; item < items; item++) {
             if (err) continue;
             const int64_t s = item / num_kv_heads, hk = item % num_kv_heads;
             const int64_t len = seq_lens[s] < max_seq_len ? seq_lens[s] : max_seq_len;

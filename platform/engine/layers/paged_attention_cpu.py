@@ -34,7 +34,7 @@ DECODE_ARGS = [  # paged_attention_cpu.c's paged_decode_attention, in order
     _PTR, _PTR, _PTR, _PTR,  # q, out, k_cache, v_cache
     _PTR, _I64, _PTR,  # block_tables, bt_stride, seq_lens
     _I64, _I64, _I64, _I64, _I64,  # num_heads, num_kv_heads, head_dim, block_size, max_seq_len
-    ctypes.c_float, ctypes.c_int, _I64, _I64,  # scale, dtype, first, last
+    ctypes.c_float, ctypes.c_int, _I64,  # scale, dtype, num_seqs
 ]
 WRITE_KV_ARGS = [  # write_kv: k, v, k_stride, v_stride, k_cache, v_cache, slots, tokens, row, elem
     _PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64,
@@ -125,6 +125,6 @@ def native_decode_attention(
         q.data_ptr(), out.data_ptr(), base, base + plane, tables.data_ptr(), tables.stride(0),
         lens.data_ptr(), hq, hkv, d, bs, max_len, float(scale), DTYPE_CODES[q.dtype],
     )  # fmt: skip
-    if kernel(*args, 0, s * hkv):
+    if kernel(*args, s):
         raise MemoryError("native decode attention could not allocate its scratch rows")
     return out

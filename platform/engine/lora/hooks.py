@@ -20,11 +20,7 @@ import torch
 from torch import nn
 
 from loraplex.adapters.device_pool import DevicePool, LoraLinearSpec
-from loraplex.adapters.kernels.lora_cpu import (
-    lora_delta_native,
-    native_lora_available,
-    slice_bounds,
-)
+from loraplex.adapters.kernels.lora_cpu import lora_delta_native, native_lora_available
 from loraplex.adapters.kernels.lora_packed import PackCache, lora_compute_dtype, lora_delta_packed
 from loraplex.adapters.kernels.lora_sgmv import build_sgmv_plan
 from loraplex.adapters.kernels.lora_triton import (
@@ -73,7 +69,6 @@ class LoraHooks:
         self.device = device
         self._weights = weights
         self._slice_tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._slice_bounds: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.packs = PackCache(pack_cache_bytes)
         for lid, module in enumerate(self.modules):
             module.lora_delta = functools.partial(self._delta, lid)
@@ -99,12 +94,7 @@ class LoraHooks:
                 spec.slice_sizes, self.max_lora_rank, self.slice_tensors(lid),
             )  # fmt: skip
         elif native_lora_available(x, pool.a[lid], meta.max_rank):
-            bounds = self._slice_bounds.get(lid)
-            if bounds is None:
-                bounds = self._slice_bounds[lid] = slice_bounds(
-                    spec.slice_offsets, spec.slice_sizes
-                )
-            lora_delta_native(x, y, pool.a[lid], pool.b[lid], meta, lid, bounds)
+            lora_delta_native(x, y, pool.a[lid], pool.b[lid], meta, lid, self.slice_tensors(lid))
         else:
             dtype = lora_compute_dtype(x)
             if meta.sgmv_plan is None:
