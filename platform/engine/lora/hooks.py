@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from loraplex.adapters.device_pool import DevicePool, LoraLinearSpec
-from loraplex.adapters.kernels.lora_cpu import lora_delta_native, native_lora_available
+from loraplex.adapters.kernels.lora_cpu import NativeLoraLinear, native_lora_available
 from loraplex.adapters.kernels.lora_packed import PackCache, lora_compute_dtype, lora_delta_packed
 from loraplex.adapters.kernels.lora_sgmv import build_sgmv_plan
 from loraplex.adapters.kernels.lora_triton import (
@@ -69,6 +69,7 @@ class LoraHooks:
         self.device = device
         self._weights = weights
         self._slice_tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._native: dict[int, NativeLoraLinear] = {}
         self.packs = PackCache(pack_cache_bytes)
         for lid, module in enumerate(self.modules):
             module.lora_delta = functools.partial(self._delta, lid)
@@ -93,8 +94,8 @@ class LoraHooks:
                 x, y, pool.a[lid], pool.b[lid], meta, lid, spec.slice_offsets,
                 spec.slice_sizes, self.max_lora_rank, self.slice_tensors(lid),
             )  # fmt: skip
-        elif native_lora_available(x, pool.a[lid], meta.max_rank):
-            lora_delta_native(x, y, pool.a[lid], pool.b[lid], meta, lid, self.slice_tensors(lid))
+        elif (native := self.native_linear(lid, x, pool)) is not None:
+            native(x, y, meta, lid)
         else:
             dtype = lora_compute_dtype(x)
             if meta.sgmv_plan is None:
@@ -106,6 +107,18 @@ class LoraHooks:
                 lid, pool.a[lid], pool.b[lid], plan, spec.slice_offsets, spec.slice_sizes, dtype
             )
             lora_delta_packed(x, y, packed, plan)
+
+    def native_linear(self, lid: int, x: torch.Tensor, pool: DevicePool) -> NativeLoraLinear | None:
+        """Linear `lid`'s native CPU kernel arguments, built on first use and again if the pool's
+        buffers moved; None where the native kernel does not serve these tensors."""
+        native = self._native.get(lid)
+        a, b = pool.a[lid], pool.b[lid]
+        if native is not None and native.serves(a, b):
+            return native
+        if not native_lora_available(x, a, self.max_lora_rank):
+            return None
+        native = self._native[lid] = NativeLoraLinear(a, b, self.slice_tensors(lid))
+        return native
 
     def slice_tensors(self, lid: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Linear `lid`'s int32 slice offsets and sizes on the device (built once)."""

@@ -48,8 +48,9 @@ def test_ours_only_quick_prints_results(
     for k in ("base", "lora_unused", "one_adapter", "mixed4"):
         assert float(found[f"peer.loraplex.{k}_tok_s"]) > 0
     assert "peer.base_over_vllm" not in found
-    ratio = float(found["peer.loraplex.mixed4_tok_s"]) / float(found["peer.loraplex.base_tok_s"])
-    assert float(found["peer.loraplex.mixed4_over_base"]) == pytest.approx(ratio, rel=1e-2)
+    for k in ("lora_unused", "one_adapter", "mixed4"):  # lockstep engines, every LoRA config
+        assert 0.05 < float(found[f"peer.loraplex.{k}_over_base"]) < 20
+    assert "[ours] lockstep pass 1, over base: lora_unused" in out
 
 
 @pytest.mark.skipif(
@@ -65,14 +66,8 @@ def test_side_by_side_with_vllm(capsys: pytest.CaptureFixture[str]) -> None:
         assert re.search(rf"^RESULT peer\.{k}_over_vllm=[0-9.]+$", out, re.M)
 
 
-def test_ratios_pair_configs_within_a_pass() -> None:
-    """A pass on a slow stretch of the machine lowers both sides of its ratio, not one."""
-    from loraplex.platform.bench.peer import best_of, ratio_over_base
+def test_best_of_takes_each_configs_best_pass() -> None:
+    from loraplex.platform.bench.peer import best_of
 
-    runs = [
-        {"base": 100.0, "mixed4": 90.0},
-        {"base": 50.0, "mixed4": 48.0},
-        {"base": 80.0, "mixed4": 60.0},
-    ]
+    runs = [{"base": 100.0, "mixed4": 60.0}, {"base": 50.0, "mixed4": 90.0}]
     assert best_of(runs) == {"base": 100.0, "mixed4": 90.0}
-    assert ratio_over_base(runs, "mixed4") == pytest.approx(0.9)  # median of 0.9, 0.96, 0.75
