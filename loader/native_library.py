@@ -7,6 +7,10 @@ nothing from PyPI. Each library is compiled with `-march=native` (this CPU's vec
 so its cache key holds the source, the flags, the compiler and the CPU model; a build writes a
 temporary file and renames it, so processes racing to build never load half a file.
 
+`LORAPLEX_NATIVE_CFLAGS` adds flags after every library's own (and to the cache key), for a
+build that must target less than this CPU: `-mno-avx512f` builds the AVX2 code an AVX2-only
+machine would run, which is how `bench peer` figures for such CPUs are taken on this one.
+
 Without a C compiler (or when `LORAPLEX_NATIVE_KERNELS=0`) `load_library` raises
 `NativeBuildError` and callers keep their torch path; `NativeLibrary` keeps why, for reports.
 Every kernel includes `native_common.h` (bf16 conversions), which is hashed into the key too.
@@ -18,6 +22,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -38,6 +43,7 @@ CFLAGS = (
 LINK_FLAGS = ("-shared", "-fopenmp")  # never a fast-math flag: see `_build`
 COMMON_HEADER = Path(__file__).with_name("native_common.h")
 DISABLE_ENV = "LORAPLEX_NATIVE_KERNELS"
+EXTRA_CFLAGS_ENV = "LORAPLEX_NATIVE_CFLAGS"
 BUILD_TIMEOUT_S = 120
 
 _lock = threading.Lock()
@@ -90,10 +96,11 @@ def library_path(source: Path, extra_flags: tuple[str, ...] = ()) -> Path:
 
 
 def load_library(source: Path, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
-    """`source` (a .c file) compiled for this CPU (with `extra_flags` after `CFLAGS`) and
-    loaded; built on first use, then cached."""
+    """`source` (a .c file) compiled for this CPU (with `extra_flags`, then those of
+    `LORAPLEX_NATIVE_CFLAGS`, after `CFLAGS`) and loaded; built on first use, then cached."""
     if os.environ.get(DISABLE_ENV, "1") == "0":
         raise NativeBuildError(f"native kernels are off ({DISABLE_ENV}=0)")
+    extra_flags = (*extra_flags, *shlex.split(os.environ.get(EXTRA_CFLAGS_ENV, "")))
     with _lock:
         target = library_path(source, extra_flags)
         lib = _loaded.get(target)

@@ -50,6 +50,20 @@ def test_a_changed_source_or_flag_gets_its_own_build(tmp_path, cache):
 
 
 @NEEDS_CC
+def test_flags_from_the_environment_build_their_own_library(tmp_path, cache, monkeypatch):
+    """LORAPLEX_NATIVE_CFLAGS reaches the compiler (a macro the source needs) and the key."""
+    src = tmp_path / "answer.c"
+    src.write_text("int answer(void) { return ANSWER; }\n")
+    with pytest.raises(NativeBuildError, match="ANSWER"):
+        load_library(src)  # undeclared without the flag
+    monkeypatch.setenv("LORAPLEX_NATIVE_CFLAGS", "-DANSWER=42 -O1")
+    lib = load_library(src)
+    lib.answer.restype = ctypes.c_int
+    assert lib.answer() == 42
+    assert [p.name for p in cache.glob("*.so")] == [library_path(src, ("-DANSWER=42", "-O1")).name]
+
+
+@NEEDS_CC
 def test_a_compile_error_raises_with_the_compiler_output(tmp_path, cache):
     src = tmp_path / "broken.c"
     src.write_text("int broken( { return 0; }\n")
