@@ -332,3 +332,28 @@ def test_native_kernel_wide_rows_and_token_blocks(dtype):
         want = base.double() + reference_delta(x.float(), per_token, spec)
         tol = 1e-5 if dtype == torch.float32 else 0.05
         torch.testing.assert_close(y.double(), want, atol=tol, rtol=tol)
+
+
+@NO_CC
+def test_native_kernel_rows_do_not_depend_on_their_block():
+    """A token's output is bit-identical whether it is alone or the fourth of a block of eight:
+    the kernel's sums must not change order with where its scratch rows fall (else greedy
+    decoding can differ between two processes serving the same request)."""
+    specs = llama_specs(1, WIDE_DIMS)
+    pool = DevicePool(specs, capacity_bytes=50_000_000, max_lora_rank=16, dtype=torch.bfloat16)
+    adapter = random_adapter("w", {n: 16 for n in WIDE_DIMS}, seed=1, num_layers=1,
+                             dims=WIDE_DIMS, dtype=torch.bfloat16)  # fmt: skip
+    resident = pool.load(adapter)
+    torch.manual_seed(5)
+    for lid, spec in enumerate(specs):
+        x = torch.randn(8, spec.in_features).bfloat16()
+        y0 = torch.randn(8, spec.out_features).bfloat16()
+        bounds = slice_bounds(spec.slice_offsets, spec.slice_sizes)
+        together = y0.clone()
+        meta8 = build_lora_meta([(resident, 8)], max_loras=1, num_linears=len(specs), max_slices=3)
+        lora_delta_native(x, together, pool.a[lid], pool.b[lid], meta8, lid, bounds)
+        meta1 = build_lora_meta([(resident, 1)], max_loras=1, num_linears=len(specs), max_slices=3)
+        for t in range(8):
+            alone = y0[t : t + 1].clone()
+            lora_delta_native(x[t : t + 1], alone, pool.a[lid], pool.b[lid], meta1, lid, bounds)
+            assert torch.equal(alone[0], together[t]), (lid, t)
