@@ -100,7 +100,7 @@ def _tok_s(llm, prompts, refs, max_tokens: int) -> float:  # noqa: ANN001
 def _engine_args(
     prompts: list, dtype: str, max_tokens: int, cpu_threads: int | None
 ) -> dict[str, object]:
-    """Our engine's settings for the workload (with LoRA: `max_loras` and `max_lora_rank`)."""
+    """Our engine's settings for the workload (callers add the LoRA ones)."""
     return dict(
         dtype=dtype, max_num_seqs=len(prompts), max_num_batched_tokens=max(2048, len(prompts)),
         block_size=16, max_model_len=max(len(p) for p in prompts) + max_tokens + 16,
