@@ -113,6 +113,7 @@ class NativeLoraLinear:
             num_slices, self.d_in, self.d_out,
         )  # fmt: skip
         self._ref = ctypes.byref(self.args)
+        self._kernel = LIBRARY.get("lora_delta")  # raises here where the library cannot build
 
     def serves(self, a_buf: torch.Tensor, b_buf: torch.Tensor) -> bool:
         """Whether these are still the buffers this Linear's struct points at."""
@@ -139,8 +140,7 @@ class NativeLoraLinear:
             step = meta.native_step = _step_args(meta)
         if step.num_active == 0:
             return
-        kernel = LIBRARY.get("lora_delta")
-        rc = kernel(x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0), act, self._ref,
+        rc = self._kernel(x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0), act, self._ref,
                     ctypes.byref(step), lid)  # fmt: skip
         if rc == -1:
             raise MemoryError("native LoRA could not allocate its scratch rows")
