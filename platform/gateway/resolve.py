@@ -166,8 +166,40 @@ def resolve_uncached(session: Session, tenant_id: uuid.UUID, model: str) -> Reso
         )
     base = session.execute(select(BaseModel).where(BaseModel.name == model)).scalar_one_or_none()
     if base is None:
+        _raise_if_not_ready(session, tenant_id, model, match)
         raise model_not_found(model)
     return _resolved(session, model, base)
+
+
+def _raise_if_not_ready(
+    session: Session, tenant_id: uuid.UUID, model: str, match: re.Match[str] | None
+) -> None:
+    """409 `adapter_not_ready` for the tenant's adapter that exists but has no ready version
+    (the one asked for failed validation, or is still being validated), naming why."""
+    for name, n in ([(match["name"], int(match["n"]))] if match else []) + [(model, None)]:
+        stmt = (
+            select(AdapterVersion)
+            .join(Adapter, Adapter.id == AdapterVersion.adapter_id)
+            .where(
+                Adapter.tenant_id == tenant_id,
+                Adapter.name == name,
+                Adapter.deleted_at.is_(None),
+                AdapterVersion.tenant_id == tenant_id,
+            )
+        )
+        stmt = stmt.where(AdapterVersion.n == n) if n is not None else stmt
+        version = session.execute(
+            stmt.order_by(AdapterVersion.n.desc()).limit(1)
+        ).scalar_one_or_none()
+        if version is None:
+            continue
+        what = f"adapter `{name}` version {version.n}"
+        if version.status == "failed":
+            reason = version.error or "no reason recorded"
+            message = f"The {what} failed validation: {reason}. Upload a corrected version."
+        else:
+            message = f"The {what} is not ready yet ({version.status}); try again shortly."
+        raise HttpError(409, message, param="model", code="adapter_not_ready")
 
 
 class ModelResolver:

@@ -28,7 +28,8 @@ def world(pg_url: str):
         base, dep = seed_catalog(s)
         add_adapter_version(s, t1.id, base, "sql")  # v1 ready
         add_adapter_version(s, t1.id, base, "sql")  # v2 ready
-        add_adapter_version(s, t1.id, base, "sql", "failed")  # v3 failed
+        _, v3 = add_adapter_version(s, t1.id, base, "sql", "failed")  # v3 failed
+        v3.error = "rank too large: 16 > max_lora_rank 8"
         add_adapter_version(s, t1.id, base, "draft", "validating")
         add_adapter_version(s, t2.id, base, "secret")
         ids = (t1.id, t2.id, base, dep)
@@ -45,10 +46,26 @@ def test_resolution_rules(world) -> None:
         assert latest.cache_salt(t1, "s") == cache_salt("s", str(t1))
         b = resolve_uncached(s, t1, base.name)
         assert b.adapter_id is None and b.base_model_name == base.name
-        for model in ("sql:3", "sql:9", "draft", "nope"):
+        for model in ("sql:9", "nope"):
             with pytest.raises(HttpError) as info:
                 resolve_uncached(s, t1, model)
             assert info.value.status == 404 and info.value.code == "model_not_found"
+
+
+def test_adapter_not_ready_says_so_and_why(world) -> None:
+    """An adapter that exists but has no ready version (failed, or still validating) is not a
+    404: a 409 `adapter_not_ready` that names its state and, when it failed, the reason."""
+    factory, (t1, _, _, _) = world
+    with factory() as s:
+        with pytest.raises(HttpError) as failed:
+            resolve_uncached(s, t1, "sql:3")
+        assert failed.value.status == 409 and failed.value.code == "adapter_not_ready"
+        assert "failed validation" in failed.value.message
+        assert "rank too large" in failed.value.message
+        with pytest.raises(HttpError) as draft:
+            resolve_uncached(s, t1, "draft")
+        assert draft.value.status == 409 and draft.value.code == "adapter_not_ready"
+        assert "validating" in draft.value.message
 
 
 def test_other_tenants_adapter_is_404(world) -> None:
