@@ -6,11 +6,10 @@ PostgreSQL, the Kubernetes API and DNS only, and its ConfigMap holds the release
 from __future__ import annotations
 
 import json
-from urllib.parse import unquote
 
 import pytest
 from support.infra import all_docs, example_outputs, pod_spec, release, rendered
-from support.kube_api import KubeApi
+from support.kube_api import Call, KubeApi, rbac_permissions
 
 from loraplex.platform.launcher.k8s import KubernetesLauncher
 from loraplex.platform.launcher.reconcile import BaseModelSnapshot, DeploymentSnapshot
@@ -22,22 +21,6 @@ NS = "loraplex"
 def _docs(kind: str, env: str = "dev") -> list[dict]:
     return [d for d in rendered()[f"{env}/platform.yaml"] if d["kind"] == kind
             and d["metadata"]["name"].endswith("launcher")]  # fmt: skip
-
-
-def _permission(method: str, path: str) -> tuple[str, str, str]:
-    """(apiGroup, resource, verb) that RBAC checks for one namespaced request."""
-    parts = [unquote(p) for p in path.strip("/").split("/")]
-    if parts[0] == "api":
-        group, rest = "", parts[2:]
-    else:
-        group, rest = parts[1], parts[3:]
-    assert rest[0] == "namespaces" and rest[1] == NS, path
-    resource, name = rest[2], (rest[3] if len(rest) > 3 else None)
-    verb = {"PATCH": "patch", "DELETE": "delete", "POST": "create", "PUT": "update"}.get(method)
-    if method == "GET":
-        verb = "get" if name else "list"
-    assert verb, method
-    return group, resource, verb
 
 
 def _row(name: str, ep: int) -> DeploymentSnapshot:
@@ -66,11 +49,34 @@ def _launcher_calls() -> set[tuple[str, str, str]]:
         auto.scale(a, 0)
         fixed.stop("fixed")
         assert auto.status("missing").desired == 0
-        return {_permission(c.method, c.path) for c in api.calls}
+        assert all(f"/namespaces/{NS}/" in c.path for c in api.calls)
+        return set().union(*(rbac_permissions(c) for c in api.calls))
+
+
+def test_rbac_verbs_follow_the_api_servers_authorization_of_each_call() -> None:
+    """The derivation itself (documents named in `rbac_permissions`): a server-side apply of a
+    missing object is authorized as patch AND create, of an existing one as patch only."""
+    dep = f"/apis/apps/v1/namespaces/{NS}/deployments/engine-x"
+    apply = "application/apply-patch+yaml"
+    assert rbac_permissions(Call("PATCH", dep, {}, apply, {}, existed=False)) == {
+        ("apps", "deployments", "patch"), ("apps", "deployments", "create")}  # fmt: skip
+    assert rbac_permissions(Call("PATCH", dep, {}, apply, {}, existed=True)) == {
+        ("apps", "deployments", "patch")}  # fmt: skip
+    merge = "application/merge-patch+json"
+    assert rbac_permissions(Call("PATCH", dep, {}, merge, {}, existed=False)) == {
+        ("apps", "deployments", "patch")}  # fmt: skip
+    assert rbac_permissions(Call("GET", dep, {}, "", None)) == {("apps", "deployments", "get")}
+    pods = f"/api/v1/namespaces/{NS}/pods"
+    assert rbac_permissions(Call("GET", pods, {}, "", None)) == {("", "pods", "list")}
+    assert rbac_permissions(Call("DELETE", dep, {}, "", None, True)) == {
+        ("apps", "deployments", "delete")}  # fmt: skip
 
 
 def test_the_role_allows_exactly_what_the_launcher_calls() -> None:
     needed = _launcher_calls()
+    # The first apply of each engine resource creates it: the Role must grant create.
+    assert {("apps", "deployments", "create"), ("policy", "poddisruptionbudgets", "create"),
+            ("keda.sh", "scaledobjects", "create")} <= needed  # fmt: skip
     # The scenario reached each kind of call the launcher makes (a broken scenario would
     # make the comparison vacuous).
     assert {("keda.sh", "scaledobjects", "patch"), ("", "pods", "list"),
