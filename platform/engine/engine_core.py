@@ -7,6 +7,7 @@ metrics. Not thread-safe: one thread (the server's engine loop, or `LLM.generate
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,12 +28,16 @@ from loraplex.platform.engine.prefix_cache import KVCacheManager
 from loraplex.platform.engine.request import Request, RequestStatus
 from loraplex.platform.engine.sampling_params import SamplingParams
 from loraplex.platform.engine.scheduler import Scheduler, SchedulerOutput
+from loraplex.platform.engine.structured.bitmask import MaskFiller
+from loraplex.platform.engine.structured.compiler import GrammarCompiler
+from loraplex.platform.engine.structured.state import GrammarError
 from loraplex.platform.engine.weight_quantization import model_weight_bytes
 from loraplex.platform.engine_spec.config import EngineConfig
 from loraplex.platform.tokenizing import IncrementalDetokenizer
 from loraplex.platform.wire import WIRE_VERSION, ColdStartPhase, ReplicaState
 
 CPU_KV_BUDGET = 256 * 1024 * 1024
+log = logging.getLogger(__name__)
 
 
 class EngineCore:
@@ -91,6 +96,8 @@ class EngineCore:
             config.device,
             config.seed,
         )
+        self.runner.mask_filler = MaskFiller(self.vocab_size)
+        self.grammars: GrammarCompiler | None = None  # built on the first constrained request
         self.metrics = EngineMetrics(loaded.name)
         self.weight_quantization = loaded.weight_quantization
         self.weight_bytes = model_weight_bytes(self.model)
@@ -164,6 +171,7 @@ class EngineCore:
             if self.lora_runtime is None:
                 raise NotImplementedError("multi-LoRA runtime not available")
             adapter_key, handle = self.lora_runtime.resolve_adapter(adapter)
+        grammar = self._grammar_state(params)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         request = Request(
             rid,
@@ -173,6 +181,7 @@ class EngineCore:
             adapter_key=adapter_key,
             adapter=handle,
             cache_salt=cache_salt,
+            grammar=grammar,
         )
         self.scheduler.add_request(request)
         if self.tokenizer is not None:
@@ -184,6 +193,22 @@ class EngineCore:
                 params.skip_special_tokens,
             )
         return request
+
+    def _grammar_state(self, params: SamplingParams) -> Any | None:
+        """The request's matcher for its structured-output constraint (compiled once per
+        content); checks `logit_bias` ids against the vocabulary. ValueError on bad input."""
+        bad = [t for t in params.logit_bias or {} if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+        if params.structured is None:
+            return None
+        if self.tokenizer is None:
+            raise ValueError("structured outputs need the model's tokenizer.json")
+        if self.grammars is None:
+            self.grammars = GrammarCompiler(
+                self.tokenizer.tokenizer.to_str(), self.vocab_size, sorted(self.eos_token_ids)
+            )
+        return self.grammars.state_for(params.structured)
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -241,6 +266,7 @@ class EngineCore:
             lp = result.logprobs.get(r.request_id)
             if lp is not None:
                 r.logprobs.append(lp)
+            self._advance_grammar(r, token, finished)
             self._observe_token(r, prev_times[r.request_id], now)
             detok = self._detok.get(r.request_id)
             if detok is not None and detok.add(token) and r.request_id not in finished:
@@ -250,6 +276,21 @@ class EngineCore:
             deltas.append(self._delta(r, token, lp))
         self._update_gauges()
         return deltas
+
+    def _advance_grammar(self, r: Request, token: int, finished: set[str]) -> None:
+        """Feed an accepted output token to the request's matcher; a refusal (only possible
+        when another rule banned every token the grammar allows, e.g. EOS under min_tokens)
+        ends that request as aborted instead of failing the step for the whole batch."""
+        if r.grammar is None:
+            return
+        try:
+            r.grammar.accept(token)
+        except GrammarError as exc:
+            log.warning("request %s: %s; aborting it", r.request_id, exc)
+            if r.request_id not in finished:
+                self.scheduler.finish_request(r.request_id, RequestStatus.FINISHED_ABORTED)
+            else:
+                r.status = RequestStatus.FINISHED_ABORTED
 
     def _delta(self, r: Request, token: int, lp: dict[int, float] | None) -> RequestDelta:
         if r.is_finished:

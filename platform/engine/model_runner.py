@@ -23,6 +23,7 @@ from loraplex.platform.engine.layers.attention_metadata import AttentionMetadata
 from loraplex.platform.engine.request import Request
 from loraplex.platform.engine.sampler import Sampler, topn_logprobs
 from loraplex.platform.engine.scheduler import ScheduledRequest, SchedulerOutput
+from loraplex.platform.engine.structured.bitmask import MaskFiller
 
 if TYPE_CHECKING:
     from loraplex.platform.engine.ports import LoraRuntimeProtocol
@@ -79,6 +80,8 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.kv_caches = allocate_kv_cache(model, num_blocks, block_size, kv_dtype, self.device)
         self.sampler = Sampler(seed=seed, device=self.device)
+        # Fills structured-output masks while the forward runs (the engine sets its vocabulary).
+        self.mask_filler: MaskFiller | None = None
         self.lora_runtime: LoraRuntimeProtocol | None = None
         # Static decode inputs, sized for the largest batch; rows past the live batch are padding.
         n, dev = max_num_seqs, self.device
@@ -162,12 +165,28 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        """Run the scheduled batch and sample the requests that reached their last token."""
+        """Run the scheduled batch and sample the requests that reached their last token.
+
+        Structured-output masks of the sampled rows are filled on a worker thread started
+        here, before the forward, and joined in `_sample`, before sampling."""
         scheduled = out.scheduled
         if not scheduled:
             return ModelRunnerOutput()
         if self.lora_runtime is not None:
             scheduled = group_by_adapter(scheduled)
+        states = [s.request.grammar for s in scheduled if s.samples]
+        if any(g is not None for g in states):
+            if self.mask_filler is None:
+                raise RuntimeError("a constrained request reached a runner without a mask filler")
+            self.mask_filler.start(states)
+        try:
+            return self._execute(scheduled)
+        except BaseException:
+            if self.mask_filler is not None:
+                self.mask_filler.join_quietly()
+            raise
+
+    def _execute(self, scheduled: list[ScheduledRequest]) -> ModelRunnerOutput:
         self._prepare_lora(scheduled)
         decode_only = all(s.num_tokens == 1 and s.samples for s in scheduled) and not any(
             s.request.wants_prompt_logprobs for s in scheduled
@@ -276,7 +295,8 @@ class ModelRunner:
         if logits is None or not sampling:
             return result
         requests = [s.request for s in sampling]
-        sampled = self.sampler(logits, requests)
+        mask = self.mask_filler.join() if self.mask_filler is not None else None
+        sampled = self.sampler(logits, requests, mask)
         for r, tok, lp in zip(requests, sampled.token_ids, sampled.logprobs, strict=True):
             result.sampled[r.request_id] = tok
             if lp is not None:

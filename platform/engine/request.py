@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from loraplex.platform.engine.sampling_params import SamplingParams
+from loraplex.platform.engine.structured.state import GrammarState
 
 
 class RequestStatus(enum.Enum):
@@ -61,6 +62,7 @@ class Request:
     logprobs: list[dict[int, float]] = field(default_factory=list)
     prompt_logprobs: list[dict[int, float] | None] = field(default_factory=list)
     generator: torch.Generator | None = None
+    grammar: GrammarState | None = None  # the structured-output matcher, when constrained
     scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None

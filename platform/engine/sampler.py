@@ -15,6 +15,7 @@ import torch
 
 from loraplex.platform.engine.greedy_cpu import native_argmax, native_argmax_available
 from loraplex.platform.engine.request import Request
+from loraplex.platform.engine.structured.bitmask import apply_bitmask
 
 
 @dataclass
@@ -80,10 +81,18 @@ class Sampler:
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
+    def __call__(
+        self, logits: torch.Tensor, requests: list[Request], mask: torch.Tensor | None = None
+    ) -> SamplerOutput:
         """Sample one token for each row of `logits` [S, V] (the model's dtype; upcast to fp32
-        here where anything but a plain argmax is computed), row i for requests[i]."""
+        here where anything but a plain argmax is computed), row i for requests[i].
+
+        `mask` [S, words] holds the structured-output bitmask of each row (all ones where
+        unconstrained); it and `logit_bias` apply first, so greedy, temperature, top-k/p and
+        logprobs all see the constrained distribution."""
         params = [r.sampling_params for r in requests]
+        if mask is not None or any(p.logit_bias for p in params):
+            logits = self._constrain(logits, requests, mask)
         if all(_plain_greedy(r) for r in requests):  # the common case: one argmax, no extras
             if native_argmax_available(logits):  # a CPU: no fp32 copy of the logits first
                 return SamplerOutput(native_argmax(logits).tolist(), [None] * len(requests))
@@ -117,6 +126,27 @@ class Sampler:
                     d = {tok: d[tok], **{k: v for v, k in top}}
                 out_lp[row] = d
         return SamplerOutput(tokens.tolist(), out_lp)
+
+    @staticmethod
+    def _constrain(
+        logits: torch.Tensor, requests: list[Request], mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """fp32 logits with each row's `logit_bias` added and its grammar mask applied (in
+        place on an fp32 input: the runner's logits are this step's own)."""
+        logits = logits.float()
+        v = logits.shape[-1]
+        for i, r in enumerate(requests):
+            bias = r.sampling_params.logit_bias
+            if bias:
+                ids = torch.tensor([t for t in bias if t < v], dtype=torch.long)
+                vals = torch.tensor([b for t, b in bias.items() if t < v], dtype=logits.dtype)
+                logits[i].index_add_(0, ids.to(logits.device), vals.to(logits.device))
+        if mask is not None:
+            rows = [i for i, r in enumerate(requests) if r.grammar is not None]
+            if rows:
+                sel = torch.tensor(rows, dtype=torch.long, device=logits.device)
+                logits[sel] = apply_bitmask(logits[sel], mask[rows])
+        return logits
 
     def _apply_penalties(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         s, v = logits.shape

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from loraplex.platform.engine.structured.spec import GrammarSpec
+
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0
 
 
 @dataclass
@@ -13,7 +16,8 @@ class SamplingParams:
 
     `logprobs=N` returns, for each generated token, the top-N token logprobs plus the
     sampled one; `prompt_logprobs=N` does the same for every prompt token after the first.
-    Logprobs are those of the raw model distribution (before penalties and temperature).
+    Logprobs are those of the raw model distribution (before penalties and temperature), after
+    `logit_bias` and the `structured` constraint's mask (a disallowed token has logprob -inf).
     """
 
     n: int = 1
@@ -34,6 +38,8 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None
+    structured: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -78,6 +84,13 @@ class SamplingParams:
             raise bad("stop", "must be non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative integers")
+        for token, bias in (self.logit_bias or {}).items():
+            if not isinstance(token, int) or token < 0:
+                raise bad("logit_bias", "keys must be non-negative token ids")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise bad(
+                    "logit_bias", f"values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]"
+                )
 
     @property
     def greedy(self) -> bool:

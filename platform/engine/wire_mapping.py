@@ -12,6 +12,7 @@ from typing import Any
 
 from loraplex.platform.engine.outputs import RequestDelta
 from loraplex.platform.engine.sampling_params import SamplingParams
+from loraplex.platform.engine.structured.spec import GrammarSpec
 from loraplex.platform.tokenizing import token_text
 from loraplex.platform.wire import (
     AdapterRef,
@@ -26,8 +27,13 @@ from loraplex.platform.wire import (
 
 
 def sampling_params(options: SamplingOptions) -> SamplingParams:
-    """The engine's SamplingParams for `options` (raises ValueError for a bad value)."""
-    return SamplingParams(**options.engine_kwargs())
+    """The engine's SamplingParams for `options` (raises ValueError for a bad value); the
+    structured-output constraint becomes the engine's `GrammarSpec` (compiled at admission)."""
+    kwargs = options.engine_kwargs()
+    wire = options.structured
+    if wire is not None:
+        kwargs["structured"] = GrammarSpec(wire.kind, wire.value, tuple(wire.choices or ()))
+    return SamplingParams(**kwargs)
 
 
 def adapter_reference(ref: AdapterRef | None) -> Any | None:

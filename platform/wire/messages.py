@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 WIRE_VERSION = 1
 WIRE_VERSION_HEADER = "x-loraplex-wire"
@@ -32,6 +32,39 @@ class WireModel(BaseModel):
     """Base: unknown fields refused, no type coercion ("3" is not 3), immutable."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+STRUCTURED_VERSION = 1
+MAX_GRAMMAR_CHARS = 512 * 1024
+MAX_CHOICES = 1024
+MAX_LOGIT_BIAS = 1024
+
+
+class StructuredOutput(WireModel):
+    """A constraint on the whole output, compiled on the replica (cached by content).
+
+    `kind` says how to read `value`: `json_schema` (a JSON Schema as JSON text), `json_object`
+    (any JSON object; `value` empty), `regex` (a regular expression the output matches in
+    full), `grammar` (a Lark grammar in llguidance's dialect); `choice` takes `choices` (the
+    output is exactly one of them). `version` is this message's own version: a replica refuses
+    a version it does not know instead of guessing."""
+
+    version: Literal[1] = STRUCTURED_VERSION  # type: ignore[valid-type]
+    kind: Literal["json_schema", "json_object", "regex", "grammar", "choice"]
+    value: str = Field(default="", max_length=MAX_GRAMMAR_CHARS)
+    choices: list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]] | None = Field(
+        default=None, min_length=1, max_length=MAX_CHOICES
+    )
+
+    @model_validator(mode="after")
+    def _check_fields(self) -> StructuredOutput:
+        if (self.kind == "choice") != (self.choices is not None):
+            raise ValueError("`choices` is given exactly when kind is 'choice'")
+        if self.kind in ("json_schema", "regex", "grammar") and not self.value:
+            raise ValueError(f"kind {self.kind!r} needs a non-empty `value`")
+        if self.kind in ("json_object", "choice") and self.value:
+            raise ValueError(f"kind {self.kind!r} takes no `value`")
+        return self
 
 
 class SamplingOptions(WireModel):
@@ -58,6 +91,9 @@ class SamplingOptions(WireModel):
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool | None = None
+    # token id -> bias added to its logit (OpenAI's `logit_bias`, [-100, 100])
+    logit_bias: dict[int, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
+    structured: StructuredOutput | None = None
 
     def engine_kwargs(self) -> dict[str, Any]:
         """The fields that were set, as `SamplingParams` keyword arguments."""
