@@ -3,6 +3,13 @@
 PodDisruptionBudget, a KEDA ScaledObject when it may autoscale), applied with server-side
 apply through the official `kubernetes` client, and read back from the Deployment and its pods.
 
+The launcher owns a deployment's floor (the row's `replicas`) and ceiling (the environment's
+`engine.keda.max_replicas`); KEDA owns the count between them. Once a ScaledObject manages a
+Deployment, the launcher's apply leaves `spec.replicas` out, after handing the field to a
+separate field manager at its live value (the documented transfer of ownership:
+https://kubernetes.io/docs/reference/using-api/server-side-apply/#transferring-ownership), so
+no pass resets what KEDA (or an operator's drain) set and the field is never removed.
+
 The engine's options come from the row through `engine_spec.engine_args_for_deployment` (the
 same mapping as the local launcher's); the template adds the pod's bind address.
 """
@@ -24,6 +31,8 @@ from loraplex.platform.launcher.base import (
 )
 
 FIELD_MANAGER = "loraplex-control-plane"
+# Holds a Deployment's `spec.replicas` while it passes from the launcher to KEDA's HPA.
+HANDOVER_MANAGER = "loraplex-handover-to-keda"
 APPLY = "application/apply-patch+yaml"
 KEDA = ("keda.sh", "v1alpha1", "scaledobjects")
 
@@ -58,7 +67,7 @@ class KubernetesLauncher:
 
     `api_client` is a `kubernetes.client.ApiClient` (from a kubeconfig or the in-cluster
     config); `gpu_pool` picks the node pool of a deployment; `max_replicas` the ceiling KEDA
-    may scale a deployment to (default: no autoscaling above what is asked)."""
+    may scale a deployment to (default: the environment's `engine.keda.max_replicas`)."""
 
     def __init__(
         self,
@@ -75,7 +84,8 @@ class KubernetesLauncher:
         self.namespace: str = release.outputs["namespace"]
         self.bucket = bucket or release.outputs["bucket_name"]
         self._pool = gpu_pool or first_fitting_pool(release.outputs["gpu_pools"])
-        self._max = max_replicas or (lambda _row, n: n)
+        ceiling = int(release.values["engine"]["keda"]["max_replicas"])
+        self._max = max_replicas or (lambda _row, n: max(n, ceiling))
         self.apps = client.AppsV1Api(api_client)
         self.policy = client.PolicyV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
@@ -111,10 +121,51 @@ class KubernetesLauncher:
             self.stop(deployment.name)
             return
         docs = self.resources(deployment, replicas)
+        scaled = [d["spec"] for d in docs if d["kind"] == "ScaledObject"]
+        autoscaled = bool(scaled)
         for doc in docs:
-            self._apply(doc)
-        if not any(d["kind"] == "ScaledObject" for d in docs):
+            if doc["kind"] == "Deployment" and autoscaled:
+                bounds = (scaled[0]["minReplicaCount"], scaled[0]["maxReplicaCount"])
+                self._apply_autoscaled(doc, *bounds)
+            else:
+                self._apply(doc)
+        if not autoscaled:
             self._delete_scaled_object(resource_name(deployment.name))
+
+    def _apply_autoscaled(self, doc: dict[str, Any], floor: int, ceiling: int) -> None:
+        """Apply a Deployment whose count KEDA owns: created at the floor, then (while this
+        controller still owns `spec.replicas`, or the live count is outside [floor, ceiling])
+        the field handed to `HANDOVER_MANAGER` at the live count within the bounds, and the
+        Deployment applied without it."""
+        name, ns = doc["metadata"]["name"], doc["metadata"]["namespace"]
+        live = self._read_deployment(name)
+        if live is None:
+            self._apply(doc)
+            live = self._read_deployment(name)
+        count = int(live.spec.replicas or floor) if live is not None else floor
+        target = min(max(count, floor), ceiling)
+        if live is not None and (_owns_replicas(live, FIELD_MANAGER) or target != count):
+            handover = {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"replicas": target},
+            }
+            self.apps.patch_namespaced_deployment(name, ns, handover, field_manager=HANDOVER_MANAGER,
+                                                  force=True, _content_type=APPLY)  # fmt: skip
+        spec = {k: v for k, v in doc["spec"].items() if k != "replicas"}
+        self._apply({**doc, "spec": spec})
+
+    def _read_deployment(self, name: str) -> Any:
+        """The live Deployment `name`, or None."""
+        from kubernetes.client.rest import ApiException
+
+        try:
+            return self.apps.read_namespaced_deployment(name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     def _apply(self, doc: dict[str, Any]) -> None:
         name, ns = doc["metadata"]["name"], doc["metadata"]["namespace"]
@@ -178,6 +229,15 @@ class KubernetesLauncher:
             url = f"http://{pod.status.pod_ip}:{port}" if pod.status.pod_ip else None
             out.append(ReplicaStatus(pod.metadata.name, _pod_state(pod), url))
         return DeploymentStatus(deployment, int(dep.spec.replicas or 0), out)
+
+
+def _owns_replicas(deployment: Any, manager: str) -> bool:
+    """Whether `manager`'s applied configuration holds the Deployment's `spec.replicas`."""
+    for entry in deployment.metadata.managed_fields or []:
+        fields = (entry.fields_v1 or {}).get("f:spec", {})
+        if entry.manager == manager and entry.operation == "Apply" and "f:replicas" in fields:
+            return True
+    return False
 
 
 def _pod_state(pod: Any) -> str:

@@ -129,6 +129,15 @@ SCHEMAS: dict[tuple[str, str], dict] = {
                             "port": STR,
                             "path": STR,
                             "interval": STR,
+                            "authorization": _obj(
+                                {
+                                    "type": STR,
+                                    "credentials": _obj(
+                                        {"name": STR, "key": STR, "optional": {"type": "boolean"}},
+                                        ["key"],
+                                    ),
+                                }
+                            ),
                             "relabelings": {
                                 "type": "array",
                                 "items": _obj(

@@ -34,8 +34,11 @@ def _row(**changes) -> DeploymentSnapshot:
 
 
 def _launcher(api_client=None, **kw) -> KubernetesLauncher:
+    """A launcher that keeps exactly the row's count unless `max_replicas` is given (the
+    autoscaled default is tests/infra/test_k8s_autoscaling.py's)."""
     if api_client is None:
         api_client = kubernetes.client.ApiClient(kubernetes.client.Configuration())
+    kw.setdefault("max_replicas", lambda _row, n: n)
     return KubernetesLauncher(release("dev"), api_client, **kw)
 
 

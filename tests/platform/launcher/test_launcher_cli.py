@@ -61,7 +61,8 @@ def test_launcher_applies_each_deployment_and_follows_its_replicas(
         kubeconfig = _kubeconfig(tmp_path / "kubeconfig", api.url)
         _once(pg_fresh_url, kubeconfig)
         path = f"/apis/apps/v1/namespaces/loraplex/deployments/engine-{name}"
-        [applied] = [c for c in api.calls if c.method == "PATCH" and c.path == path]
+        # The first apply creates the Deployment at the row's count (KEDA owns it afterwards).
+        applied = next(c for c in api.calls if c.method == "PATCH" and c.path == path)
         assert applied.content_type == APPLY
         body = applied.body
         assert body["spec"]["replicas"] == 1
@@ -76,6 +77,9 @@ def test_launcher_applies_each_deployment_and_follows_its_replicas(
         heartbeat = tmp_path / "heartbeat"
         _once(pg_fresh_url, kubeconfig, _in_cluster_args(tmp_path, heartbeat))
         assert api.objects[path]["spec"]["replicas"] == 3
+        scaled = api.objects[path.replace("apps/v1", "keda.sh/v1alpha1").replace(
+            "deployments", "scaledobjects")]  # fmt: skip
+        assert scaled["spec"]["minReplicaCount"] == 3
         assert heartbeat.is_file()
 
 
