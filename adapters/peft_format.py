@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .expert_targets import unserved_parameter
 from .tenant_regex import TenantPatternError, check_pattern
 
 # The projections a LoRA may target, and which block each lives in.
@@ -53,6 +54,7 @@ class PeftAdapterConfig:
     layers_to_transform: list[int] | None = None
     layers_pattern: list[str] | None = None
     exclude_modules: list[str] | str | None = None
+    target_parameters: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -156,8 +158,6 @@ def _refuse_unsupported(obj: dict) -> None:
         raise AdapterFormatError("lora_bias=true (a bias on lora_B) is not supported yet")
     if obj.get("layer_replication"):
         raise AdapterFormatError("layer_replication is not supported yet")
-    if obj.get("target_parameters"):
-        raise AdapterFormatError("target_parameters (LoRA on raw parameters) is not supported yet")
     if obj.get("trainable_token_indices"):
         raise AdapterFormatError("trainable_token_indices is not supported yet")
     if obj.get("fan_in_fan_out"):
@@ -180,9 +180,13 @@ def parse_adapter_config(raw: bytes | str | dict) -> PeftAdapterConfig:
     use_rslora = obj.get("use_rslora", False)
     if not isinstance(use_rslora, bool):
         raise AdapterFormatError(f"use_rslora must be true or false, got {use_rslora!r}")
-    if obj.get("target_modules") is None:
+    params = _target_parameters(obj.get("target_parameters"))
+    if obj.get("target_modules") in (None, []) and params:
+        targets: list[str] | str = []
+    elif obj.get("target_modules") is None:
         raise AdapterFormatError("adapter_config.json is missing 'target_modules'")
-    targets = _targets_field(obj["target_modules"], "target_modules")
+    else:
+        targets = _targets_field(obj["target_modules"], "target_modules")
     rank_pattern = _pattern_dict(obj.get("rank_pattern"), "rank_pattern", _positive_rank)
     alpha_pattern = _pattern_dict(obj.get("alpha_pattern"), "alpha_pattern", _finite_alpha)
 
@@ -221,7 +225,22 @@ def parse_adapter_config(raw: bytes | str | dict) -> PeftAdapterConfig:
         layers_to_transform=layers or None,
         layers_pattern=layers_pattern,
         exclude_modules=exclude,
+        target_parameters=params,
     )
+
+
+def _target_parameters(value: Any) -> list[str]:
+    """PEFT `target_parameters`: only the MoE experts' fused tensors and the router are served."""
+    if value in (None, []):
+        return []
+    entries = _str_list(value, "target_parameters")
+    bad = unserved_parameter(entries)
+    if bad is not None:
+        raise AdapterFormatError(
+            f"target_parameters entry {bad!r} is not served: LoRA on raw parameters is served "
+            "for a MoE base's mlp.experts.gate_up_proj, mlp.experts.down_proj and mlp.gate.weight"
+        )
+    return sorted(set(entries))
 
 
 def module_path(layer: int, module: str) -> str:

@@ -22,6 +22,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .expert_targets import (
+    EXPERT_MODULES,
+    PER_EXPERT_MODULES,
+    ROUTER_MODULE,
+    moe_shape,
+    param_key,
+    param_targets,
+    per_expert_keys,
+    router_keys,
+)
 from .peft_format import (
     LORA_MODULES,
     MAX_LAYER_IDX,
@@ -34,6 +44,10 @@ from .peft_format import (
 from .tenant_regex import TenantPatternError, compile_pattern
 
 FORMAT_VERSION = 1
+_KNOWN_MODULES = LORA_MODULES + EXPERT_MODULES
+# Expert / router targets a `target_modules` pattern may match without the weights having them
+# (a transformers v5 base has no per-expert Linear): kept only where the tensors are present.
+OPTIONAL_MODULES = PER_EXPERT_MODULES + (ROUTER_MODULE,)
 MAX_RESOLVED_MODULES = 200_000
 
 
@@ -96,7 +110,7 @@ class ResolvedTargets:
             if not isinstance(layers, dict) or not layers:
                 raise AdapterFormatError("a resolved-targets group needs its layers by projection")
             for module, idxs in layers.items():
-                if module not in LORA_MODULES or not isinstance(idxs, list):
+                if module not in _KNOWN_MODULES or not isinstance(idxs, list):
                     raise AdapterFormatError(f"resolved targets name an unknown module {module!r}")
                 for i in idxs:
                     if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= MAX_LAYER_IDX:
@@ -225,7 +239,75 @@ def resolve_targets(cfg: PeftAdapterConfig, hf_config: dict) -> ResolvedTargets:
         alpha = float(_first(matchers.alpha, key, cfg.lora_alpha))
         scale = alpha / math.sqrt(r) if cfg.use_rslora else alpha / r
         modules[(layer, module)] = ModuleTarget(r, alpha, scale)
+    _resolve_expert_targets(cfg, matchers, hf_config, modules)
     return ResolvedTargets(modules)
+
+
+def _target(cfg: PeftAdapterConfig, matchers: _Matchers, key: str) -> ModuleTarget:
+    r = int(_first(matchers.rank, key, cfg.r))
+    alpha = float(_first(matchers.alpha, key, cfg.lora_alpha))
+    return ModuleTarget(r, alpha, alpha / math.sqrt(r) if cfg.use_rslora else alpha / r)
+
+
+def _resolve_expert_targets(
+    cfg: PeftAdapterConfig, matchers: _Matchers, hf_config: dict, modules: dict
+) -> None:
+    """Add the experts' and router's targets of a MoE base (see `expert_targets`)."""
+    shape = moe_shape(hf_config)
+    if shape is None:
+        if cfg.target_parameters:
+            raise AdapterFormatError(
+                "target_parameters (LoRA on a MoE base's expert tensors or router) needs a "
+                "mixture-of-experts base model; this base is dense"
+            )
+        return
+    for layer in sorted(shape.sparse_layers):
+        params = param_targets(cfg.target_parameters, layer)
+        for module in params:
+            modules[(layer, module)] = _target(cfg, matchers, param_key(layer, module))
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            found = [
+                next(
+                    (k for k in per_expert_keys(shape, layer, e, proj) if matchers.targeted(k)),
+                    None,
+                )
+                for e in range(shape.num_experts)
+            ]
+            if all(k is None for k in found):
+                continue
+            if any(k is None for k in found):
+                raise AdapterFormatError(
+                    f"target_modules picks {proj} of some experts of layer {layer} but not all: "
+                    "LoRA on a subset of a layer's experts is not served"
+                )
+            each = {_target(cfg, matchers, k) for k in found}  # type: ignore[arg-type]
+            if len(each) > 1:
+                raise AdapterFormatError(
+                    f"rank_pattern/alpha_pattern give the experts of layer {layer} {proj} "
+                    "different ranks or alphas: not served (one rank per layer's experts)"
+                )
+            fused = f"experts.{'down_proj' if proj == 'down_proj' else 'gate_up_proj'}"
+            if fused in params:
+                raise AdapterFormatError(
+                    f"layer {layer} targets the experts' {fused} both as a parameter and per "
+                    f"expert ({proj}): choose one layout"
+                )
+            modules[(layer, f"per_expert.{proj}")] = each.pop()
+        if ROUTER_MODULE not in params:
+            key = next((k for k in router_keys(layer) if matchers.targeted(k)), None)
+            if key is not None:
+                modules[(layer, ROUTER_MODULE)] = _target(cfg, matchers, key)
+    if cfg.target_parameters and not any(m in EXPERT_MODULES for _, m in modules):
+        raise AdapterFormatError(
+            f"target_parameters {cfg.target_parameters!r} match no expert tensor of this base"
+        )
+
+
+def keep_present(targets: ResolvedTargets, present: set[tuple[int, str]]) -> ResolvedTargets:
+    """Drop optional expert/router targets (module layout) the weights have no tensors for."""
+    return ResolvedTargets(
+        {k: t for k, t in targets.modules.items() if k[1] not in OPTIONAL_MODULES or k in present}
+    )
 
 
 def resolve_config_targets(config: bytes | str | dict, hf_config: dict) -> ResolvedTargets:

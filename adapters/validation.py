@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loraplex.adapters.expert_targets import EXPERT_MODULES, moe_shape
+from loraplex.adapters.expert_tensors import ExpertTensor, classify, target_paths
 from loraplex.adapters.peft_format import (
     AdapterFormatError,
     PeftAdapterConfig,
@@ -17,7 +19,7 @@ from loraplex.adapters.peft_format import (
     parse_adapter_config,
     parse_lora_tensor_name,
 )
-from loraplex.adapters.targets import ResolvedTargets, resolve_targets
+from loraplex.adapters.targets import ResolvedTargets, keep_present, resolve_targets
 from loraplex.loader.safetensors_header import (
     SafetensorsError,
     SafetensorsHeader,
@@ -132,7 +134,19 @@ def check_tensors(
         raise AdapterValidationError(str(exc), "invalid_config") from None
     kinds: dict[str, set[str]] = {}
     ranks: dict[str, int] = {}
+    shape = moe_shape(base_config)
+    present: set[tuple[int, str]] = set()
     for name, info in header.tensors.items():
+        try:
+            expert = classify(name, targets, shape)
+        except AdapterFormatError as exc:
+            raise AdapterValidationError(str(exc), "unknown_module") from None
+        if expert is not None:
+            _check_expert(name, info, expert, kinds)
+            target = targets.get(expert.parsed.layer_idx, expert.parsed.module)
+            ranks[expert.path] = target.rank  # type: ignore[union-attr]
+            present.add((expert.parsed.layer_idx, expert.parsed.module))
+            continue
         try:
             parsed = parse_lora_tensor_name(name)
         except AdapterFormatError as exc:
@@ -176,13 +190,20 @@ def check_tensors(
             raise AdapterValidationError(
                 f"{path} has lora_{found.pop()} but no lora_{missing}", "missing_pair"
             )
+    targets = keep_present(targets, present)
     for layer, module in sorted(targets.modules):
-        path = module_path(layer, module)
-        if path not in kinds:
-            raise AdapterValidationError(
-                f"adapter_config.json targets {path} but the weights have no lora_A/lora_B for it",
-                "missing_pair",
-            )
+        paths = (
+            target_paths(layer, module, shape)  # type: ignore[arg-type]
+            if module in EXPERT_MODULES
+            else [module_path(layer, module)]
+        )
+        for path in paths:
+            if path not in kinds:
+                raise AdapterValidationError(
+                    f"adapter_config.json targets {path} but the weights have no "
+                    "lora_A/lora_B for it",
+                    "missing_pair",
+                )
     top = max(ranks.values())
     if top > max_rank:
         worst = max(ranks, key=ranks.__getitem__)
@@ -200,6 +221,26 @@ def check_tensors(
         dtypes=sorted({t.dtype for t in header.tensors.values()}),
         targets=targets,
     )
+
+
+def _check_expert(name: str, info, expert: ExpertTensor, kinds: dict[str, set[str]]) -> None:
+    """dtype, shape and A/B uniqueness of one expert/router tensor."""
+    if info.dtype not in ALLOWED_DTYPES:
+        raise AdapterValidationError(
+            f"tensor {name!r} has dtype {info.dtype}; LoRA weights must be one of "
+            f"{', '.join(ALLOWED_DTYPES)}",
+            "unsupported_dtype",
+        )
+    kind = expert.parsed.kind
+    if tuple(info.shape) != expert.shape:
+        raise AdapterValidationError(
+            f"tensor {name!r} has shape {list(info.shape)}; {expert.parsed.module} of the base "
+            f"model needs lora_{kind} of shape {list(expert.shape)}",
+            "shape_mismatch",
+        )
+    if kind in kinds.setdefault(expert.path, set()):
+        raise AdapterValidationError(f"{expert.path} has two lora_{kind} tensors", "duplicate")
+    kinds[expert.path].add(kind)
 
 
 def validate_adapter(

@@ -8,15 +8,17 @@ what every cache above this one is keyed by: re-uploading a name yields a new ke
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
+from loraplex.adapters.expert_targets import EXPERT_MODULES, moe_shape
+from loraplex.adapters.expert_tensors import ExpertLoraModule, build_expert_modules, classify
 from loraplex.adapters.peft_format import AdapterFormatError, module_dims, parse_lora_tensor_name
-from loraplex.adapters.targets import ResolvedTargets, resolve_config_targets
+from loraplex.adapters.targets import ResolvedTargets, keep_present, resolve_config_targets
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -44,11 +46,13 @@ class LoadedAdapter:
     key: str
     targets: ResolvedTargets
     modules: dict[tuple[int, str], ModuleLora]
+    experts: dict[int, ExpertLoraModule] = field(default_factory=dict)  # by MoE layer
 
     @property
     def max_rank(self) -> int:
-        """The largest rank over its modules (what a device allocation must hold)."""
-        return max(m.rank for m in self.modules.values())
+        """The largest rank over its modules and expert targets (what the pool must hold)."""
+        ranks = [m.rank for m in self.modules.values()] + [x.rank for x in self.experts.values()]
+        return max(ranks)
 
     @property
     def nbytes(self) -> int:
@@ -56,7 +60,7 @@ class LoadedAdapter:
         return sum(
             m.a.numel() * m.a.element_size() + m.b.numel() * m.b.element_size()
             for m in self.modules.values()
-        )
+        ) + sum(x.nbytes for x in self.experts.values())
 
 
 def adapter_version_key(config_bytes: bytes, weights_bytes: bytes) -> str:
@@ -140,6 +144,8 @@ def load_adapter(
     if not tensors:
         raise AdapterFormatError(f"{WEIGHTS_FILE} holds no tensors")
 
+    experts, present = _expert_pairs(tensors, targets, hf_config)
+    targets = keep_present(targets, present)
     found = _collect(tensors)
     modules: dict[tuple[int, str], ModuleLora] = {}
     for (layer, module), parts in sorted(found.items()):
@@ -166,15 +172,56 @@ def load_adapter(
             a=a.to(dtype).contiguous(), b=b.to(dtype).contiguous(), scale=target.scale
         )
     for layer, module in sorted(targets.modules):
-        if (layer, module) not in modules:
+        if module in EXPERT_MODULES:
+            _check_expert_complete(experts, layer, module, hf_config)
+        elif (layer, module) not in modules:
             raise AdapterFormatError(
                 f"layer {layer} {module} is targeted but the adapter has no weights for it"
             )
+    shape = moe_shape(hf_config)
     return LoadedAdapter(
         key=key or adapter_version_key(config_bytes, weights_bytes),
         targets=targets,
         modules=modules,
+        experts=build_expert_modules(experts, targets, shape, dtype) if experts else {},  # type: ignore[arg-type]
     )
+
+
+def _expert_pairs(
+    tensors: dict[str, torch.Tensor], targets: ResolvedTargets, hf_config: dict
+) -> tuple[dict, set[tuple[int, str]]]:
+    """Pop the expert/router tensors out of `tensors`, checked: (layer, target, expert) -> A/B."""
+    shape = moe_shape(hf_config)
+    pairs: dict[tuple[int, str, int | None], dict[str, torch.Tensor]] = {}
+    for name in list(tensors):
+        hit = classify(name, targets, shape)
+        if hit is None:
+            continue
+        t = tensors.pop(name)
+        _check_tensor(name, t, hit.shape)
+        p = hit.parsed
+        slot = pairs.setdefault((p.layer_idx, p.module, p.expert), {})
+        if p.kind in slot:
+            raise AdapterFormatError(f"{name}: a second lora_{p.kind} for {hit.path}")
+        slot[p.kind] = t
+    for (layer, module, expert), slot in pairs.items():
+        for kind in ("A", "B"):
+            if kind not in slot:
+                where = module if expert is None else f"{module} expert {expert}"
+                raise AdapterFormatError(f"layer {layer} {where}: lora_{kind} is missing")
+    return pairs, {(layer, module) for layer, module, _ in pairs}
+
+
+def _check_expert_complete(pairs: dict, layer: int, module: str, hf_config: dict) -> None:
+    """Every expert (or the one fused / router pair) of a targeted expert module is there."""
+    shape = moe_shape(hf_config)
+    experts = range(shape.num_experts) if module.startswith("per_expert.") else [None]  # type: ignore[union-attr]
+    for expert in experts:
+        if (layer, module, expert) not in pairs:
+            where = module if expert is None else f"{module} expert {expert}"
+            raise AdapterFormatError(
+                f"layer {layer} {where} is targeted but the adapter has no weights for it"
+            )
 
 
 def load_adapter_dir(
