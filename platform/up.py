@@ -15,6 +15,8 @@ import contextlib
 import fcntl
 import os
 import re
+import shlex
+import shutil
 import signal
 import sys
 import time
@@ -344,11 +346,8 @@ def run_up(
                     settings, stack, model, model_name, engine, supervisor
                 )
                 console.print()
-                console.print(f"URL: {url}")
-                console.print(f"Console: {url}/console/  (first sign-in: the admin key)")
-                console.print(f"Admin key: {settings.admin_key}")
-                console.print(f"Logs: {data_dir / 'logs'}")
-                console.print("Press Ctrl-C to stop.")
+                for line in ready_lines(settings, url, data_dir):
+                    console.print(line, markup=False, soft_wrap=True)
                 code = supervise(supervisor, children, stack)
             except KeyboardInterrupt:
                 console.print("\nShutting down…")
@@ -369,6 +368,43 @@ def run_up(
         console.print(f"[red]error:[/] {exc}")
         return 1
     return code
+
+
+def _no_operator_yet(settings: Settings) -> bool:
+    """True while the console has no operator (the admin key then creates the first owner)."""
+    from loraplex.platform.db.session import make_sessionmaker, session_scope
+    from loraplex.platform.services.operators import count_operators
+
+    assert settings.database_url is not None
+    with session_scope(make_sessionmaker(settings.database_url)) as session:
+        return count_operators(session) == 0
+
+
+def _cli_folder() -> Path:
+    """The folder holding the `loraplex` command of this interpreter (the venv's bin)."""
+    here = Path(sys.executable).parent
+    found = shutil.which("loraplex")
+    return here if (here / "loraplex").exists() or found is None else Path(found).parent
+
+
+def ready_lines(settings: Settings, url: str, data_dir: Path) -> list[str]:
+    """What `up` prints once ready: where things are, and `export` lines that, pasted into
+    another shell, put `loraplex` on its PATH and point the CLI at this stack."""
+    hint = "  (first sign-in: the admin key)" if _no_operator_yet(settings) else ""
+    key = settings.admin_key or ""
+    return [
+        f"URL: {url}",
+        f"Console: {url}/console/{hint}",
+        f"Admin key: {key}",
+        f"Logs: {data_dir / 'logs'}",
+        "",
+        "In another shell, paste these lines to use the CLI against this stack:",
+        f"  export PATH={shlex.quote(str(_cli_folder()))}:\"$PATH\"",
+        f"  export LORAPLEX_URL={shlex.quote(url)}",
+        f"  export LORAPLEX_ADMIN_KEY={shlex.quote(key)}",
+        "",
+        "Press Ctrl-C to stop.",
+    ]
 
 
 def supervise(supervisor: Supervisor, children: list[Supervised], stack: Stack) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+from datetime import UTC, datetime, timedelta
 
 from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import HTMLResponse, Response
@@ -60,20 +61,31 @@ async def tenant_create(
     return back_to(f"/console/tenants/{tid}", msg="Tenant created.")
 
 
-def usage_chart(rows: list) -> dict:
-    """The tenant page's chart: requests per day, one series per model or adapter (the 8
-    busiest), every day of the rows on the x axis (unix seconds)."""
-    days = sorted({int(r["day"].timestamp()) for r in rows})
+CHART_DAYS = 30
+
+
+def usage_chart(rows: list, now: datetime | None = None, days: int = CHART_DAYS) -> dict:
+    """The tenant page's chart: requests per day over the last `days` days (every day present,
+    0 without requests, so lines join), one series per model or adapter (the 8 busiest); the x
+    axis is that window in unix seconds (`x_range`), whatever days have data."""
+    today = (now or datetime.now(UTC)).astimezone(UTC)
+    today = today.replace(hour=0, minute=0, second=0, microsecond=0)
+    t = [int((today - timedelta(days=days - 1 - i)).timestamp()) for i in range(days)]
+    index = {d: i for i, d in enumerate(t)}
     totals: dict[str, int] = {}
     for r in rows:
         totals[r["model"]] = totals.get(r["model"], 0) + int(r["requests"])
     models = sorted(totals, key=lambda m: -totals[m])[:8]
-    index = {d: i for i, d in enumerate(days)}
-    series = {m: [0] * len(days) for m in models}
+    series = {m: [0] * len(t) for m in models}
     for r in rows:
-        if r["model"] in series:
-            series[r["model"]][index[int(r["day"].timestamp())]] += int(r["requests"])
-    return {"t": days, "series": [{"label": m, "values": series[m]} for m in models]}
+        at = index.get(int(r["day"].astimezone(UTC).timestamp()))
+        if r["model"] in series and at is not None:
+            series[r["model"]][at] += int(r["requests"])
+    return {
+        "t": t,
+        "x_range": [t[0], t[-1]],
+        "series": [{"label": m, "values": series[m]} for m in models],
+    }
 
 
 def _tenant_page(request: Request, who: SignedIn, tenant_id: str, **extra) -> HTMLResponse:

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from loraplex.platform.db.models import ApiKey
@@ -20,7 +20,9 @@ from .tenants import get_tenant
 
 KEY_PREFIX = "lp_"
 PREFIX_CHARS = 12
-TOUCH_INTERVAL = timedelta(seconds=60)
+# A key's `last_used_at` is at most this old (the console shows it); the guarded UPDATE below
+# writes a hot key's row at most about once per interval.
+TOUCH_INTERVAL = timedelta(seconds=1)
 DEFAULT_SCOPES = ["adapters", "inference"]
 KNOWN_SCOPES = frozenset(DEFAULT_SCOPES)
 
@@ -132,11 +134,13 @@ def use_api_key(sessions: sessionmaker[Session], plain: str) -> KeyUse | None:
 
 
 def touch_last_used(session: Session, key: ApiKey) -> None:
-    """Record use, at most once a minute per key so hot keys do not write on every request."""
+    """Record use, at most once per TOUCH_INTERVAL per key, so hot keys do not write on every
+    request (the UPDATE is guarded too: concurrent requests of one key write once)."""
     now = datetime.now(UTC)
     if key.last_used_at is not None and now - key.last_used_at < TOUCH_INTERVAL:
         return
-    session.execute(update(ApiKey).where(ApiKey.id == key.id).values(last_used_at=now))
+    stale = or_(ApiKey.last_used_at.is_(None), ApiKey.last_used_at < now - TOUCH_INTERVAL)
+    session.execute(update(ApiKey).where(ApiKey.id == key.id, stale).values(last_used_at=now))
     key.last_used_at = now
 
 

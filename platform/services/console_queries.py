@@ -204,7 +204,8 @@ def deployments_with_models(session: Session) -> tuple[list[Deployment], list[Ba
 
 
 def jobs_page(session: Session, status: str = "", kind: str = "", page: int = 1) -> Page:
-    """Background jobs newest first, with the tenant's name and their version's status."""
+    """Background jobs newest first, with the tenant's name and their version's status and
+    validation error (a validation job that ran to its end may have failed the version)."""
     page = _page_number(page)
     where = []
     if status:
@@ -213,7 +214,12 @@ def jobs_page(session: Session, status: str = "", kind: str = "", page: int = 1)
         where.append(Job.kind == kind)
     total = session.scalar(select(func.count()).select_from(Job).where(*where)) or 0
     stmt = (
-        select(Job, Tenant.name.label("tenant"), AdapterVersion.status.label("version_status"))
+        select(
+            Job,
+            Tenant.name.label("tenant"),
+            AdapterVersion.status.label("version_status"),
+            AdapterVersion.error.label("version_error"),
+        )
         .outerjoin(Tenant, Tenant.id == Job.tenant_id)
         .outerjoin(AdapterVersion, AdapterVersion.id == Job.subject_id)
         .where(*where)
@@ -251,8 +257,10 @@ def audit_page(
 
 
 def tenant_usage_days(session: Session, tenant_id: uuid.UUID, days: int = 30) -> list[Any]:
-    """A tenant's requests and tokens per day and per adapter (or base model)."""
-    since = datetime.now(UTC) - timedelta(days=days)
+    """A tenant's requests and tokens per day and per adapter (or base model), over the last
+    `days` days counting today (from midnight UTC, as the chart's window)."""
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    since = today - timedelta(days=days - 1)
     day = func.date_trunc("day", UsageRecord.created_at).label("day")
     stmt = (
         select(
