@@ -1,7 +1,11 @@
 # syntax=docker/dockerfile:1.7
 # The engine image: `loraplex engine` on an NVIDIA CUDA runtime with the torch build for the
-# same CUDA (the base image's CUDA and TORCH_INDEX change together). Build from the repository root:
-#   docker build -f infra/docker/engine.Dockerfile -t loraplex-engine:TAG .
+# same CUDA (the base image's CUDA and TORCH_INDEX change together), plus what the engine
+# compiles at run time: Triton builds a C launcher against Python.h at a kernel's first launch
+# and our CPU kernels are C built with `cc`, so the serving stage has gcc, libc6-dev and
+# python3-dev, and the build fails unless engine_check.py compiles both. Build from the
+# repository root, for the nodes' architecture:
+#   docker build --platform linux/amd64 -f infra/docker/engine.Dockerfile -t loraplex-engine:TAG .
 # checkov:skip=CKV_DOCKER_2:Kubernetes probes (infra/k8s) check health; Docker's HEALTHCHECK is ignored there.
 
 FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04 AS build
@@ -35,14 +39,16 @@ FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04
 ENV DEBIAN_FRONTEND=noninteractive
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 \
+    && apt-get install -y --no-install-recommends python3 python3-dev gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 loraplex \
     && useradd --system --uid 10001 --gid loraplex --create-home --home-dir /home/loraplex loraplex
 COPY --from=build /opt/loraplex /opt/loraplex
+COPY infra/docker/engine_check.py /opt/loraplex/engine_check.py
 ENV PATH=/opt/loraplex/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
+RUN python /opt/loraplex/engine_check.py
 USER 10001:10001
 WORKDIR /home/loraplex
 EXPOSE 8100

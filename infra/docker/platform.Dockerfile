@@ -2,7 +2,7 @@
 # The platform image: api (REST API, OpenAI gateway, console), worker, migrations, the replica
 # agent. Slim Python with the CPU build of torch (a package dependency the gateway never
 # imports). Build from the repository root:
-#   docker build -f infra/docker/platform.Dockerfile -t loraplex-platform:TAG .
+#   docker build --platform linux/amd64 -f infra/docker/platform.Dockerfile -t loraplex-platform:TAG .
 # checkov:skip=CKV_DOCKER_2:Kubernetes probes (infra/k8s) check health; Docker's HEALTHCHECK is ignored there.
 
 FROM python:3.11.11-slim-bookworm AS build
@@ -22,8 +22,10 @@ COPY api api
 COPY migrations migrations
 COPY infra/__init__.py infra/__init__.py
 COPY infra/k8s infra/k8s
+# The platform image never carries CUDA: the build fails if anything brought it in.
 RUN pip install --no-cache-dir "./[kubernetes]" \
-    && python -c "import loraplex.api.app, loraplex.platform.db.migrate, loraplex.platform.launcher.k8s"
+    && python -c "import loraplex.api.app, loraplex.platform.db.migrate, loraplex.platform.launcher.k8s" \
+    && python -c "import importlib.metadata as m, torch; assert torch.version.cuda is None, torch.version.cuda; bad = [d.metadata['Name'] for d in m.distributions() if d.metadata['Name'].lower().startswith(('nvidia-', 'triton'))]; assert not bad, bad"
 
 FROM python:3.11.11-slim-bookworm
 RUN groupadd --system --gid 10001 loraplex \

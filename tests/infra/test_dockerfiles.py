@@ -3,6 +3,7 @@ its CUDA base, and each build context holding what the package needs."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -72,3 +73,47 @@ def test_build_context_has_every_package_folder() -> None:
             assert f"COPY {folder} {folder}" in text, (path.name, folder)
             assert f"!{folder}/" in ignore, (path.name, folder)
         assert "COPY infra/k8s infra/k8s" in text and "!infra/k8s/" in ignore
+
+
+def _final(name: str) -> str:
+    return _stages((DOCKER / name).read_text())[-1]
+
+
+def test_the_engine_image_can_compile_tritons_and_our_kernels() -> None:
+    """Triton compiles a C launcher against Python.h at a kernel's first launch, and our CPU
+    kernels (loader/native_library.py) are built with the system `cc`: the serving stage has
+    a C compiler and the Python headers, and the build runs the check that compiles both."""
+    final = _final("engine.Dockerfile")
+    install = re.search(r"apt-get install -y --no-install-recommends ([^\\&]+)", final)
+    assert install, "the serving stage installs its packages with apt"
+    packages = set(install.group(1).split())
+    assert {"gcc", "libc6-dev", "python3-dev"} <= packages, packages
+    assert "COPY infra/docker/engine_check.py" in final
+    assert re.search(r"^RUN .*python3? /opt/loraplex/engine_check\.py", final, re.M)
+    ignore = (DOCKER / "engine.Dockerfile.dockerignore").read_text()
+    assert "!infra/docker/engine_check.py" in ignore
+
+
+def test_the_engine_check_compiles_here_and_fails_without_a_compiler(tmp_path: Path) -> None:
+    """The check the image build runs, run on this machine (a C compiler and Python headers
+    are here), and with no compiler on PATH (it must fail, naming what is missing)."""
+    script = DOCKER / "engine_check.py"
+    env = {"PATH": os.environ["PATH"], "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "HOME": str(tmp_path)}  # fmt: skip
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "native kernels: 3 built" in done.stdout
+    bare = {**env, "PATH": str(tmp_path / "empty"), "CC": "no-such-cc"}
+    failed = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            env=bare, timeout=300)  # fmt: skip
+    assert failed.returncode != 0 and "compiler" in failed.stderr.lower()
+
+
+def test_the_platform_image_carries_no_cuda() -> None:
+    """CPU torch from its own index, and the build refuses an image where anything brought
+    CUDA (torch.version.cuda set, an nvidia-* or triton wheel)."""
+    text = (DOCKER / "platform.Dockerfile").read_text()
+    assert "nvidia/cuda" not in text
+    assert re.search(r"torch\.version\.cuda is None", text)
+    assert "startswith(('nvidia-', 'triton'))" in text
