@@ -16,6 +16,7 @@ from loraplex.platform.settings import Settings
 from .console import install_console
 from .errors import BodyLimitMiddleware, install_backend_down_handlers
 from .openapi import install_openapi, operation_id
+from .request_logging import RequestLogMiddleware, request_log_writer
 from .routes import adapters, admin, health, openai
 
 JSON_BODY_LIMIT = 1 << 20
@@ -58,6 +59,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limit(settings))
     app.add_middleware(DrainGuard)  # SIGTERM: new requests get 503 while streams finish
     install_error_handlers(app)  # after: request ids cover the body limit's answers too
+    app.add_middleware(
+        RequestLogMiddleware, writer=request_log_writer(settings, app.state.sessions)
+    )
     install_backend_down_handlers(app)
     app.include_router(health.router)
     app.include_router(admin.router)

@@ -26,6 +26,8 @@ log = logging.getLogger("loraplex.errors")
 
 REQUEST_ID_HEADER = "x-request-id"
 _SCOPE_KEY = "loraplex.request_id"
+# The detail of an error answer that the client was not shown (the request log keeps it).
+ERROR_DETAIL_KEY = "loraplex.error_detail"
 _INCOMING = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 
@@ -103,6 +105,8 @@ def _headers(request: Request, own: dict[str, str] | None = None) -> dict[str, s
 async def _loraplex_error(request: Request, exc: LoraplexError) -> JSONResponse:
     rid = _request_id(request)
     message = exc.message
+    if exc.detail:
+        request.scope[ERROR_DETAIL_KEY] = str(exc.detail)
     if exc.status >= 500:
         message = with_request_id(message, rid)
         log.error("request %s: %s %s: %s", rid, exc.status, exc.code, exc.detail or exc.message)

@@ -52,6 +52,15 @@ class Settings(BaseSettings):
     console_idle_timeout_s: int = 1800
     console_signin_failures: int = 10
     console_signin_window_s: int = 300
+    # Past the free failures, each further failed sign-in of one account doubles its wait
+    # before the next attempt, from 1 s up to this cap (a delay that grows, never a lock).
+    console_signin_max_delay_s: int = 60
+    # Proxies (addresses or CIDR ranges) whose X-Forwarded-For names the client: only a
+    # request from one of them has its client address taken from that header.
+    console_trusted_proxies: list[str] = []
+    # Refused or failed tenant requests (status >= 400) are kept this long for the console's
+    # request lookup and charts.
+    request_log_retention_days: int = 7
 
     # Engine replicas (their internal API, see loraplex.platform.wire). They listen on
     # `replica_host` (loopback, or a private address: never the public `host`) and take

@@ -399,7 +399,7 @@ def ready_lines(settings: Settings, url: str, data_dir: Path) -> list[str]:
         f"Logs: {data_dir / 'logs'}",
         "",
         "In another shell, paste these lines to use the CLI against this stack:",
-        f"  export PATH={shlex.quote(str(_cli_folder()))}:\"$PATH\"",
+        f'  export PATH={shlex.quote(str(_cli_folder()))}:"$PATH"',
         f"  export LORAPLEX_URL={shlex.quote(url)}",
         f"  export LORAPLEX_ADMIN_KEY={shlex.quote(key)}",
         "",

@@ -363,3 +363,25 @@ class ConsoleSession(Base):
     last_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
     operator: Mapped[Operator] = relationship(lazy="joined", innerjoin=True)
+
+
+class RequestLog(Base):
+    """A tenant request the API refused or failed (status >= 400): what the console's charts
+    count as refusals, and what an operator finds by the request id a tenant reports (kept for
+    `Settings.request_log_retention_days`; `detail` is what the tenant was not shown)."""
+
+    __tablename__ = "request_log"
+    __table_args__ = (Index(None, "created_at", postgresql_include=["status", "path"]),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(String(128), index=True)
+    created_at: Mapped[datetime] = _created()
+    tenant_id: Mapped[uuid.UUID | None] = _tenant_fk(nullable=True)
+    api_key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    method: Mapped[str] = mapped_column(String(8))
+    path: Mapped[str] = mapped_column(String(256))
+    status: Mapped[int] = mapped_column(Integer)
+    code: Mapped[str | None] = mapped_column(String(64))
+    message: Mapped[str | None] = mapped_column(Text)
+    detail: Mapped[str | None] = mapped_column(Text)
+    latency_ms: Mapped[int] = mapped_column(Integer)

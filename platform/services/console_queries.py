@@ -52,6 +52,8 @@ def _like(text: str) -> str:
     return f"%{escaped}%"
 
 
+# Inference routes whose refusals (4xx, before admission) count as requests and errors.
+INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 _SERIES_SQL = text(
     """
     WITH agg AS (
@@ -65,36 +67,54 @@ _SERIES_SQL = text(
         FROM usage_records
         WHERE created_at >= :start AND created_at < :end
         GROUP BY 1
+    ), refused AS (
+        SELECT date_trunc('minute', created_at) AS minute, count(*) AS n
+        FROM request_log
+        WHERE created_at >= :start AND created_at < :end
+          AND status BETWEEN 400 AND 499 AND path = ANY(:paths)
+        GROUP BY 1
+    ), per AS (
+        SELECT g,
+               coalesce(agg.n, 0) + coalesce(refused.n, 0) AS n,
+               coalesce(agg.errors, 0) + coalesce(refused.n, 0) AS errors,
+               agg.tokens, agg.ttft_p50, agg.ttft_p95, agg.itl_p95
+        FROM generate_series(:start, :end - interval '1 minute', interval '1 minute') AS g
+        LEFT JOIN agg ON agg.minute = g
+        LEFT JOIN refused ON refused.minute = g
     )
     SELECT array_agg(extract(epoch FROM g)::bigint ORDER BY g),
-           array_agg(coalesce(n, 0)::int ORDER BY g),
-           array_agg(round(coalesce(n, 0) / 60.0, 4)::float8 ORDER BY g),
+           array_agg(n::int ORDER BY g),
+           array_agg(round(n / 60.0, 4)::float8 ORDER BY g),
            array_agg(round(coalesce(tokens, 0) / 60.0, 3)::float8 ORDER BY g),
            array_agg(round(ttft_p50::numeric, 2)::float8 ORDER BY g),
            array_agg(round(ttft_p95::numeric, 2)::float8 ORDER BY g),
            array_agg(round(itl_p95::numeric, 2)::float8 ORDER BY g),
-           array_agg(coalesce(errors, 0)::int ORDER BY g),
-           array_agg(CASE WHEN n > 0 THEN round(errors::numeric / n, 4)::float8 ELSE 0 END
+           array_agg(errors::int ORDER BY g),
+           array_agg(CASE WHEN n > 0 THEN round(100.0 * errors / n, 2)::float8 ELSE 0 END
                      ORDER BY g)
-    FROM generate_series(:start, :end - interval '1 minute', interval '1 minute') AS g
-    LEFT JOIN agg ON agg.minute = g
+    FROM per
     """
 )
 _SERIES_KEYS = (
-    "t", "requests", "rps", "tok_s", "ttft_p50", "ttft_p95", "itl_p95", "errors", "error_rate"
+    "t", "requests", "rps", "tok_s", "ttft_p50", "ttft_p95", "itl_p95", "errors", "error_pct"
 )  # fmt: skip
 
 
 def usage_series(session: Session, window: str, now: datetime | None = None) -> dict[str, Any]:
-    """Per-minute series over the last hour or day, from usage rows: request rate (/s), output
-    tokens/s, TTFT p50/p95 and ITL p95 (ms), error rate (0..1). Every minute of the window is
-    present (0 requests; None for a latency without requests). One statement: the time range is
-    an index-only scan, the gaps are filled and the arrays built in PostgreSQL."""
+    """Per-minute series over the last hour or day: request rate (/s), output tokens/s, TTFT
+    p50/p95 and ITL p95 (ms), errors and error rate (% of the minute's requests). Requests are
+    usage rows plus refusals of the inference routes (request log, 4xx); errors are usage rows
+    that failed plus those refusals. Every minute of the window is present (0 requests; None
+    for a latency without requests). One statement: index-only time ranges, gaps filled and
+    arrays built in PostgreSQL."""
     name = window if window in WINDOWS else "hour"
     end = (now or datetime.now(UTC)).replace(second=0, microsecond=0) + timedelta(minutes=1)
     start = end - WINDOWS[name]
-    row = session.execute(_SERIES_SQL, {"start": start, "end": end}).one()
-    return {"window": name, "series": dict(zip(_SERIES_KEYS, row, strict=True))}
+    params = {"start": start, "end": end, "paths": list(INFERENCE_PATHS)}
+    row = session.execute(_SERIES_SQL, params).one()
+    units = {"rps": "req/s", "tok_s": "tok/s", "ttft_p50": "ms", "ttft_p95": "ms",
+             "itl_p95": "ms", "error_pct": "%"}  # fmt: skip
+    return {"window": name, "units": units, "series": dict(zip(_SERIES_KEYS, row, strict=True))}
 
 
 def tenants_page(session: Session, q: str = "", page: int = 1) -> Page:

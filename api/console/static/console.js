@@ -7,9 +7,11 @@
     tok_s: [["output tok/s", "#1b5e20"]],
     ttft: [["TTFT p50", "#6a1b9a"], ["TTFT p95", "#c62828"]],
     itl_p95: [["ITL p95", "#e65100"]],
-    error_rate: [["error rate", "#a50e0e"]],
+    error_pct: [["error rate", "#a50e0e"]],
   };
-  var KEYS = { rps: ["rps"], tok_s: ["tok_s"], ttft: ["ttft_p50", "ttft_p95"], itl_p95: ["itl_p95"], error_rate: ["error_rate"] };
+  var KEYS = { rps: ["rps"], tok_s: ["tok_s"], ttft: ["ttft_p50", "ttft_p95"], itl_p95: ["itl_p95"], error_pct: ["error_pct"] };
+  // Each chart's y unit, on its axis and in its legend.
+  var UNITS = { rps: "req/s", tok_s: "tok/s", ttft: "ms", itl_p95: "ms", error_pct: "%" };
   window.lpCharts = {};
 
   function columns(name, s) {
@@ -18,11 +20,26 @@
     return out;
   }
 
+  // A y scale from 0 to a little over the largest value; a flat zero line still has a range
+  // (1, or 100 for a percentage of errors would hide a 0.5% rate: 5 there).
+  function yRange(name) {
+    return function (u, lo, hi) { return [0, Math.max(hi * 1.1, name === "error_pct" ? 5 : 1)]; };
+  }
+
+  function yAxis(unit) {
+    return { label: unit, values: function (u, ticks) { return ticks.map(function (v) { return v + (unit === "%" ? "%" : ""); }); } };
+  }
+
   function make(el, name, data) {
+    var unit = UNITS[name];
     var opts = {
       width: Math.max(360, el.clientWidth || 420), height: 200,
-      series: [{}].concat(SERIES[name].map(function (p) { return { label: p[0], stroke: p[1], width: 2, spanGaps: false, points: { show: true, size: 5 } }; })),
-      axes: [{}, {}],
+      // spanGaps: a minute without requests has no latency; the line joins its neighbours.
+      series: [{}].concat(SERIES[name].map(function (p) {
+        return { label: p[0] + " (" + unit + ")", stroke: p[1], width: 2, spanGaps: true, points: { show: false } };
+      })),
+      scales: { y: { range: yRange(name) } },
+      axes: [{}, yAxis(unit)],
     };
     return new uPlot(opts, data, el);
   }
@@ -45,14 +62,16 @@
 
   function bars(el) {
     var doc = JSON.parse(el.dataset.usage || "{}");
-    if (!doc.t || !doc.t.length) { return; }
+    if (!doc.t || !doc.t.length || !doc.series.length) { return; }
     var data = [doc.t].concat(doc.series.map(function (s) { return s.values; }));
     var series = [{}].concat(doc.series.map(function (s, i) {
-      return { label: s.label, stroke: PALETTE[i % PALETTE.length], width: 2, points: { show: true, size: 6 } };
+      return { label: s.label, stroke: PALETTE[i % PALETTE.length], width: 2, points: { show: false } };
     }));
+    var lo = doc.x_range[0], hi = doc.x_range[1];
     window.lpCharts.usage = new uPlot({
       width: Math.max(360, el.clientWidth || 600), height: 200, series: series,
-      scales: { x: { time: true, range: function (u, lo, hi) { return [lo - 86400, hi + 86400]; } } },
+      scales: { x: { time: true, range: function () { return [lo, hi]; } }, y: { range: yRange("usage") } },
+      axes: [{}, yAxis("requests/day")],
     }, data, el);
   }
 

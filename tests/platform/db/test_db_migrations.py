@@ -38,6 +38,7 @@ TABLES = {
     "usage_records",
     "audit_log",
     "idempotency_keys",
+    "request_log",
 }
 
 
@@ -48,7 +49,7 @@ def _tables(url: str) -> set[str]:
 def test_upgrade_builds_every_table_and_downgrade_removes_them(empty_db_url: str) -> None:
     assert migrate.current_revision(empty_db_url) is None
     migrate.upgrade(empty_db_url)
-    assert migrate.current_revision(empty_db_url) == "0012"
+    assert migrate.current_revision(empty_db_url) == "0013"
     assert _tables(empty_db_url) >= TABLES
     migrate.downgrade(empty_db_url, "base")
     assert migrate.current_revision(empty_db_url) is None
@@ -90,7 +91,7 @@ def test_alembic_command_line_upgrades_with_env_url(empty_db_url: str) -> None:
     ]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert migrate.current_revision(empty_db_url) == "0012"
+    assert migrate.current_revision(empty_db_url) == "0013"
 
 
 def test_constraints_hold(empty_db_url: str) -> None:
@@ -177,7 +178,7 @@ def test_0004_adds_and_drops_tenant_limits(empty_db_url: str) -> None:
 def test_0012_admits_int4_sym_awq_gptq_and_downgrade_refuses_to_lose_them(
     empty_db_url: str,
 ) -> None:
-    migrate.upgrade(empty_db_url)
+    migrate.upgrade(empty_db_url, "0012")
     sessions = make_sessionmaker(empty_db_url)
 
     def deploy(name: str, weights: str) -> uuid.UUID:

@@ -1,0 +1,130 @@
+"""Records every tenant request under `/v1/` that ends with status >= 400 in the request log
+(`services/request_log.py`), outside the routes: the status, request id and error code come
+from the answer itself, the detail the tenant was not shown from the error handler."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+
+import anyio
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from loraplex.platform.errors import GENERIC_MESSAGE
+from loraplex.platform.http_errors import ERROR_DETAIL_KEY, REQUEST_ID_HEADER
+from loraplex.platform.services.api_keys import hash_key
+from loraplex.platform.services.request_log import Entry, RequestLogWriter
+from loraplex.platform.settings import Settings
+
+PREFIX = "/v1/"
+_BODY_PEEK = 16_384  # an error body is small; more than this is not parsed
+_TOKEN_CAP = 512
+
+
+def request_log_writer(
+    settings: Settings, sessions: sessionmaker[Session] | None
+) -> RequestLogWriter | None:
+    """The app's request-log writer (None without a database)."""
+    if sessions is None:
+        return None
+    return RequestLogWriter(sessions, timedelta(days=settings.request_log_retention_days))
+
+
+def _bearer(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            token = token.strip()
+            if scheme.lower() == "bearer" and 0 < len(token) <= _TOKEN_CAP:
+                return hash_key(token)
+    return None
+
+
+def _error_of(body: bytes) -> tuple[str | None, str | None]:
+    try:
+        error = json.loads(body).get("error") or {}
+        return error.get("code"), error.get("message")
+    except (ValueError, AttributeError, RecursionError):
+        return None, None
+
+
+class RequestLogMiddleware:
+    """Pure ASGI (streams pass through untouched); writes happen after the answer is sent,
+    batched, in a worker thread, one flush at a time per process."""
+
+    def __init__(self, app: ASGIApp, writer: RequestLogWriter | None) -> None:
+        self.app = app
+        self.writer = writer
+        self._flushing = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.writer is None or scope["type"] != "http" or not scope["path"].startswith(PREFIX):
+            await self.app(scope, receive, send)
+            return
+        began = time.monotonic()
+        seen: dict = {"status": 0, "rid": "", "body": b""}
+
+        async def watch(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                seen["status"] = message["status"]
+                for name, value in message.get("headers", []):
+                    if name == REQUEST_ID_HEADER.encode():
+                        seen["rid"] = value.decode("latin-1")
+            elif (
+                message["type"] == "http.response.body"
+                and seen["status"] >= 400
+                and len(seen["body"]) < _BODY_PEEK
+            ):
+                seen["body"] += message.get("body", b"")[:_BODY_PEEK]
+            await send(message)
+
+        crashed: BaseException | None = None
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:  # the outermost handler answers 500; it is logged here
+            crashed = exc
+            raise
+        finally:
+            status = 500 if crashed is not None and seen["status"] < 400 else seen["status"]
+            if status >= 400:
+                self._add(scope, status, seen, began, crashed)
+        await self._flush()
+
+    def _add(
+        self, scope: Scope, status: int, seen: dict, began: float, crashed: BaseException | None
+    ) -> None:
+        assert self.writer is not None
+        code, message = _error_of(seen["body"])
+        detail = scope.get(ERROR_DETAIL_KEY)
+        if crashed is not None:
+            code, message = code or "internal_error", message or GENERIC_MESSAGE
+            detail = detail or f"{type(crashed).__name__}: {crashed}"
+        self.writer.add(
+            Entry(
+                request_id=seen["rid"] or scope.get("loraplex.request_id") or "",
+                created_at=datetime.now(UTC),
+                method=scope.get("method", ""),
+                path=scope["path"],
+                status=status,
+                latency_ms=int((time.monotonic() - began) * 1000),
+                code=code if isinstance(code, str) else None,
+                message=message if isinstance(message, str) else None,
+                detail=detail if isinstance(detail, str) else None,
+                key_hash=_bearer(scope),
+            )
+        )
+
+    async def _flush(self) -> None:
+        """Write what is queued, unless this process is writing already (that flush loops
+        until the queue is empty)."""
+        assert self.writer is not None
+        if self._flushing:
+            return
+        self._flushing = True
+        try:
+            while self.writer.pending():
+                await anyio.to_thread.run_sync(self.writer.flush)
+        finally:
+            self._flushing = False

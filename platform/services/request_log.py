@@ -1,0 +1,165 @@
+"""The request log: tenant requests the API refused or failed (status >= 400), written in
+batches off the event loop, kept for a retention period, found again by request id.
+
+The console's charts count these refusals as requests and errors (requests that fail after
+admission are usage rows with `failed`); its request lookup shows an entry with the detail the
+tenant was not shown."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, insert, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from loraplex.platform.db.models import ApiKey, RequestLog, Tenant
+
+log = logging.getLogger("loraplex.request_log")
+
+MAX_PENDING = 10_000  # entries held in memory between flushes (the oldest go past that)
+BATCH = 1_000
+PURGE_EVERY_S = 600.0
+_TEXT_CAP = 2_000
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One refused or failed request, as the API saw it."""
+
+    request_id: str
+    created_at: datetime
+    method: str
+    path: str
+    status: int
+    latency_ms: int
+    code: str | None = None
+    message: str | None = None
+    detail: str | None = None
+    key_hash: str | None = None  # sha256 of the bearer token: tenant and key found at flush
+
+
+def _cap(text: str | None) -> str | None:
+    return None if text is None else text[:_TEXT_CAP]
+
+
+class RequestLogWriter:
+    """Holds entries in memory and writes them in batches (call `flush` off the event loop;
+    one flush at a time). Entries past MAX_PENDING are dropped oldest first and counted in the
+    log, never silently."""
+
+    def __init__(self, sessions: sessionmaker[Session], retention: timedelta) -> None:
+        self.sessions = sessions
+        self.retention = retention
+        self._pending: deque[Entry] = deque()
+        self._lock = threading.Lock()
+        self._flushing = threading.Lock()
+        self._dropped = 0
+        self._purged_at = 0.0
+
+    def add(self, entry: Entry) -> None:
+        """Queue one entry."""
+        with self._lock:
+            if len(self._pending) >= MAX_PENDING:
+                self._pending.popleft()
+                self._dropped += 1
+            self._pending.append(entry)
+
+    def pending(self) -> int:
+        """Entries not written yet."""
+        return len(self._pending)
+
+    def _take(self) -> tuple[list[Entry], int]:
+        with self._lock:
+            batch = [self._pending.popleft() for _ in range(min(BATCH, len(self._pending)))]
+            dropped, self._dropped = self._dropped, 0
+        return batch, dropped
+
+    def flush(self) -> int:
+        """Write what is queued (and purge rows past retention now and then); returns rows
+        written. A failed write is logged and its entries are lost (the request is done)."""
+        if not self._flushing.acquire(blocking=False):
+            return 0
+        written = 0
+        try:
+            while True:
+                batch, dropped = self._take()
+                if dropped:
+                    log.warning("request log: %d entries dropped (over %d queued)", dropped,
+                                MAX_PENDING)  # fmt: skip
+                if not batch:
+                    break
+                try:
+                    with self.sessions() as session, session.begin():
+                        written += write(session, batch)
+                except Exception:  # noqa: BLE001 - a logging path must not fail the API
+                    log.exception("request log: %d entries not written", len(batch))
+            if time.monotonic() - self._purged_at > PURGE_EVERY_S:
+                self._purged_at = time.monotonic()
+                try:
+                    with self.sessions() as session, session.begin():
+                        purge(session, self.retention)
+                except Exception:  # noqa: BLE001 - retried at the next purge
+                    log.exception("request log: purge failed")
+        finally:
+            self._flushing.release()
+        return written
+
+
+def write(session: Session, entries: list[Entry]) -> int:
+    """Insert `entries`, each with the tenant and key its bearer token names (if any)."""
+    hashes = {e.key_hash for e in entries if e.key_hash}
+    keys: dict[str, tuple[uuid.UUID, uuid.UUID]] = {}
+    if hashes:
+        rows = session.execute(
+            select(ApiKey.key_hash, ApiKey.id, ApiKey.tenant_id).where(ApiKey.key_hash.in_(hashes))
+        )
+        keys = {h: (kid, tid) for h, kid, tid in rows}
+    values: list[dict[str, Any]] = []
+    for e in entries:
+        key_id, tenant_id = keys.get(e.key_hash or "", (None, None))
+        values.append(
+            {
+                "request_id": e.request_id[:128],
+                "created_at": e.created_at,
+                "tenant_id": tenant_id,
+                "api_key_id": key_id,
+                "method": e.method[:8],
+                "path": e.path[:256],
+                "status": e.status,
+                "code": (e.code or None) and e.code[:64],
+                "message": _cap(e.message),
+                "detail": _cap(e.detail),
+                "latency_ms": e.latency_ms,
+            }
+        )
+    session.execute(insert(RequestLog), values)
+    return len(values)
+
+
+def purge(session: Session, retention: timedelta) -> int:
+    """Delete entries older than `retention`; returns how many."""
+    cutoff = datetime.now(UTC) - retention
+    result = session.execute(delete(RequestLog).where(RequestLog.created_at < cutoff))
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def find(session: Session, request_id: str) -> Any | None:
+    """The entry for `request_id` with its tenant's name and key prefix (None if not kept)."""
+    stmt = (
+        select(RequestLog, Tenant.name.label("tenant"), ApiKey.prefix.label("key_prefix"),
+               ApiKey.name.label("key_name"))
+        .outerjoin(Tenant, Tenant.id == RequestLog.tenant_id)
+        .outerjoin(ApiKey, ApiKey.id == RequestLog.api_key_id)
+        .where(RequestLog.request_id == request_id)
+        .order_by(RequestLog.id.desc())
+        .limit(1)
+    )  # fmt: skip
+    row = session.execute(stmt).first()
+    return None if row is None else row._mapping
