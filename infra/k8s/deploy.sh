@@ -13,7 +13,10 @@ outputs=$(mktemp)
 trap 'rm -f "$outputs"' EXIT
 
 terraform -chdir="$here/../terraform/envs/$env" output -json >"$outputs"
-render() { python -m loraplex.infra.k8s.render --env "$env" --outputs "$outputs" --tag "$tag" "$@"; }
+# The engine image is tagged by its content (infra/k8s/engine_tag.py): unchanged engines are
+# not rolled by a release that does not touch them.
+engine_tag=${ENGINE_TAG:-$(python -m loraplex.infra.k8s.engine_tag)}
+render() { python -m loraplex.infra.k8s.render --env "$env" --outputs "$outputs" --tag "$tag" --engine-tag "$engine_tag" "$@"; }
 ns=$(python -c 'import json,sys; print(json.load(open(sys.argv[1]))["namespace"]["value"])' "$outputs")
 release=$(render release-name)
 

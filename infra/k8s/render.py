@@ -150,15 +150,20 @@ def _environment() -> jinja2.Environment:
 
 @dataclass(frozen=True)
 class Release:
-    """One environment at one image tag: what every template is rendered with."""
+    """One environment at one image tag: what every template is rendered with. The engine
+    image has its own tag (`engine_tag.py`: the content of what the engine runs; default the
+    release's), so a release that leaves the engine alone rolls no GPU replica."""
 
     outputs: dict[str, Any]
     values: dict[str, Any]
     tag: str
+    engine_tag: str = ""
 
     def context(self) -> dict[str, Any]:
+        engine_tag = self.engine_tag or self.tag
         return {"tf": self.outputs, "values": self.values, "tag": self.tag,
-                "release": release_name(self.tag),
+                "release": release_name(self.tag), "engine_tag": engine_tag,
+                "engine_release": release_name(engine_tag),
                 "migration": {"action": "upgrade", "revision": "head"}}  # fmt: skip
 
     def render(self, template: str, **extra: Any) -> str:
@@ -188,6 +193,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--env", required=True, help="values/<env>.yaml")
     p.add_argument("--outputs", required=True, help="`terraform output -json` of that env")
     p.add_argument("--tag", required=True, help="image tag of the release")
+    p.add_argument("--engine-tag", default="",
+                   help="engine image tag (python -m loraplex.infra.k8s.engine_tag; default --tag)")  # fmt: skip
     sub = p.add_subparsers(dest="what", required=True)
     plat = sub.add_parser("platform", help="the platform's manifests")
     plat.add_argument("--phase", choices=["pre-rollout", "rollout", "all"], default="all")
@@ -208,7 +215,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Print the requested manifests as YAML on stdout."""
     args = _parser().parse_args(argv)
-    release = Release(terraform_outputs(args.outputs), load_values(args.env), args.tag)
+    outputs = terraform_outputs(args.outputs)
+    release = Release(outputs, load_values(args.env), args.tag, args.engine_tag)
     try:
         if args.what == "platform":
             phases = {"pre-rollout": PRE_ROLLOUT, "rollout": ROLLOUT, "all": PRE_ROLLOUT + ROLLOUT}

@@ -32,6 +32,7 @@ def add_parser(sub: Any) -> None:
     values.add_argument("--values", help="an environment's values file (YAML or JSON)")
     p.add_argument("--outputs", required=True, help="`terraform output -json` of that env")
     p.add_argument("--tag", required=True, help="image tag of the release")
+    p.add_argument("--engine-tag", default="", help="engine image tag (default: --tag)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config)")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between passes")
     p.add_argument("--once", action="store_true", help="one pass, then exit")
@@ -78,7 +79,7 @@ def run_launcher(args: argparse.Namespace) -> int:
         raise SystemExit(
             "loraplex launcher: set LORAPLEX_DATABASE_URL (the deployments live there)"
         )
-    release = Release(terraform_outputs(args.outputs), _values(args), args.tag)
+    release = Release(terraform_outputs(args.outputs), _values(args), args.tag, args.engine_tag)
     launcher = KubernetesLauncher(release, _api_client(args.kubeconfig))
     reconciler = Reconciler(launcher, make_sessionmaker(settings.database_url))
     if args.once:
