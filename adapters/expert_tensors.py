@@ -1,21 +1,15 @@
-"""Expert and router LoRA tensors of an adapter: checked against the base, put in one layout.
+"""Expert and router LoRA tensor names of an adapter, checked against the base (torch-free).
 
-Validation (header only) and the loader (tensors) both classify a tensor name here. The
-loader turns either PEFT layout (`expert_targets`) into one `ExpertLoraModule` per MoE layer:
-per-expert A/B for the experts' fused gate/up weight ([E, 2I, hidden], gate rows first) and
-down weight, and the router's A/B, each B with its scale folded in. A per-expert gate and up
-pair becomes one gate/up factor pair with block-diagonal B (zeros add exactly).
+Validation (header only) and the loader (`expert_weights`, tensors) both classify a tensor
+name here: which layer and target, the A/B pair it belongs to and the shape it must have.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from .expert_targets import (
     FUSED_MODULES,
-    ROUTER_MODULE,
     ExpertTensorName,
     MoeShape,
     expected_shape,
@@ -75,90 +69,3 @@ def classify(name: str, targets: ResolvedTargets, shape: MoeShape | None) -> Exp
         path = f"model.layers.{parsed.layer_idx}.experts.{parsed.expert}.{parsed.module[11:]}"
     want = expected_shape(shape, parsed.module, parsed.kind, target.rank)
     return ExpertTensor(parsed, path, want)
-
-
-@dataclass(frozen=True)
-class ExpertLoraModule:
-    """One MoE layer's expert/router LoRA over all E experts (scale folded into each B)."""
-
-    w13_a: torch.Tensor | None  # [E, r13, hidden]
-    w13_b: torch.Tensor | None  # [E, 2I, r13]
-    w2_a: torch.Tensor | None  # [E, r2, I]
-    w2_b: torch.Tensor | None  # [E, hidden, r2]
-    router_a: torch.Tensor | None  # [rr, hidden]
-    router_b: torch.Tensor | None  # [E, rr]
-
-    @property
-    def rank(self) -> int:
-        """The largest rank of its factor pairs."""
-        ranks = [t.shape[-2] for t in (self.w13_a, self.w2_a) if t is not None]
-        if self.router_a is not None:
-            ranks.append(self.router_a.shape[0])
-        return max(ranks, default=0)
-
-    @property
-    def nbytes(self) -> int:
-        """Host bytes of its tensors."""
-        parts = (self.w13_a, self.w13_b, self.w2_a, self.w2_b, self.router_a, self.router_b)
-        return sum(t.numel() * t.element_size() for t in parts if t is not None)
-
-
-def _fused(a: torch.Tensor, b: torch.Tensor, experts: int, scale: float) -> tuple:
-    """PEFT's fused [r x E, in] / [out, r x E] -> per-expert [E, r, in], [E, out, r]."""
-    a_e = a.reshape(experts, -1, a.shape[-1])
-    b_e = b.reshape(b.shape[0], -1, experts).permute(2, 0, 1)
-    return a_e.contiguous(), (b_e * scale).contiguous()
-
-
-def build_expert_modules(
-    pairs: dict[tuple[int, str, int | None], dict[str, torch.Tensor]],
-    targets: ResolvedTargets,
-    shape: MoeShape,
-    dtype: torch.dtype,
-) -> dict[int, ExpertLoraModule]:
-    """Per-layer modules from checked (layer, target, expert) -> {"A", "B"} tensors."""
-    out: dict[int, ExpertLoraModule] = {}
-    e, i = shape.num_experts, shape.intermediate
-    for layer in sorted({k[0] for k in pairs}):
-        parts: dict[str, torch.Tensor | None] = dict.fromkeys(
-            ("w13_a", "w13_b", "w2_a", "w2_b", "router_a", "router_b")
-        )
-
-        def scale(module: str) -> float:
-            return targets.get(layer, module).scale  # type: ignore[union-attr]  # noqa: B023
-
-        def pair(module: str, expert: int | None = None) -> tuple | None:
-            found = pairs.get((layer, module, expert))  # noqa: B023
-            return None if found is None else (found["A"].float(), found["B"].float())
-
-        if (p := pair("experts.gate_up_proj")) is not None:
-            parts["w13_a"], parts["w13_b"] = _fused(*p, e, scale("experts.gate_up_proj"))
-        if (p := pair("experts.down_proj")) is not None:
-            parts["w2_a"], parts["w2_b"] = _fused(*p, e, scale("experts.down_proj"))
-        if (p := pair(ROUTER_MODULE)) is not None:
-            parts["router_a"], parts["router_b"] = p[0], p[1] * scale(ROUTER_MODULE)
-        gate, up = pair("per_expert.gate_proj", 0), pair("per_expert.up_proj", 0)
-        if gate is not None or up is not None:
-            a_rows, b_blocks = [], []
-            for expert in range(e):
-                a_e, b_e = [], []
-                for half, proj in enumerate(("gate_proj", "up_proj")):
-                    p = pair(f"per_expert.{proj}", expert)
-                    if p is None:
-                        continue
-                    b = torch.zeros(2 * i, p[1].shape[1])
-                    b[half * i : (half + 1) * i] = p[1] * scale(f"per_expert.{proj}")
-                    a_e.append(p[0])
-                    b_e.append(b)
-                a_rows.append(torch.cat(a_e))
-                b_blocks.append(torch.cat(b_e, dim=1))
-            parts["w13_a"], parts["w13_b"] = torch.stack(a_rows), torch.stack(b_blocks)
-        if pair("per_expert.down_proj", 0) is not None:
-            down = [pair("per_expert.down_proj", x) for x in range(e)]
-            s = scale("per_expert.down_proj")
-            parts["w2_a"] = torch.stack([p[0] for p in down])  # type: ignore[index]
-            parts["w2_b"] = torch.stack([p[1] * s for p in down])  # type: ignore[index]
-        out[layer] = ExpertLoraModule(
-            **{k: None if v is None else v.to(dtype).contiguous() for k, v in parts.items()}
-        )
-    return out

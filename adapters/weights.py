@@ -16,7 +16,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
 from loraplex.adapters.expert_targets import EXPERT_MODULES, moe_shape
-from loraplex.adapters.expert_tensors import ExpertLoraModule, build_expert_modules, classify
+from loraplex.adapters.expert_tensors import classify
+from loraplex.adapters.expert_weights import ExpertLoraModule, build_expert_modules
 from loraplex.adapters.peft_format import AdapterFormatError, module_dims, parse_lora_tensor_name
 from loraplex.adapters.targets import ResolvedTargets, keep_present, resolve_config_targets
 

@@ -25,14 +25,15 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate_up[..., :half]) * gate_up[..., half:]
 
 
-def _expert_mm(x: torch.Tensor, w: ExpertWeights, expert: int) -> torch.Tensor:
+def expert_mm(x: torch.Tensor, w: ExpertWeights, expert: int) -> torch.Tensor:
     """x [M, K] @ w[expert]^T."""
     if isinstance(w, QuantizedExperts):
         return w.matmul(x, expert)
     return torch.mm(x, w[expert].t())
 
 
-def _check_weights(hidden: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights) -> None:
+def check_expert_weights(hidden: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights) -> None:
+    """Refuse expert stacks whose shapes do not fit each other or the hidden size."""
     if w13.dim() != 3 or w2.dim() != 3:
         raise ValueError("expert weights must be 3-D: w13 [E, 2I, H], w2 [E, H, I]")
     num, two_i, h = w13.shape
@@ -57,7 +58,7 @@ def run_sorted_rows(
     start = 0
     for expert, count in enumerate(counts):
         if count:
-            gate_up = _expert_mm(rows[start : start + count], w13, expert)
+            gate_up = expert_mm(rows[start : start + count], w13, expert)
             act = gate_up[:, :half]
             F.silu(act, inplace=True)
             act.mul_(gate_up[:, half:])  # SiLU-and-mul in place, no extra buffers
@@ -73,7 +74,7 @@ def expert_rows_torch(
     rows: torch.Tensor, local_ids: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights
 ) -> torch.Tensor:
     """Unweighted expert output per row: row i goes through local expert `local_ids[i]`."""
-    _check_weights(rows, w13, w2)
+    check_expert_weights(rows, w13, w2)
     num_local = w13.shape[0]
     if rows.shape[0] == 0:
         return rows.new_zeros(rows.shape)
@@ -100,7 +101,7 @@ def fused_experts_torch(
     `expert_map` ([E_global] int64) maps global ids to rows of `w13`/`w2`, -1 for experts
     held on another rank (those pairs contribute nothing here).
     """
-    _check_weights(hidden, w13, w2)
+    check_expert_weights(hidden, w13, w2)
     num_tokens, top_k = topk_ids.shape
     num_local = w13.shape[0]
     local = topk_ids if expert_map is None else expert_map[topk_ids]

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from loraplex.moe.align import align_block_size
-from loraplex.moe.experts_torch import ExpertWeights, _check_weights
+from loraplex.moe.experts_torch import ExpertWeights, check_expert_weights
 from loraplex.moe.quant_experts import QuantizedExperts
 
 _QUANT = {"int8": 1, "int4": 2, "fp8": 3}
@@ -196,7 +196,7 @@ def fused_experts_triton(
 ) -> torch.Tensor:
     """Same contract as `fused_experts_torch`: [T, H] = sum_k w * Expert(x), grouped GEMMs;
     `w13` / `w2` may be `QuantizedExperts` (int4 in the nibble layout)."""
-    _check_weights(hidden, w13, w2)
+    check_expert_weights(hidden, w13, w2)
     num_tokens, top_k = topk_ids.shape
     num_local, two_inter, hsize = w13.shape
     inter = two_inter // 2

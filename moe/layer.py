@@ -13,12 +13,18 @@ dtype.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from loraplex.loader.quant.schemes import QuantScheme
+from loraplex.moe.expert_lora import (
+    ExpertLoraBatch,
+    add_router_lora,
+    fused_experts_lora_torch,
+)
 from loraplex.moe.expert_parallel import ExpertParallelGroup
 from loraplex.moe.expert_storage import ExpertStorage
 from loraplex.moe.experts_torch import (
@@ -64,6 +70,8 @@ class MoEBlock(ExpertStorage, nn.Module):
             raise ValueError("placement and spec disagree on the number of experts")
         self.placement = placement
         self.load_recorder: ExpertLoadRecorder | None = None
+        # This step's expert/router LoRA for this block (set by the engine's LoRA runtime).
+        self.expert_lora: Callable[[MoEBlock], ExpertLoraBatch | None] | None = None
         h, i, e = spec.hidden_size, spec.intermediate_size, spec.num_experts
         kw = {"dtype": dtype, "device": device}
         # DeepSeek-V3 keeps its router in fp32 whatever the model dtype (as transformers does).
@@ -234,12 +242,16 @@ class MoEBlock(ExpertStorage, nn.Module):
 
     # ---- forward -------------------------------------------------------------------------
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Router logits -> (weights [T, k] fp32, expert ids [T, k])."""
+    def route(
+        self, x: torch.Tensor, lora: ExpertLoraBatch | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router logits (+ each token's router LoRA) -> (weights [T, k] fp32, ids [T, k])."""
         if self.spec.gating.scoring == "sigmoid":
             logits = F.linear(x.float(), self.gate_weight.float())
         else:
             logits = F.linear(x, self.gate_weight)
+        if lora is not None:
+            logits = add_router_lora(logits, x, lora)
         return select_experts(logits, self.spec.gating, self.e_score_correction_bias)
 
     def shared(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -255,8 +267,10 @@ class MoEBlock(ExpertStorage, nn.Module):
             out = torch.sigmoid(F.linear(x, self.shared_gate)) * out
         return out
 
-    def _routed_local(self, x, weights, ids) -> torch.Tensor:
+    def _routed_local(self, x, weights, ids, lora: ExpertLoraBatch | None = None) -> torch.Tensor:
         w13, w2 = self.stack("w13"), self.stack("w2")
+        if lora is not None:  # adapters' expert deltas inside the grouped GEMMs (torch path)
+            return fused_experts_lora_torch(x, w13, w2, weights, ids, lora)
         if _use_triton(x):
             from loraplex.moe.experts_triton import fused_experts_triton
 
@@ -274,16 +288,21 @@ class MoEBlock(ExpertStorage, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[T, H] -> [T, H]."""
+        lora = self.expert_lora(self) if self.expert_lora is not None else None
         if self.ep is None:
-            weights, ids = self.route(x)
+            weights, ids = self.route(x, lora)
             if self.load_recorder is not None:
                 self.load_recorder.record(self.layer_idx, ids)
-            out = self._routed_local(x, weights, ids)
+            out = self._routed_local(x, weights, ids, lora)
             shared = self.shared(x)
             return out if shared is None else out + shared
         bounds = self.ep.token_bounds(x.shape[0])
         start, end = bounds[self.ep.rank], bounds[self.ep.rank + 1]
         x_local = x[start:end]
+        if lora is not None:
+            raise NotImplementedError(
+                "LoRA on the experts or router under expert parallelism is not served yet"
+            )
         weights, ids = self.route(x_local)
         if self.load_recorder is not None:
             self.load_recorder.record(self.layer_idx, ids)

@@ -21,7 +21,9 @@ from loraplex.adapters.device_pool import DevicePool
 from loraplex.adapters.host_cache import HostCache
 from loraplex.adapters.metadata import LoraBatchMeta, build_lora_meta
 from loraplex.adapters.static_meta import StaticLoraMeta
+from loraplex.moe.layer import MoEBlock
 from loraplex.platform.engine.lora.admission import LoraAdmissionPolicy
+from loraplex.platform.engine.lora.expert_lora import ExpertLoraStore
 from loraplex.platform.engine.lora.fetcher import AdapterFetcher
 from loraplex.platform.engine.lora.hooks import LoraHooks, lora_linears
 from loraplex.platform.engine.lora.sources import ObjectReader
@@ -94,6 +96,10 @@ class LoraRuntime:
             device=device,
         )
         self.hooks = LoraHooks(linears, lambda: self.tiers.pool, max_lora_rank, device)
+        blocks = [m for m in model.modules() if isinstance(m, MoEBlock)]
+        self.experts = ExpertLoraStore(blocks, dtype, device) if blocks else None
+        if self.experts is not None:
+            self.tiers.on_device_load = self.experts.add
         self.admission_policy = LoraAdmissionPolicy(self.tiers, max_loras, max_wait_steps)
         self.device = device
         # The last step's metadata and what it was built from: decode steps repeat a layout
@@ -123,6 +129,8 @@ class LoraRuntime:
     def detach(self) -> None:
         """Remove the hooks (the model serves the base alone again) and stop the fetcher."""
         self.hooks.detach()
+        if self.experts is not None:
+            self.experts.detach()
         self.fetcher.close()
 
     # -- LoraPort ------------------------------------------------------------------------
@@ -143,6 +151,8 @@ class LoraRuntime:
         if all(r.adapter_key is None for r in requests):
             return None
         pool = self.tiers.pool
+        if self.experts is not None:
+            self.experts.retain(pool.keys())
         seqs = []
         for r, n in zip(requests, num_tokens, strict=True):
             resident = None

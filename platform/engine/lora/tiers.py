@@ -11,6 +11,7 @@ the engine to finish.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -47,6 +48,8 @@ class LoraTiers:
         self._pool: DevicePool | None = None
         self._staged: dict[str, LoadedAdapter] = {}
         self._failed_requests: list[str] = []
+        # Called with each adapter copied to the device (the runtime's expert-LoRA store).
+        self.on_device_load: Callable[[LoadedAdapter], None] | None = None
 
     @property
     def pool(self) -> DevicePool:
@@ -102,6 +105,8 @@ class LoraTiers:
             if adapter is None:
                 raise RuntimeError(f"adapter {key[:12]} admitted without its weights on the host")
             pool.load(adapter)
+            if self.on_device_load is not None:
+                self.on_device_load(adapter)
         self._staged.pop(key, None)
         pool.acquire(key)
 

@@ -1,0 +1,110 @@
+"""Expert and router LoRA of the device-resident adapters, handed to the MoE blocks per step.
+
+When the tiers copy an adapter to the device (`add`), its per-layer expert/router factors
+(`adapters.expert_weights.ExpertLoraModule`, all experts) are cut to each block's local
+expert slots and moved to the model's device and dtype; adapters the device pool evicted are
+dropped at the next step (`retain`). Each MoE block asks `batch_for(block)` in its forward:
+the step's token -> adapter slot map (from `ForwardContext.lora`) and each slot's weights for
+that block, built once per step's metadata. Expert LoRA bytes live beside the pool's rank
+rows, not inside its byte budget.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from loraplex.adapters.expert_weights import ExpertLoraModule
+from loraplex.adapters.metadata import LoraBatchMeta
+from loraplex.adapters.static_meta import StaticLoraView
+from loraplex.adapters.weights import LoadedAdapter
+from loraplex.moe.expert_lora import ExpertLoraBatch, ExpertLoraWeights
+from loraplex.moe.layer import MoEBlock
+from loraplex.platform.engine.forward_context import peek_forward_context
+
+
+def local_weights(
+    module: ExpertLoraModule, experts: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> ExpertLoraWeights:
+    """An adapter's layer factors for the block's local expert slots (one row per slot)."""
+    idx = torch.tensor(experts, dtype=torch.long)
+
+    def cut(t: torch.Tensor | None, per_expert: bool) -> torch.Tensor | None:
+        if t is None:
+            return None
+        t = t.index_select(0, idx) if per_expert else t
+        return t.to(device=device, dtype=dtype).contiguous()
+
+    return ExpertLoraWeights(
+        w13_a=cut(module.w13_a, True),
+        w13_b=cut(module.w13_b, True),
+        w2_a=cut(module.w2_a, True),
+        w2_b=cut(module.w2_b, True),
+        router_a=cut(module.router_a, False),
+        router_b=cut(module.router_b, False),
+    )
+
+
+class ExpertLoraStore:
+    """Per resident adapter, its expert/router LoRA for each MoE block (see module doc)."""
+
+    def __init__(self, blocks: list[MoEBlock], dtype: torch.dtype, device: torch.device) -> None:
+        self.blocks = blocks
+        self.dtype = dtype
+        self.device = device
+        self._weights: dict[str, dict[int, ExpertLoraWeights]] = {}
+        self._meta: LoraBatchMeta | None = None
+        self._batches: dict[int, ExpertLoraBatch | None] = {}
+        for block in blocks:
+            block.expert_lora = self.batch_for
+
+    def detach(self) -> None:
+        """The blocks stop asking for expert LoRA."""
+        for block in self.blocks:
+            block.expert_lora = None
+
+    def add(self, adapter: LoadedAdapter) -> None:
+        """An adapter was copied to the device: keep its expert factors for every block."""
+        if not adapter.experts:
+            return
+        per_layer = {}
+        for block in self.blocks:
+            module = adapter.experts.get(block.layer_idx)
+            if module is not None:
+                per_layer[block.layer_idx] = local_weights(
+                    module, block.local_experts, self.dtype, self.device
+                )
+        self._weights[adapter.key] = per_layer
+        self._meta = None
+
+    def retain(self, keys: list[str] | set[str]) -> None:
+        """Drop the adapters no longer resident on the device."""
+        keep = set(keys)
+        for key in [k for k in self._weights if k not in keep]:
+            del self._weights[key]
+            self._meta = None
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._weights
+
+    def batch_for(self, block: MoEBlock) -> ExpertLoraBatch | None:
+        """This step's expert LoRA for `block` (None when no scheduled adapter has any)."""
+        ctx = peek_forward_context()
+        meta = ctx.lora if ctx is not None else None
+        if isinstance(meta, StaticLoraView):
+            if self._weights:
+                raise NotImplementedError(
+                    "expert/router LoRA in captured decode graphs is not served: run the "
+                    "engine eager (enforce_eager) to serve adapters on a MoE base's experts"
+                )
+            return None
+        if not isinstance(meta, LoraBatchMeta) or not meta.groups:
+            return None
+        if meta is not self._meta:
+            self._meta, self._batches = meta, {}
+        if block.layer_idx not in self._batches:
+            slots = [self._weights.get(g.key, {}).get(block.layer_idx) for g in meta.groups]
+            batch = None
+            if any(w is not None for w in slots):
+                batch = ExpertLoraBatch(meta.token_slot.to(torch.long), slots)
+            self._batches[block.layer_idx] = batch
+        return self._batches[block.layer_idx]
