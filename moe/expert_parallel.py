@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from loraplex.moe.placement import ExpertPlacement
 
-RowCompute = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+RowCompute = Callable[..., torch.Tensor]
 
 
 class ExpertParallelGroup:
@@ -54,10 +54,13 @@ class ExpertParallelGroup:
         placement: ExpertPlacement,
         compute: RowCompute,
         pair_offset: int = 0,
+        token_tags: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """sum_k w[t,k] * Expert_{id[t,k]}(hidden[t]) for this rank's tokens, experts anywhere.
 
-        `compute(rows, local_slots)` runs this rank's experts on received rows.
+        `compute(rows, local_slots)` runs this rank's experts on received rows; with
+        `token_tags` ([T] int64, e.g. each token's adapter slot) every row travels with its
+        token's tag and `compute(rows, local_slots, tags)` gets them.
         """
         if placement.world_size != self.world_size:
             raise ValueError(
@@ -74,7 +77,11 @@ class ExpertParallelGroup:
         token_of_pair = order // top_k
         recv_rows = self._exchange(hidden[token_of_pair], send_counts, recv_counts)
         recv_slots = self._exchange(dest_slot[order], send_counts, recv_counts)
-        out_rows = compute(recv_rows, recv_slots)
+        if token_tags is None:
+            out_rows = compute(recv_rows, recv_slots)
+        else:
+            tags = self._exchange(token_tags[token_of_pair], send_counts, recv_counts)
+            out_rows = compute(recv_rows, recv_slots, tags)
         back = self._exchange(out_rows, recv_counts, send_counts)
 
         weights = topk_weights.reshape(-1)[order].to(torch.float32).unsqueeze(1)

@@ -23,6 +23,7 @@ from loraplex.loader.quant.schemes import QuantScheme
 from loraplex.moe.expert_lora import (
     ExpertLoraBatch,
     add_router_lora,
+    expert_rows_lora_torch,
     fused_experts_lora_torch,
 )
 from loraplex.moe.expert_parallel import ExpertParallelGroup
@@ -72,6 +73,11 @@ class MoEBlock(ExpertStorage, nn.Module):
         self.load_recorder: ExpertLoadRecorder | None = None
         # This step's expert/router LoRA for this block (set by the engine's LoRA runtime).
         self.expert_lora: Callable[[MoEBlock], ExpertLoraBatch | None] | None = None
+        # Called (block, old, new) after a placement change, on every rank at the same step:
+        # whatever else is held per local expert slot (adapters' expert slices) moves too.
+        self.placement_listeners: list[
+            Callable[[MoEBlock, ExpertPlacement, ExpertPlacement], None]
+        ] = []
         h, i, e = spec.hidden_size, spec.intermediate_size, spec.num_experts
         kw = {"dtype": dtype, "device": device}
         # DeepSeek-V3 keeps its router in fp32 whatever the model dtype (as transformers does).
@@ -299,16 +305,24 @@ class MoEBlock(ExpertStorage, nn.Module):
         bounds = self.ep.token_bounds(x.shape[0])
         start, end = bounds[self.ep.rank], bounds[self.ep.rank + 1]
         x_local = x[start:end]
-        if lora is not None:
-            raise NotImplementedError(
-                "LoRA on the experts or router under expert parallelism is not served yet"
-            )
-        weights, ids = self.route(x_local)
+        lora_local = lora.rows(start, end) if lora is not None else None
+        weights, ids = self.route(x_local, lora_local)
         if self.load_recorder is not None:
             self.load_recorder.record(self.layer_idx, ids)
-        out = self.ep.dispatch_combine(
-            x_local, weights, ids, self.placement, self._rows, pair_offset=start * ids.shape[1]
-        )
+        if lora is None:
+            out = self.ep.dispatch_combine(
+                x_local, weights, ids, self.placement, self._rows, pair_offset=start * ids.shape[1]
+            )
+        else:  # rows travel with their token's adapter slot; slots are the same on every rank
+            w13, w2 = self.stack("w13"), self.stack("w2")
+
+            def rows_lora(rows, slots, tags):
+                return expert_rows_lora_torch(rows, slots, tags, w13, w2, lora.slots)
+
+            out = self.ep.dispatch_combine(
+                x_local, weights, ids, self.placement, rows_lora,
+                pair_offset=start * ids.shape[1], token_tags=lora_local.token_slot,
+            )  # fmt: skip
         shared = self.shared(x_local)
         if shared is not None:
             out = out + shared
@@ -330,6 +344,8 @@ class MoEBlock(ExpertStorage, nn.Module):
         moved = self.ep.migrate_experts(
             self.placement, placement, [t.view(torch.uint8) for t in tensors]
         )
-        self.placement = placement
+        old, self.placement = self.placement, placement
         for n, t, raw in zip(names, tensors, moved, strict=True):
             setattr(self, n, nn.Parameter(raw.view(t.dtype), requires_grad=False))
+        for listener in self.placement_listeners:
+            listener(self, old, placement)

@@ -5,8 +5,9 @@ When the tiers copy an adapter to the device (`add`), its per-layer expert/route
 expert slots and moved to the model's device and dtype; adapters the device pool evicted are
 dropped at the next step (`retain`). Each MoE block asks `batch_for(block)` in its forward:
 the step's token -> adapter slot map (from `ForwardContext.lora`) and each slot's weights for
-that block, built once per step's metadata. Expert LoRA bytes live beside the pool's rank
-rows, not inside its byte budget.
+that block, built once per step's metadata. Under expert parallelism each rank keeps only its
+experts' slices, and an EPLB placement change moves them with the experts. Expert LoRA bytes
+live beside the pool's rank rows, not inside its byte budget.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from loraplex.adapters.expert_weights import ExpertLoraModule
 from loraplex.adapters.metadata import LoraBatchMeta
 from loraplex.adapters.static_meta import StaticLoraView
 from loraplex.adapters.weights import LoadedAdapter
-from loraplex.moe.expert_lora import ExpertLoraBatch, ExpertLoraWeights
+from loraplex.moe.expert_lora import ExpertLoraBatch, ExpertLoraWeights, migrate_lora_weights
 from loraplex.moe.layer import MoEBlock
+from loraplex.moe.placement import ExpertPlacement
 from loraplex.platform.engine.forward_context import peek_forward_context
 
 
@@ -56,11 +58,27 @@ class ExpertLoraStore:
         self._batches: dict[int, ExpertLoraBatch | None] = {}
         for block in blocks:
             block.expert_lora = self.batch_for
+            block.placement_listeners.append(self._moved)
 
     def detach(self) -> None:
         """The blocks stop asking for expert LoRA."""
         for block in self.blocks:
             block.expert_lora = None
+            block.placement_listeners.remove(self._moved)
+
+    def weights_for(self, key: str, layer: int) -> ExpertLoraWeights | None:
+        """Adapter `key`'s factors for the block of `layer` (its local expert slots)."""
+        return self._weights.get(key, {}).get(layer)
+
+    def _moved(self, block: MoEBlock, old: ExpertPlacement, new: ExpertPlacement) -> None:
+        """EPLB moved experts between ranks: move every adapter's slices of them too."""
+        if block.ep is None:
+            raise RuntimeError("a placement change without an expert-parallel group")
+        for key in sorted(self._weights):  # the same order on every rank (collective)
+            w = self._weights[key].get(block.layer_idx)
+            if w is not None:
+                self._weights[key][block.layer_idx] = migrate_lora_weights(block.ep, old, new, w)
+        self._meta = None
 
     def add(self, adapter: LoadedAdapter) -> None:
         """An adapter was copied to the device: keep its expert factors for every block."""
