@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 
 from alembic import context
-from sqlalchemy import create_engine, pool
+from sqlalchemy import pool
 
 from loraplex.platform.db.models import Base
-from loraplex.platform.db.session import normalize_url
+from loraplex.platform.db.session import new_engine, normalize_url
 
 config = context.config
 target_metadata = Base.metadata
@@ -39,7 +39,7 @@ def run_migrations_online() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    engine = create_engine(_database_url(), poolclass=pool.NullPool)
+    engine = new_engine(_database_url(), poolclass=pool.NullPool)
     with engine.connect() as conn:
         context.configure(connection=conn, target_metadata=target_metadata)
         with context.begin_transaction():

@@ -91,8 +91,8 @@ def test_every_required_setting_is_set() -> None:
     embedded = {
         n for n, f in Settings.model_fields.items() if f.default is None and not f.default_factory
     }
-    # None means: no quota; the vLLM peer is a bench-only Python.
-    optional = {"monthly_token_quota", "peer_vllm_python"}
+    # None means: no quota; the vLLM peer is a bench-only Python; no loop-stall log.
+    optional = {"monthly_token_quota", "peer_vllm_python", "loop_stall_log_ms"}
     assert embedded - optional <= set().union(*REQUIRED.values())
     env = _workload_env()
     assert set(env) == set(REQUIRED)
