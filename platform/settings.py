@@ -55,6 +55,8 @@ class Settings(BaseSettings):
     # Past the free failures, each further failed sign-in of one account doubles its wait
     # before the next attempt, from 1 s up to this cap (a delay that grows, never a lock).
     console_signin_max_delay_s: int = 60
+    # Failed sign-ins allowed per client address in each window (then 429 until it ends).
+    console_signin_address_failures: int = 50
     # Proxies (addresses or CIDR ranges) whose X-Forwarded-For names the client: only a
     # request from one of them has its client address taken from that header.
     console_trusted_proxies: list[str] = []

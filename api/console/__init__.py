@@ -4,7 +4,7 @@ under `static/vendor/`, see VENDORED.md). `install_console(app)` adds it to an a
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
@@ -12,6 +12,7 @@ from loraplex.platform.errors import GENERIC_MESSAGE, LoraplexError
 
 from . import pages_auth, pages_catalog, pages_ops, pages_overview, pages_tenants
 from .auth import SignInRequired
+from .clean_input import refuse_control_characters
 from .timing import ServerTiming
 from .views import STATIC, render
 
@@ -25,8 +26,11 @@ def _is_page(request: Request) -> bool:
 
 def install_console(app: FastAPI) -> None:
     """Mount the console's pages, its static files and its HTML error pages on `app`."""
+    clean = [Depends(refuse_control_characters)]
     for module in (pages_auth, pages_overview, pages_tenants, pages_catalog, pages_ops):
-        app.include_router(module.router, prefix=PREFIX, include_in_schema=False)
+        app.include_router(
+            module.router, prefix=PREFIX, include_in_schema=False, dependencies=clean
+        )
     app.mount(PREFIX + "/static", StaticFiles(directory=STATIC), name="console-static")
     json_handler = app.exception_handlers.get(LoraplexError)
 

@@ -1,13 +1,10 @@
 """Console sign-in state: the session cookie, the CSRF check on every state-changing request,
-the viewer's read-only rule, and the sign-in rate limit."""
+the viewer's read-only rule, and where the sign-in limits live."""
 
 from __future__ import annotations
 
 import hmac
 import secrets
-import threading
-import time
-from collections import deque
 from datetime import timedelta
 
 from fastapi import Depends, Request
@@ -19,6 +16,7 @@ from loraplex.platform.services import operators
 from loraplex.platform.services.operators import SignedIn
 
 from ..deps import get_sessions, get_settings
+from .signin_limits import SignInLimits, client_address, limits_for
 
 SESSION_COOKIE = "lp_console"
 PRE_CSRF_COOKIE = "lp_console_pre"  # double-submit token of the sign-in forms
@@ -97,47 +95,16 @@ def pre_csrf_token(request: Request) -> str:
     return token if 20 <= len(token) <= 64 else secrets.token_urlsafe(24)
 
 
-class SignInLimiter:
-    """Failed sign-ins per client address and per email in a sliding window (this process)."""
-
-    def __init__(self, limit: int, window_s: float) -> None:
-        self.limit = limit
-        self.window_s = window_s
-        self._fails: dict[str, deque[float]] = {}
-        self._lock = threading.Lock()
-
-    def _recent(self, key: str, now: float) -> deque[float]:
-        q = self._fails.setdefault(key, deque())
-        while q and now - q[0] > self.window_s:
-            q.popleft()
-        return q
-
-    def blocked(self, *keys: str) -> float:
-        """Seconds to wait before another attempt (0: go ahead)."""
-        now = time.monotonic()
-        with self._lock:
-            waits = [
-                self.window_s - (now - q[0])
-                for q in (self._recent(k, now) for k in keys)
-                if len(q) >= self.limit
-            ]
-        return max(waits, default=0.0)
-
-    def failed(self, *keys: str) -> None:
-        """Count one failure against every key."""
-        now = time.monotonic()
-        with self._lock:
-            for k in keys:
-                self._recent(k, now).append(now)
-            if len(self._fails) > 100_000:  # bound memory under a spray of addresses
-                self._fails = {k: q for k, q in self._fails.items() if q}
-
-
-def limiter_for(request: Request) -> SignInLimiter:
-    """The app's sign-in limiter (made on first use)."""
-    lim = getattr(request.app.state, "console_limiter", None)
+def limiter_for(request: Request) -> SignInLimits:
+    """The app's sign-in limits (made on first use; Redis-backed, see signin_limits)."""
+    lim = getattr(request.app.state, "console_limits", None)
     if lim is None:
-        s = get_settings(request)
-        lim = SignInLimiter(s.console_signin_failures, s.console_signin_window_s)
-        request.app.state.console_limiter = lim
+        lim = limits_for(get_settings(request))
+        request.app.state.console_limits = lim
     return lim
+
+
+def client_of(request: Request, limits: SignInLimits) -> str:
+    """The client address the limits count against (trusted proxies' header only)."""
+    peer = request.client.host if request.client else "unknown"
+    return client_address(peer, request.headers.get("x-forwarded-for"), limits.networks)
