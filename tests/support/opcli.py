@@ -55,9 +55,12 @@ class OperatorShell:
 
 
 @contextmanager
-def running_up(data_dir: Path, timeout_s: float = 240) -> Iterator[tuple[str, str]]:
+def running_up(
+    data_dir: Path, timeout_s: float = 240, printed_lines: list[str] | None = None
+) -> Iterator[tuple[str, str]]:
     """`loraplex up --port 0` as a user starts it (engine included); yields (URL, admin key)
-    from what it prints, and stops it with Ctrl-C (SIGINT) on exit."""
+    from what it prints (every line also lands in `printed_lines` when given), and stops it
+    with Ctrl-C (SIGINT) on exit."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_")}
     proc = subprocess.Popen(
         [*CLI, "up", "--data-dir", str(data_dir), "--port", "0"],
@@ -66,7 +69,7 @@ def running_up(data_dir: Path, timeout_s: float = 240) -> Iterator[tuple[str, st
         stderr=subprocess.STDOUT,
         text=True,
     )
-    lines: list[str] = []
+    lines: list[str] = printed_lines if printed_lines is not None else []
     reader = threading.Thread(
         target=lambda: lines.extend(line.rstrip("\n") for line in proc.stdout or []), daemon=True
     )
