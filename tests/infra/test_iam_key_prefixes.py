@@ -31,9 +31,10 @@ def test_identity_globs_are_the_code_key_spaces() -> None:
 
 def test_each_workload_gets_only_what_it_does() -> None:
     access = {
-        role: {op: {unq(s) for s in spaces} for op, spaces in fields(body).items()}
+        role: {op: {unq(s) for s in spaces} for op, spaces in fields(body).items()
+               if op != "list_roots"}
         for role, body in fields(_locals()["access"]).items()
-    }
+    }  # fmt: skip
     names = {ks.name for ks in KEY_SPACES}
     for role, ops in access.items():
         assert ops["read"] | ops["write"] <= names, role
@@ -53,10 +54,13 @@ def test_policies_name_no_object_resource_but_the_key_space_globs() -> None:
     assert object_arns, "the policies name no object resources"
     assert all(a == "${local.key_space_globs[s]}" for a in object_arns), object_arns
     assert "s3:prefix" in text and "key_space_globs[s]" in text  # listing is scoped too
-    # No stray literal key prefix anywhere in the identity module.
+    # The roots (for a role that lists a whole key space) are the code's roots too.
+    roots = {k: unq(v) for k, v in fields(_locals()["key_space_roots"]).items()}
+    assert roots == {ks.name: ks.template.split("/")[0] + "/*" for ks in KEY_SPACES}
+    # No stray literal key prefix anywhere else in the identity module.
     for ks in KEY_SPACES:
         root = ks.template.split("/")[0] + "/"
-        assert text.count(f'"{root}') == 1, f"{root} written outside key_space_globs"
+        assert text.count(f'"{root}') == 2, f"{root} written outside key_space_globs/roots"
 
 
 def test_the_code_builds_keys_inside_its_key_spaces() -> None:

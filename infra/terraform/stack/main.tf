@@ -40,6 +40,9 @@ module "cluster" {
 
 module "cluster_addons" {
   source = "../modules/cluster_addons"
+  # The charts' pods need nodes: without this their Helm releases may be installed (and
+  # time out waiting) before any node group has joined.
+  depends_on = [module.cluster]
 
   cluster_name      = module.cluster.cluster_name
   oidc_provider_arn = module.cluster.oidc_provider_arn

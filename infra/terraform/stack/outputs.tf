@@ -144,3 +144,13 @@ output "image_repositories" {
   description = "ECR repository URL of each image (platform, engine)."
   value       = { for k, r in aws_ecr_repository.images : k => r.repository_url }
 }
+
+output "api_certificate_arn" {
+  description = "ACM certificate of the API's hostname (the Ingress's HTTPS listener)."
+  value       = var.api_certificate_arn
+}
+
+output "api_allowed_cidrs" {
+  description = "Client CIDRs the API's load balancer accepts."
+  value       = var.api_allowed_cidrs
+}

@@ -89,11 +89,21 @@ variable "gpu_node_groups" {
     desired_size   = number
     capacity_type  = string
     disk_size_gb   = number
+    # The reservation a CAPACITY_BLOCK pool runs on (cr-...); empty for the other types.
+    capacity_reservation_id = optional(string, "")
   }))
 
   validation {
     condition     = length(var.gpu_node_groups) >= 1
     error_message = "At least one GPU pool is needed to run engine replicas."
+  }
+
+  validation {
+    condition = alltrue([
+      for g in values(var.gpu_node_groups) :
+      (g.capacity_type == "CAPACITY_BLOCK") == can(regex("^cr-[0-9a-f]{8,17}$", g.capacity_reservation_id))
+    ])
+    error_message = "A CAPACITY_BLOCK pool needs capacity_reservation_id (cr-...) of its capacity block; other pools must leave it empty."
   }
 }
 
@@ -225,5 +235,29 @@ variable "prometheus" {
   validation {
     condition     = var.prometheus.retention_days >= 1 && var.prometheus.storage_gb >= 10
     error_message = "prometheus needs retention_days >= 1 and storage_gb >= 10."
+  }
+}
+
+variable "api_certificate_arn" {
+  description = "ACM certificate ARN of the API's hostname: the API and console are served over HTTPS only (HTTP redirects)."
+  type        = string
+
+  validation {
+    condition = (
+      can(regex("^arn:aws(-[a-z]+)*:acm:[a-z]{2}(-[a-z]+)+-[0-9]:[0-9]{12}:certificate/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", var.api_certificate_arn)) &&
+      !can(regex(":(111122223333|123456789012|000000000000|444455556666):", var.api_certificate_arn)) &&
+      !can(regex("/00000000-0000-0000-0000-000000000000$", var.api_certificate_arn))
+    )
+    error_message = "api_certificate_arn must be the ARN of a real ACM certificate (arn:aws:acm:REGION:ACCOUNT:certificate/UUID); documentation placeholders are refused."
+  }
+}
+
+variable "api_allowed_cidrs" {
+  description = "Client CIDRs the API's load balancer accepts (0.0.0.0/0 only if you mean the whole internet)."
+  type        = list(string)
+
+  validation {
+    condition     = length(var.api_allowed_cidrs) > 0 && alltrue([for c in var.api_allowed_cidrs : can(cidrhost(c, 0))])
+    error_message = "api_allowed_cidrs must list at least one valid CIDR."
   }
 }

@@ -12,6 +12,8 @@ module "loraplex" {
   single_nat_gateway           = true
   kubernetes_version           = "1.34"
   endpoint_public_access_cidrs = var.endpoint_public_access_cidrs
+  api_certificate_arn          = var.api_certificate_arn
+  api_allowed_cidrs            = var.api_allowed_cidrs
 
   platform_node_group = {
     instance_types = ["m7i.xlarge"]

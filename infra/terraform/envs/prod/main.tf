@@ -12,6 +12,8 @@ module "loraplex" {
   single_nat_gateway           = false
   kubernetes_version           = "1.34"
   endpoint_public_access_cidrs = var.endpoint_public_access_cidrs
+  api_certificate_arn          = var.api_certificate_arn
+  api_allowed_cidrs            = var.api_allowed_cidrs
 
   platform_node_group = {
     instance_types = ["m7i.2xlarge"]
@@ -23,12 +25,17 @@ module "loraplex" {
 
   gpu_node_groups = {
     # 8 x H100 per node: one engine pod per GPU, or one expert-parallel pod over all 8.
+    # GPU capacity is explicit: a new account's quota for P instances ("Running On-Demand P
+    # instances", in vCPUs; a p5.48xlarge is 192) is 0, so this pool starts at zero nodes and
+    # a first apply succeeds without it. Raise the quota (Service Quotas, L-417A185B) to
+    # 192 x max_size, then raise min_size/desired_size; or buy a capacity block and set
+    # capacity_type = "CAPACITY_BLOCK" with its capacity_reservation_id = "cr-...".
     h100 = {
       instance_types = ["p5.48xlarge"]
       gpus_per_node  = 8
-      min_size       = 1
+      min_size       = 0
       max_size       = 4
-      desired_size   = 1
+      desired_size   = 0
       capacity_type  = "ON_DEMAND"
       disk_size_gb   = 500
     }

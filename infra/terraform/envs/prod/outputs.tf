@@ -144,3 +144,13 @@ output "s3_endpoint_url" {
   description = "Regional S3 endpoint (LORAPLEX_S3_ENDPOINT_URL)."
   value       = module.loraplex.s3_endpoint_url
 }
+
+output "api_certificate_arn" {
+  description = "ACM certificate of the API's hostname (the Ingress's HTTPS listener)."
+  value       = module.loraplex.api_certificate_arn
+}
+
+output "api_allowed_cidrs" {
+  description = "Client CIDRs the API's load balancer accepts."
+  value       = module.loraplex.api_allowed_cidrs
+}

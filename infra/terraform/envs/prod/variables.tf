@@ -37,3 +37,27 @@ variable "cors_allowed_origins" {
     error_message = "cors_allowed_origins must be https:// origins."
   }
 }
+
+variable "api_certificate_arn" {
+  description = "ACM certificate ARN of the API's hostname: the API and console are served over HTTPS only (HTTP redirects)."
+  type        = string
+
+  validation {
+    condition = (
+      can(regex("^arn:aws(-[a-z]+)*:acm:[a-z]{2}(-[a-z]+)+-[0-9]:[0-9]{12}:certificate/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", var.api_certificate_arn)) &&
+      !can(regex(":(111122223333|123456789012|000000000000|444455556666):", var.api_certificate_arn)) &&
+      !can(regex("/00000000-0000-0000-0000-000000000000$", var.api_certificate_arn))
+    )
+    error_message = "api_certificate_arn must be the ARN of a real ACM certificate (arn:aws:acm:REGION:ACCOUNT:certificate/UUID); documentation placeholders are refused."
+  }
+}
+
+variable "api_allowed_cidrs" {
+  description = "Client CIDRs the API's load balancer accepts (0.0.0.0/0 only if you mean the whole internet)."
+  type        = list(string)
+
+  validation {
+    condition     = length(var.api_allowed_cidrs) > 0 && alltrue([for c in var.api_allowed_cidrs : can(cidrhost(c, 0))])
+    error_message = "api_allowed_cidrs must list at least one valid CIDR."
+  }
+}

@@ -18,6 +18,11 @@ locals {
       desired_size   = g.desired_size
       labels         = { "loraplex.dev/gpu-pool" = name, "loraplex.dev/pool" = "gpu" }
       taints         = { gpu = local.gpu_taint }
+      # A capacity block runs on its reservation only: EC2 needs the market type and the target.
+      instance_market_options = g.capacity_type == "CAPACITY_BLOCK" ? { market_type = "capacity-block" } : null
+      capacity_reservation_specification = g.capacity_type == "CAPACITY_BLOCK" ? {
+        capacity_reservation_target = { capacity_reservation_id = g.capacity_reservation_id }
+      } : null
       block_device_mappings = {
         xvda = {
           device_name = "/dev/xvda"

@@ -79,6 +79,8 @@ variable "gpu_node_groups" {
     desired_size   = number
     capacity_type  = string
     disk_size_gb   = number
+    # The reservation a CAPACITY_BLOCK pool runs on (cr-...); empty for the other types.
+    capacity_reservation_id = optional(string, "")
   }))
 
   validation {
@@ -101,6 +103,14 @@ variable "gpu_node_groups" {
   validation {
     condition     = alltrue([for k in keys(var.gpu_node_groups) : can(regex("^[a-z][a-z0-9-]{1,20}$", k))])
     error_message = "GPU pool names must be 2-21 characters of lowercase letters, digits and dashes."
+  }
+
+  validation {
+    condition = alltrue([
+      for g in values(var.gpu_node_groups) :
+      (g.capacity_type == "CAPACITY_BLOCK") == can(regex("^cr-[0-9a-f]{8,17}$", g.capacity_reservation_id))
+    ])
+    error_message = "A CAPACITY_BLOCK pool needs capacity_reservation_id (cr-...) of its capacity block; other pools must leave it empty."
   }
 }
 

@@ -9,16 +9,30 @@ locals {
     adapters = "tenants/*/adapters/*/*"
     models   = "models/*/*"
   }
+  # The root folder of each key space, for a role that lists a whole key space.
+  key_space_roots = {
+    adapters = "tenants/*"
+    models   = "models/*"
+  }
+
+  # The S3 actions of reading and of writing objects, and the bucket-level action every
+  # writer needs: deleting a prefix first aborts the multipart uploads left under it, which
+  # lists them (s3:ListBucketMultipartUploads; without it the abort silently finds nothing).
+  # tests/infra/test_iam_actions.py derives what each role's code calls and checks it here.
+  read_actions         = ["s3:GetObject"]
+  write_actions        = ["s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
+  write_bucket_actions = ["s3:ListBucketMultipartUploads"]
 
   # What each workload does with each key space. api: tenants upload adapters (presigned
   # multipart included) and the gateway reads model assets; worker: validation reads, the
-  # deletion and recovery jobs delete; engine: reads weights and adapters, writes nothing;
+  # deletion and recovery jobs delete, and the orphan reconciler lists every adapter under
+  # the tenants root (list_roots); engine: reads weights and adapters, writes nothing;
   # models: `loraplex models add` uploads base models.
   access = {
-    api    = { read = ["adapters", "models"], write = ["adapters"] }
-    worker = { read = ["adapters"], write = ["adapters"] }
-    engine = { read = ["adapters", "models"], write = [] }
-    models = { read = ["models"], write = ["models"] }
+    api    = { read = ["adapters", "models"], write = ["adapters"], list_roots = [] }
+    worker = { read = ["adapters"], write = ["adapters"], list_roots = ["adapters"] }
+    engine = { read = ["adapters", "models"], write = [], list_roots = [] }
+    models = { read = ["models"], write = ["models"], list_roots = [] }
   }
 
   # Kubernetes service account of each role (infra/k8s/templates names the same accounts).
@@ -33,7 +47,7 @@ data "aws_iam_policy_document" "s3" {
 
   statement {
     sid       = "ReadObjects"
-    actions   = ["s3:GetObject"]
+    actions   = local.read_actions
     resources = [for s in each.value.read : "${var.bucket_arn}/${local.key_space_globs[s]}"]
   }
 
@@ -41,13 +55,26 @@ data "aws_iam_policy_document" "s3" {
     for_each = length(each.value.write) > 0 ? [each.value.write] : []
     content {
       sid       = "WriteObjects"
-      actions   = ["s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
+      actions   = local.write_actions
       resources = [for s in statement.value : "${var.bucket_arn}/${local.key_space_globs[s]}"]
     }
   }
 
-  # Listing is limited to the same key spaces. IfExists: a GET/HEAD of a missing key is
-  # checked against ListBucket without a prefix, and must read as 404 (optional model files).
+  # Uploads in progress are listed on the bucket; the code always names its prefix.
+  dynamic "statement" {
+    for_each = length(each.value.write) > 0 ? [each.value.write] : []
+    content {
+      sid       = "ListOwnUploads"
+      actions   = local.write_bucket_actions
+      resources = [var.bucket_arn]
+    }
+  }
+
+  # Listing is limited to the same key spaces (and, for the reconciler, the tenants root).
+  # IfExists: a GET/HEAD of a missing key is checked against ListBucket without a prefix, and
+  # must read as 404 (optional model files, a half-uploaded adapter); the price is that a list
+  # request without a prefix is allowed too (key names only: GetObject stays scoped). See
+  # infra/README.md "Where this falls short".
   statement {
     sid       = "ListOwnKeySpaces"
     actions   = ["s3:ListBucket"]
@@ -56,7 +83,10 @@ data "aws_iam_policy_document" "s3" {
     condition {
       test     = "StringLikeIfExists"
       variable = "s3:prefix"
-      values   = [for s in distinct(concat(each.value.read, each.value.write)) : local.key_space_globs[s]]
+      values = concat(
+        [for s in distinct(concat(each.value.read, each.value.write)) : local.key_space_globs[s]],
+        [for s in each.value.list_roots : local.key_space_roots[s]],
+      )
     }
   }
 
