@@ -51,6 +51,7 @@ class QuantScheme:
     group_size: int = 0
     symmetric: bool = True
     act_order: bool = False  # GPTQ desc_act: inputs are permuted so groups are contiguous
+    static_input: bool = False  # fp8: activations quantized with the checkpoint's input_scale
 
     @property
     def quantizes_linears(self) -> bool:

@@ -46,7 +46,8 @@ def prequantized_method(hf_config: dict[str, Any]) -> str | None:
 
 def compressed_tensors_choice(hf_config: dict[str, Any]) -> str | None:
     """The deployment weight choice a compressed-tensors checkpoint fixes, when the engine
-    reads its scheme (int4 pack-quantized g128, int8 / fp8 per channel); else None."""
+    reads its scheme (int4 pack-quantized g128, int8 per channel or group 128, fp8 per channel
+    with dynamic or static per-tensor activation scales); else None."""
     qc = hf_config.get("quantization_config") or {}
     groups = list((qc.get("config_groups") or {}).values())
     if qc.get("quant_method") != "compressed-tensors" or len(groups) != 1:
@@ -56,7 +57,21 @@ def compressed_tensors_choice(hf_config: dict[str, Any]) -> str | None:
     key = (w.get("type"), w.get("num_bits"), w.get("strategy"), fmt)
     if key == ("int", 4, "group", "pack-quantized") and w.get("group_size") == INT4_GROUP_SIZE:
         return "int4"
+    acts = groups[0].get("input_activations") or {}
+    static = bool(acts) and acts.get("dynamic") is not True
+    if static:  # static input scales: fp8 per-tensor over fp8 per-channel weights only
+        fp8_tensor = (acts.get("type"), acts.get("num_bits"), acts.get("strategy"))
+        if key != ("float", 8, "channel", "float-quantized") or fp8_tensor != (
+            "float", 8, "tensor",
+        ):  # fmt: skip
+            return None
     if key[:3] == ("int", 8, "channel") and fmt in ("int-quantized", "naive-quantized"):
+        return "int8"
+    if (
+        key[:3] == ("int", 8, "group")
+        and w.get("group_size") == 128
+        and fmt in ("int-quantized", "naive-quantized", "pack-quantized")
+    ):
         return "int8"
     if key == ("float", 8, "channel", "float-quantized"):
         return "fp8"
@@ -75,7 +90,8 @@ def _unread(method: str, why: str) -> QuantizationRefused:
     return QuantizationRefused(
         f"the base model's checkpoint is pre-quantized ({method}) in a scheme the engine "
         f"does not read{why}; served pre-quantized: compressed-tensors int4 pack-quantized g128, "
-        f"int8 or fp8 per channel; {SERVED_AWQ_GPTQ}. Or register the bf16/fp16 checkpoint and "
+        f"int8 per channel or g128, fp8 per channel (dynamic or static input scales); "
+        f"{SERVED_AWQ_GPTQ}. Or register the bf16/fp16 checkpoint and "
         "deploy it with weights int8, int4 or fp8"
     )
 

@@ -84,7 +84,7 @@ class Linear(nn.Module):
     @property
     def sliced_params(self) -> tuple[str, ...]:
         """Local names of the tensors whose rows are split between the output slices."""
-        names = ["weight", "weight_scale", "weight_zero", "bias"]
+        names = ["weight", "weight_scale", "weight_zero", "input_scale", "bias"]
         return tuple(n for n in names if getattr(self, n, None) is not None)
 
     @property

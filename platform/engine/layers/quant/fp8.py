@@ -7,6 +7,14 @@ matmul (weight-only), CPU included: PyTorch's CPU `_scaled_mm` runs, but measure
 slower than converting the weight and calling the bf16 matmul (hidden 2048, batch 1 and 32;
 `loraplex bench quant-kernels`). On CPU the codes are converted by bit arithmetic
 (`fp8_codes_to`), about 10x faster than PyTorch's scalar fp8 conversion there.
+
+Static activation scales (a compressed-tensors checkpoint calibrated per tensor,
+`scheme.static_input`): each projection's input is quantized to e4m3 with its own
+`input_scale` (`x -> fp8(clamp(x / s)) * s`, as the library's forward does) and multiplied by
+the dequantized weight, on every device; a fused layer (q/k/v, gate/up) quantizes the shared
+input once per projection. Compared with reading the same checkpoint weight-only, this adds the
+activations' rounding to e4m3 and the clipping of inputs past 448 * s, which is what the
+checkpoint was calibrated for (the tests measure the gap).
 """
 
 from __future__ import annotations
@@ -59,6 +67,25 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def quantize_static(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """x through e4m3 with a static per-tensor scale and back, in x's dtype."""
+    q = torch.clamp(x / scale, -FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(x.dtype)
+    return (q.float() * scale).to(x.dtype)
+
+
+def _static_input_linear(layer, x: torch.Tensor) -> torch.Tensor:
+    """Each projection's input quantized with its own static scale, times its weight rows."""
+    w = fp8_codes_to(layer.weight, x.dtype)
+    parts = [
+        F.linear(quantize_static(x, s), w[off : off + size])
+        for s, off, size in zip(
+            layer.input_scales, layer.slice_offsets, layer.slice_sizes, strict=True
+        )
+    ]
+    y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    return y * layer.weight_scale.to(x.dtype)
+
+
 class Fp8Method:
     """Per-channel fp8 e4m3 linear: W8A8 via `torch._scaled_mm` on fp8 GPUs, else weight-only."""
 
@@ -71,14 +98,20 @@ class Fp8Method:
             torch.empty(layer.out_features, layer.in_features, dtype=torch.float8_e4m3fn)
         )
         layer.weight_scale = frozen(torch.empty(layer.out_features, dtype=torch.float32))
+        if self.scheme.static_input:  # one value per projection, repeated over its rows
+            layer.input_scale = frozen(torch.empty(layer.out_features, dtype=torch.float32))
 
     def finish_loading(self, layer) -> None:
-        layer.fp8_w8a8 = use_scaled_mm(layer.weight.device)
+        layer.fp8_w8a8 = use_scaled_mm(layer.weight.device) and not self.scheme.static_input
+        if self.scheme.static_input:
+            layer.input_scales = [float(layer.input_scale[off]) for off in layer.slice_offsets]
 
     def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if getattr(layer, "fp8_w8a8", False):
+        if self.scheme.static_input:
+            y = _static_input_linear(layer, x2)
+        elif getattr(layer, "fp8_w8a8", False):
             xq, x_scale = quantize_per_token(x2)
             y = torch._scaled_mm(
                 xq,

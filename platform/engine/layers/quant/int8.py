@@ -7,6 +7,11 @@ scale applied to its output (measured, one thread, 2048x5632 bf16: at 1 row 2.7x
 bf16 F.linear; at 16 rows the packed kernel takes 14.6 ms, the cast-and-GEMM 9.4 ms); on CUDA it is the Triton W8A16 GEMM (`triton_weight_only`), which dequantizes in
 registers; without triton the weight is dequantized to the activation dtype for the matmul.
 `layer.quant_kernel` says which ("cpu_int8pack", "triton", "dequant").
+
+Grouped int8 (a compressed-tensors checkpoint's w8a16 with `group_size` 128: one scale per
+output row and group of 128 inputs, `weight_scale` [out, in/128]) is dequantized group by group
+to the activation dtype for one GEMM on every device ("dequant_grouped"): the int8 codes stay
+what is stored, the float weight exists only during the call.
 """
 
 from __future__ import annotations
@@ -35,10 +40,18 @@ class Int8Method:
         layer.compute_dtype = dtype
         layer.quant_kernel = "dequant"
         layer.weight = frozen(torch.empty(layer.out_features, layer.in_features, dtype=torch.int8))
-        layer.weight_scale = frozen(torch.empty(layer.out_features, dtype=torch.float32))
+        group = self.scheme.group_size
+        if group and layer.in_features % group:
+            raise ValueError(
+                f"grouped int8 needs in_features ({layer.in_features}) divisible by {group}"
+            )
+        shape = (layer.out_features, layer.in_features // group) if group else layer.out_features
+        layer.weight_scale = frozen(torch.empty(shape, dtype=torch.float32))
 
     def finish_loading(self, layer) -> None:
-        if layer.weight.device.type == "cpu":
+        if self.scheme.group_size:
+            layer.quant_kernel = "dequant_grouped"
+        elif layer.weight.device.type == "cpu":
             layer.weight_scale = frozen(layer.weight_scale.data.to(layer.compute_dtype))
             layer.quant_kernel = "cpu_int8pack"
         elif triton_weight_only_available(layer.weight):
@@ -54,7 +67,13 @@ class Int8Method:
     def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if layer.quant_kernel == "cpu_int8pack" and x2.device.type == "cpu":
+        if layer.quant_kernel == "dequant_grouped":
+            out, inp = layer.weight.shape
+            groups = layer.weight_scale.shape[1]
+            codes = layer.weight.view(out, groups, inp // groups).to(x2.dtype)
+            w = (codes * layer.weight_scale.to(x2.dtype)[..., None]).view(out, inp)
+            y = F.linear(x2, w)
+        elif layer.quant_kernel == "cpu_int8pack" and x2.device.type == "cpu":
             scale = layer.weight_scale
             if scale.dtype != x2.dtype:
                 scale = scale.to(x2.dtype)
