@@ -18,6 +18,7 @@ from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway import openai_schemas as oa
 from loraplex.platform.gateway.assets import ModelAssets
 from loraplex.platform.gateway.errors import bad_request
+from loraplex.platform.gateway.openai_structured import Constraints, ToolPlan, request_constraints
 from loraplex.platform.gateway.outputs import ChoiceEvent, choice_event
 from loraplex.platform.gateway.ratelimit import RateLimitResult
 from loraplex.platform.gateway.resolve import ResolvedModel
@@ -52,6 +53,7 @@ class Job:
     created: int = field(default_factory=oa.now)
     started: float = field(default_factory=time.monotonic)
     limit: RateLimitResult | None = None
+    tools: ToolPlan | None = None  # chat: how tool calls are read from the output
 
 
 def _max_tokens(requested: int | None, prompt_len: int, ctx: int, default: int, param: str) -> int:
@@ -77,9 +79,12 @@ def _max_tokens(requested: int | None, prompt_len: int, ctx: int, default: int, 
     return requested
 
 
-def _sampling(body: oa.SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingOptions:
+def _sampling(
+    body: oa.SamplingFields, max_tokens: int, logprobs: int | None, constraints: Constraints
+) -> SamplingOptions:
     """What the replica samples with; fields the client left out take the engine's defaults
-    (OpenAI's: temperature 1, top_p 1, no penalties). Stop strings are applied there."""
+    (OpenAI's: temperature 1, top_p 1, no penalties). Stop strings, logit bias and the output
+    constraint (`openai_structured`) are applied there."""
     return SamplingOptions(
         temperature=body.temperature,
         top_p=body.top_p,
@@ -89,6 +94,7 @@ def _sampling(body: oa.SamplingFields, max_tokens: int, logprobs: int | None) ->
         max_tokens=max_tokens,
         logprobs=logprobs,
         seed=None if body.seed is None else body.seed & SEED_MASK,
+        **constraints.sampling_fields(),
     )
 
 
@@ -101,9 +107,12 @@ def build_chat_job(
     default_max_tokens: int,
 ) -> Job:
     """Render the conversation, tokenize it and check limits."""
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    tok = assets.tokenizer
+    constraints = request_constraints(body, tok.vocab_size, tok.template.source)
+    tools = constraints.tools.template_tools() if constraints.tools else None
+    messages = [m.template_dict() for m in body.messages]
     try:
-        text = assets.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
     except TemplateRenderError as exc:
         raise bad_request(exc.message, param="messages") from None
     ids = assets.tokenizer.encode(text, add_special_tokens=False)
@@ -121,13 +130,14 @@ def build_chat_job(
         max_tokens,
         body.n,
         top_n,
-        _sampling(body, max_tokens, top_n),
+        _sampling(body, max_tokens, top_n, constraints),
         tenant_id,
         api_key_id,
         body.stream,
         body.include_usage,
     )
     job.cid = oa.new_id("chatcmpl")
+    job.tools = constraints.tools
     return job
 
 
@@ -140,6 +150,7 @@ def build_text_job(
     default_max_tokens: int,
 ) -> Job:
     """Tokenize the prompt (or check the given ids) and check limits."""
+    constraints = request_constraints(body, assets.tokenizer.vocab_size, None)
     prompt = body.prompt_text_or_ids()
     if isinstance(prompt, str):
         ids = assets.tokenizer.encode(prompt, add_special_tokens=True)
@@ -163,7 +174,7 @@ def build_text_job(
         max_tokens,
         body.n,
         body.logprobs,
-        _sampling(body, max_tokens, body.logprobs),
+        _sampling(body, max_tokens, body.logprobs, constraints),
         tenant_id,
         api_key_id,
         body.stream,

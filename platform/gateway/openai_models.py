@@ -48,11 +48,28 @@ class ChatChoiceLogprobs(_Out):
     content: list[ChatLogprobOut]
 
 
+class FunctionCallOut(_Out):
+    """The function a tool call invokes: its name and JSON arguments."""
+
+    name: str
+    arguments: str
+
+
+class ToolCallOut(_Out):
+    """One tool call of the assistant message."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCallOut
+
+
 class AssistantMessage(_Out):
-    """The generated message."""
+    """The generated message: text, or tool calls (then content is null unless the model
+    also wrote text outside them)."""
 
     role: Literal["assistant"]
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(_Out):

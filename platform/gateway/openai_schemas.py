@@ -14,6 +14,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from loraplex.platform.errors import HttpError
+from loraplex.platform.gateway.openai_fields import check_fields
+from loraplex.platform.gateway.openai_structured import (
+    MAX_TOOLS,
+    ConstraintFields,
+    Tool,
+    ToolCallIn,
+    ToolChoice,
+)
 from loraplex.platform.tokenizing.token_bytes import display_bytes
 
 MAX_N = 8
@@ -21,6 +29,7 @@ MAX_STOP = 4
 MAX_STOP_LEN = 256
 MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
+MAX_LOGIT_BIAS = 300
 
 
 class StreamOptions(BaseModel):
@@ -45,6 +54,27 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = Field(default=None, max_length=256)
+    tool_calls: list[ToolCallIn] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_call_id: str | None = Field(default=None, max_length=256)
+
+    @model_validator(mode="after")
+    def _check_tool_fields(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        return self
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as chat templates read it (tool calls and tool results included)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [c.template_dict() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
     def text(self) -> str:
         """The message content flattened to one string."""
@@ -55,8 +85,9 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
-class SamplingFields(BaseModel):
-    """Parameters shared by chat and text completions, with OpenAI's ranges."""
+class SamplingFields(ConstraintFields):
+    """Parameters shared by chat and text completions, with OpenAI's ranges (fields that are
+    not served were refused before this model runs: `openai_fields.check_fields`)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -72,6 +103,21 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"keys must be token ids, got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"values must be in [-100, 100], got {bias}")
+        return value
+
+    def token_logit_bias(self) -> dict[int, float] | None:
+        """`logit_bias` keyed by token id (None when not given)."""
+        return {int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None
 
     @field_validator("stop")
     @classmethod
@@ -109,6 +155,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:
@@ -183,9 +232,14 @@ def _first_error(exc: ValidationError) -> HttpError:
     return HttpError(400, f"Invalid request: {where}{msg}", param=param, code=code)
 
 
+def _served(model: type[BaseModel]) -> set[str]:
+    return {f.alias or name for name, f in model.model_fields.items()}
+
+
 def _parse(model: type[BaseModel], body: Any) -> Any:
     if not isinstance(body, dict):
         raise HttpError(400, "The request body must be a JSON object.", code="invalid_json")
+    check_fields(body, _served(model))
     try:
         return model.model_validate(body)
     except ValidationError as exc:
@@ -234,6 +288,14 @@ def chat_logprobs_entry(token: str, logprob: float, top: list[tuple[str, float]]
     }
 
 
+def _message(choice: dict[str, Any]) -> dict[str, Any]:
+    """The assistant message of a choice (`tool_calls` only when it made calls)."""
+    message: dict[str, Any] = {"role": "assistant", "content": choice["text"]}
+    if choice.get("tool_calls"):
+        message["tool_calls"] = choice["tool_calls"]
+    return message
+
+
 def chat_completion(
     cid: str, created: int, model: str, choices: list[dict[str, Any]], usage: dict[str, Any]
 ) -> dict[str, Any]:
@@ -247,7 +309,7 @@ def chat_completion(
         "choices": [
             {
                 "index": c["index"],
-                "message": {"role": "assistant", "content": c["text"]},
+                "message": _message(c),
                 "logprobs": {"content": c["logprobs"]} if c.get("logprobs") is not None else None,
                 "finish_reason": c["finish_reason"],
             }

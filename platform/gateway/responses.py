@@ -17,6 +17,7 @@ from loraplex.platform.gateway.completion import Job, Tally, finish_job, merged_
 from loraplex.platform.gateway.outputs import ChoiceEvent
 from loraplex.platform.gateway.service import Gateway
 from loraplex.platform.gateway.streaming import DONE, sse, stream_error
+from loraplex.platform.gateway.tool_outputs import ToolStream, reads_tool_calls, tool_calls_of
 from loraplex.platform.tokenizing import display_bytes
 
 
@@ -71,7 +72,12 @@ async def complete(gw: Gateway, job: Job) -> dict[str, Any]:
                 if job.top_n is not None
                 else None
             )
-            choices.append({"index": i, "text": text, "logprobs": lps, "finish_reason": finish})
+            choice = {"index": i, "text": text, "logprobs": lps, "finish_reason": finish}
+            if job.tools is not None and reads_tool_calls(job.tools) and finish == "stop":
+                content, calls = tool_calls_of(job.tools, text)
+                if calls:
+                    choice.update(text=content, tool_calls=calls, finish_reason="tool_calls")
+            choices.append(choice)
         else:
             lps = text_logprobs(events) if job.top_n is not None else None
             choices.append({"index": i, "text": text, "logprobs": lps, "finish_reason": finish})
@@ -101,10 +107,35 @@ async def sse_frames(
     u = job.include_usage
     obj = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
     offsets = [0] * job.n
+    plan = job.tools
+    tool_streams = (
+        {i: ToolStream(plan) for i in range(job.n)}
+        if job.kind == "chat" and plan is not None and reads_tool_calls(plan)
+        else {}
+    )
+    held_lps: dict[int, list[dict[str, Any]]] = {i: [] for i in range(job.n)}
+
+    def chat_frame(index: int, delta: dict[str, Any], **kw: Any) -> bytes:
+        return sse(oa.chat_chunk(job.cid, job.created, job.model, index, delta,
+                                 with_usage_field=u, **kw))  # fmt: skip
+
+    def tool_frames(event: ChoiceEvent, ts: ToolStream) -> bytes | None:
+        """Tool-call deltas; logprobs ride on the choice's last chunk."""
+        if job.top_n is not None:
+            held_lps[event.index] += chat_logprobs(event)
+        out = [chat_frame(event.index, d) for d in ts.deltas(event.text)]
+        if event.finish_reason is not None:
+            deltas, reason = ts.finish(event.finish_reason)
+            out += [chat_frame(event.index, d) for d in deltas]
+            lps = held_lps[event.index] if job.top_n is not None else None
+            out.append(chat_frame(event.index, {}, logprobs=lps, finish_reason=reason))
+        return b"".join(out) or None
 
     def frame(event: ChoiceEvent) -> bytes | None:
         if not event.text and event.finish_reason is None and not event.logprobs:
             return None
+        if event.index in tool_streams:
+            return tool_frames(event, tool_streams[event.index])
         if job.kind == "chat":
             delta = {"content": event.text} if event.text or event.finish_reason is None else {}
             lps = chat_logprobs(event) if job.top_n is not None else None

@@ -5,12 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+
+from loraplex.platform.wire.grammar import grammar_text
 
 KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
-# Compact JSON: no free whitespace between tokens (a model could otherwise emit spaces until
-# max_tokens), and unknown schema keywords refused instead of ignored.
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "lenient": False}
 
 
 @dataclass(frozen=True)
@@ -34,22 +32,5 @@ class GrammarSpec:
         return hashlib.sha256(body.encode()).hexdigest()
 
     def grammar(self) -> str:
-        """The llguidance grammar text (raises ValueError for a schema that is not JSON)."""
-        from llguidance import LLMatcher
-
-        if self.kind == "json_object":
-            return LLMatcher.grammar_from_json_schema({"type": "object"}, JSON_OPTIONS)
-        if self.kind == "json_schema":
-            try:
-                schema = json.loads(self.value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"the JSON schema is not valid JSON: {exc}") from None
-            if not isinstance(schema, (dict, bool)):
-                raise ValueError("the JSON schema must be an object")
-            return LLMatcher.grammar_from_json_schema(schema, JSON_OPTIONS)
-        if self.kind == "regex":
-            return LLMatcher.grammar_from_regex(self.value)
-        if self.kind == "grammar":
-            return LLMatcher.grammar_from_lark(self.value)
-        alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in self.choices)
-        return LLMatcher.grammar_from_lark(f"start: {alternatives}")
+        """The llguidance grammar text (raises ValueError for input that cannot be read)."""
+        return grammar_text(self.kind, self.value, self.choices)

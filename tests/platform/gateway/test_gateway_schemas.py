@@ -88,7 +88,6 @@ def test_valid_chat_parses_all_parameters() -> None:
             "stream": True,
             "stream_options": {"include_usage": True},
             "user": "u1",
-            "unknown_field": 1,
         }
     )
     assert req.requested_max_tokens() == 7
