@@ -11,10 +11,11 @@ from loraplex.platform.graceful import DrainGuard
 from loraplex.platform.http_errors import install_error_handlers
 from loraplex.platform.jobs.celery_app import create_celery
 from loraplex.platform.jobs.dispatch import CeleryDispatcher
+from loraplex.platform.loop_watch import log_stalls
 from loraplex.platform.settings import Settings
 
 from .console import install_console
-from .errors import BodyLimitMiddleware, install_backend_down_handlers
+from .errors import BodyLimitMiddleware, ControlCharacterGuard, install_backend_down_handlers
 from .openapi import install_openapi, operation_id
 from .request_logging import RequestLogMiddleware, request_log_writer
 from .routes import adapters, admin, health, openai
@@ -24,18 +25,17 @@ MULTIPART_OVERHEAD = 1 << 20
 
 
 def body_limit(settings: Settings) -> Callable[[str, str], int | None]:
-    """Per-route body limits: the adapter upload may carry both files; admin and the adapter
-    JSON routes get a small cap. Other routers enforce their own limits."""
+    """Per-route body limits, enforced as the bytes arrive (or by Content-Length up front):
+    the adapter upload may carry both files, the completion routes `max_request_bytes`,
+    every other route a small cap."""
     upload_limit = settings.max_adapter_bytes + settings.max_config_bytes + MULTIPART_OVERHEAD
 
     def limit_for(method: str, path: str) -> int | None:
         if method == "POST" and path.rstrip("/") == "/v1/adapters":
             return upload_limit
-        if path.startswith(("/admin/", "/console/")) or (
-            path.startswith("/v1/adapters/") and "/uploads" in path
-        ):
-            return JSON_BODY_LIMIT
-        return None
+        if path.endswith("completions"):
+            return settings.max_request_bytes
+        return JSON_BODY_LIMIT  # every other route: small JSON or form bodies, or none
 
     return limit_for
 
@@ -50,6 +50,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         generate_unique_id_function=operation_id,
     )
     app.state.settings = settings
+    if settings.loop_stall_log_ms is not None:
+        log_stalls(settings.loop_stall_log_ms)
     app.state.sessions = make_sessionmaker(settings.database_url) if settings.database_url else None
     app.state.dispatcher = (
         CeleryDispatcher(create_celery(settings), settings.celery_queue)
@@ -57,6 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         else None
     )
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limit(settings))
+    app.add_middleware(ControlCharacterGuard)
     app.add_middleware(DrainGuard)  # SIGTERM: new requests get 503 while streams finish
     install_error_handlers(app)  # after: request ids cover the body limit's answers too
     app.add_middleware(

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -44,11 +44,55 @@ async def _backend_down(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _bad_value(request: Request, exc: Exception) -> JSONResponse:
+    """A value the database cannot hold (a NUL character in text, a number out of range) that
+    got past the edge's checks: the client's input, so a 400, never a 500."""
+    rid = current_request_id()
+    log.warning("request %s: value refused by the database: %s", rid, type(exc).__name__)
+    return error_response(
+        400,
+        "A value in the request cannot be stored (a NUL or control character, or out of range).",
+        code="invalid_value",
+        headers={REQUEST_ID_HEADER: rid} if rid else None,
+    )
+
+
 def install_backend_down_handlers(app: FastAPI) -> None:
     """Answer 503 + Retry-After while the database or Redis is down (the API's own backends;
-    the replica has none), on top of the platform's one mapping."""
+    the replica has none), on top of the platform's one mapping; a value the database
+    refuses is a 400."""
     for exc in (OperationalError, InterfaceError, RedisConnectionError):
         app.add_exception_handler(exc, _backend_down)
+    app.add_exception_handler(DataError, _bad_value)
+
+
+def _has_control(text: str) -> bool:
+    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+
+
+class ControlCharacterGuard:
+    """Refuse a request whose path names something with a control character (NUL among
+    them) with 400 `invalid_name`, at the edge, before any route or query sees it. The
+    console answers such paths in its own shape (`api/console`)."""
+
+    def __init__(self, app: ASGIApp, skip_prefixes: tuple[str, ...] = ("/console",)) -> None:
+        self.app = app
+        self.skip_prefixes = skip_prefixes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and not scope["path"].startswith(self.skip_prefixes)
+            and _has_control(scope["path"])
+        ):
+            response = error_response(
+                400,
+                "The path contains a control character (NUL or another); names and ids never do.",
+                code="invalid_name",
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 class BodyLimitMiddleware:

@@ -115,6 +115,15 @@ class Settings(BaseSettings):
     monthly_token_quota: int | None = None
     max_request_bytes: int = 4 * 1024 * 1024
     default_max_tokens: int = 1024
+    # Templating and tokenizing run in a bounded pool off the event loop: its threads (0: one
+    # per core) and how many requests may wait for it before new ones get 503 `server_busy`.
+    text_workers: int = 0
+    text_queue_limit: int = 256
+    # Multipart uploads spool to disk: at most this many bytes at once in one API process.
+    max_spool_bytes: int = 2 * 1024 * 1024 * 1024
+    # Log every event-loop callback that holds the API's loop for more than this many ms of
+    # CPU (`platform/loop_watch.py`); None: off.
+    loop_stall_log_ms: float | None = None
     stream_buffer_frames: int = 256
     stream_stall_timeout_s: float = 30.0
     replica_read_timeout_s: float = 120.0

@@ -13,11 +13,13 @@ from typing import Any, BinaryIO
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from loraplex.platform.services import adapters as svc
 from loraplex.platform.services.errors import InvalidInput, NotFound
 from loraplex.platform.services.job_records import JobDispatcher
+from loraplex.platform.services.upload_limits import check_upload_room
 from loraplex.platform.settings import Settings
 
 from .. import idempotent
@@ -37,6 +39,7 @@ from ..schemas import (
     upload_accepted_view,
     version_view,
 )
+from ..upload_gate import UploadGate
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
 
@@ -92,6 +95,23 @@ async def _config_bytes(form: Any, limit: int) -> bytes | None:
     return await value.read(limit + 1)
 
 
+def _gate(request: Request, settings: Settings) -> UploadGate:
+    gate = getattr(request.app.state, "upload_gate", None)
+    if gate is None:
+        gate = request.app.state.upload_gate = UploadGate(settings.max_spool_bytes)
+    return gate
+
+
+def _declared_size(request: Request, settings: Settings) -> int:
+    """The body's declared length (the whole upload limit when it is sent chunked)."""
+    try:
+        declared = int(request.headers.get("content-length", ""))
+    except ValueError:
+        declared = -1
+    most = settings.max_adapter_bytes + settings.max_config_bytes
+    return declared if 0 <= declared <= most else most
+
+
 def _sha256_file(fh: BinaryIO) -> str:
     fh.seek(0)
     digest = hashlib.sha256()
@@ -99,6 +119,17 @@ def _sha256_file(fh: BinaryIO) -> str:
         digest.update(chunk)
     fh.seek(0)
     return digest.hexdigest()
+
+
+def _check_room(
+    sessions: sessionmaker[Session],
+    tenant_id: uuid.UUID,
+    settings: Settings,
+    size: int,
+    in_flight: int,
+) -> None:
+    with sessions() as session:
+        check_upload_room(session, tenant_id, settings, size, in_flight)
 
 
 @router.post("", status_code=202, response_model=UploadAccepted)
@@ -117,36 +148,48 @@ async def upload_adapter(
             "(fields name, base_model; files adapter_config, adapter_model)",
             code="invalid_content_type",
         )
-    async with request.form(max_files=4, max_fields=8, max_part_size=MAX_FIELD_BYTES) as form:
-        name = _text_field(form, "name")
-        base_model = _text_field(form, "base_model")
-        config = await _config_bytes(form, settings.max_config_bytes)
-        weights = _file_field(form, "adapter_model")
-        assert weights is not None
-        size = weights.size if weights.size is not None else 0
-        up = _uploader(settings, sessions, dispatcher, caller)
+    # Limits before the body: a tenant over them, or a full spool, costs no bytes read.
+    size_bound = _declared_size(request, settings)
+    gate = _gate(request, settings)
+    await run_in_threadpool(
+        _check_room,
+        sessions,
+        caller.tenant_id,
+        settings,
+        size_bound,
+        gate.in_flight(caller.tenant_id),
+    )
+    with gate.receiving(caller.tenant_id, size_bound):
+        async with request.form(max_files=4, max_fields=8, max_part_size=MAX_FIELD_BYTES) as form:
+            name = _text_field(form, "name")
+            base_model = _text_field(form, "base_model")
+            config = await _config_bytes(form, settings.max_config_bytes)
+            weights = _file_field(form, "adapter_model")
+            assert weights is not None
+            size = weights.size if weights.size is not None else 0
+            up = _uploader(settings, sessions, dispatcher, caller)
 
-        def handler() -> dict[str, Any]:
-            version = svc.upload_adapter(up, name, base_model, config, weights.file, size)
-            return upload_accepted_view(version, name)
+            def handler() -> dict[str, Any]:
+                version = svc.upload_adapter(up, name, base_model, config, weights.file, size)
+                return upload_accepted_view(version, name)
 
-        parts: tuple[Any, ...] = ()
-        if request.headers.get(idempotent.HEADER) is not None:
-            parts = (
-                name,
-                base_model,
-                hashlib.sha256(config or b"").hexdigest(),
-                _sha256_file(weights.file),
+            parts: tuple[Any, ...] = ()
+            if request.headers.get(idempotent.HEADER) is not None:
+                parts = (
+                    name,
+                    base_model,
+                    hashlib.sha256(config or b"").hexdigest(),
+                    await run_in_threadpool(_sha256_file, weights.file),
+                )
+            return await idempotent.respond(
+                request,
+                sessions,
+                scope=idempotent.tenant_scope(caller.tenant_id),
+                tenant_id=caller.tenant_id,
+                fingerprint_parts=parts,
+                status=202,
+                handler=handler,
             )
-        return await idempotent.respond(
-            request,
-            sessions,
-            scope=idempotent.tenant_scope(caller.tenant_id),
-            tenant_id=caller.tenant_id,
-            fingerprint_parts=parts,
-            status=202,
-            handler=handler,
-        )
 
 
 @router.post("/{name}/uploads", status_code=201, response_model=PresignedUpload)

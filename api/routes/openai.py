@@ -45,6 +45,7 @@ from loraplex.platform.services.usage_report import usage_report_for
 log = logging.getLogger(__name__)
 INFERENCE_SCOPE = "inference"
 MAX_JSON_DEPTH = 32
+INLINE_PARSE_BYTES = 32 * 1024  # larger bodies are parsed on the text workers
 DISCONNECT_POLL_S = 0.25
 
 
@@ -159,7 +160,33 @@ def _depth(value: Any, limit: int) -> int:
     return deepest
 
 
-async def _json_body(gw: Gateway, request: Request) -> Any:
+def parse_json_body(raw: bytes) -> Any:
+    """The JSON of a request body: 400 `invalid_json` for bytes that are not JSON or nest
+    deeper than `MAX_JSON_DEPTH` (Python's parser gives up on deep nesting with a
+    RecursionError, not a ValueError)."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        reason = "it is nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise HttpError(
+            400, f"The request body is not valid JSON: {reason}", code="invalid_json"
+        ) from None
+    if _depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise HttpError(400, "The request body is nested too deeply.", code="invalid_json")
+    return body
+
+
+def _parse_request(raw: bytes, kind: str, adapter: str | None) -> Any:
+    """The body as the request model of `kind` (400 for bad JSON or fields)."""
+    body = parse_json_body(raw)
+    if adapter is not None and isinstance(body, dict):
+        body = {**body, "model": body.get("model") or adapter}
+    return parse_chat_request(body) if kind == "chat" else parse_completion_request(body)
+
+
+async def _parsed_body(gw: Gateway, request: Request, kind: str, adapter: str | None) -> Any:
+    """The body, read under the route's byte limit (the body-limit middleware refuses it as
+    the bytes pass the limit), parsed and validated off the event loop when it is large."""
     raw = await request.body()
     if len(raw) > gw.settings.max_request_bytes:
         raise HttpError(
@@ -167,15 +194,21 @@ async def _json_body(gw: Gateway, request: Request) -> Any:
             f"The request body is larger than {gw.settings.max_request_bytes} bytes.",
             code="request_too_large",
         )
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
+    if len(raw) <= INLINE_PARSE_BYTES:
+        return _parse_request(raw, kind, adapter)
+    return await gw.text.run(_parse_request, raw, kind, adapter)
+
+
+def _check_model_name(model: str) -> None:
+    """A model name with control characters (NUL among them) names nothing: refuse it here,
+    before it reaches a query."""
+    if any(ord(c) < 0x20 or c == "\x7f" for c in model):
         raise HttpError(
-            400, f"The request body is not valid JSON: {exc}", code="invalid_json"
-        ) from None
-    if _depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
-        raise HttpError(400, "The request body is nested too deeply.", code="invalid_json")
-    return body
+            400,
+            "`model` contains a control character.",
+            param="model",
+            code="invalid_name",
+        )
 
 
 async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, Any]) -> Any:
@@ -200,22 +233,27 @@ async def _run(request: Request, kind: str, adapter: str | None) -> Response:
     gw = _gateway(request)
     caller = await _authenticate(gw, request)
     tenant_id, key_id, limits = caller.tenant_id, caller.key_id, caller.limits
-    body = await _json_body(gw, request)
-    if adapter is not None and isinstance(body, dict):
-        body = {**body, "model": body.get("model") or adapter}
-    parsed = parse_chat_request(body) if kind == "chat" else parse_completion_request(body)
+    # Limits first: a request over them costs no parsing, templating or tokenizing.
+    admitted = await gw.limiter.admit(str(tenant_id), limits)
+    request.state.response_headers = admitted.headers()
+    parsed = await _parsed_body(gw, request, kind, adapter)
     model = adapter if adapter is not None else parsed.model
+    _check_model_name(model)
     resolved = await gw.resolver.resolve(gw.session_factory, tenant_id, model)
     assets = await gw.model_assets(resolved)
     build = completion.build_chat_job if kind == "chat" else completion.build_text_job
-    job = build(parsed, resolved, assets, tenant_id, key_id, gw.settings.default_max_tokens)  # type: ignore[arg-type]
+    job = await gw.text.run(
+        build,  # type: ignore[arg-type]  # the parser above matched `kind`
+        parsed,
+        resolved,
+        assets,
+        tenant_id,
+        key_id,
+        gw.settings.default_max_tokens,
+    )
     job.model = model
-    job.limit = await gw.limiter.acquire(
-        str(tenant_id),
-        len(job.prompt_ids) + job.n * job.max_tokens,
-        limits.requests_per_minute,
-        limits.tokens_per_minute,
-        limits.monthly_token_quota,
+    job.limit = await gw.limiter.acquire_tokens(
+        str(tenant_id), len(job.prompt_ids) + job.n * job.max_tokens, limits
     )
     headers = job.limit.headers()
     request.state.response_headers = headers  # errors from here on carry them too

@@ -232,6 +232,14 @@ class EngineCore:
         self._aborted.append(request)
         return True
 
+    def computed_prompt_tokens(self, request_id: str) -> int | None:
+        """Prompt tokens computed so far for a live request, prefix-cache hits excluded (what a
+        client that leaves before its first token is metered for); None when unknown."""
+        r = self.scheduler.requests.get(request_id)
+        if r is None:
+            return None
+        return max(0, min(r.num_computed_tokens, r.num_prompt_tokens) - r.num_cached_tokens)
+
     def has_unfinished(self) -> bool:
         """True while requests wait or run, or an abort has not been reported yet."""
         return self.scheduler.has_unfinished() or bool(self._aborted)

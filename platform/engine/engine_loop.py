@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,9 @@ class PendingAdd:
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
+ABORTED_KEPT = 4096
+
+
 class EngineLoop:
     """Drives one EngineCore from asyncio; owns the per-request delta queues."""
 
@@ -41,6 +45,9 @@ class EngineLoop:
         self._aborts: list[str] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        # Prompt tokens computed by requests at their abort, kept a while for `/abort` calls
+        # that arrive after the replica saw the client go (bounded: oldest dropped first).
+        self._computed_at_abort: OrderedDict[str, int] = OrderedDict()
         self.error: str | None = None
 
     def start(self) -> None:
@@ -82,6 +89,14 @@ class EngineLoop:
         self._wake.set()
         return True
 
+    def computed_prompt_tokens(self, request_id: str) -> int | None:
+        """Prompt tokens computed for `request_id`: live, or at its abort; None if unknown."""
+        if request_id in self.queues:
+            live = self.core.computed_prompt_tokens(request_id)
+            if live is not None:
+                return live
+        return self._computed_at_abort.get(request_id)
+
     def _apply_pending(self) -> None:
         adds, self._adds = self._adds, []
         for a in adds:
@@ -97,7 +112,11 @@ class EngineLoop:
                 self._aborts.append(a.request_id)
         aborts, self._aborts = self._aborts, []
         for rid in aborts:
-            self.core.abort_request(rid)
+            computed = self.core.computed_prompt_tokens(rid)
+            if self.core.abort_request(rid) and computed is not None:
+                self._computed_at_abort[rid] = computed
+                while len(self._computed_at_abort) > ABORTED_KEPT:
+                    self._computed_at_abort.popitem(last=False)
 
     async def _run(self) -> None:
         while True:

@@ -97,6 +97,10 @@ class EPEngine:
         """Stop a request now; followers just stop seeing it in the batches."""
         return self.core.abort_request(request_id)
 
+    def computed_prompt_tokens(self, request_id: str) -> int | None:
+        """Prompt tokens rank 0 has computed for a live request."""
+        return self.core.computed_prompt_tokens(request_id)
+
     def has_unfinished(self) -> bool:
         """Requests wait or run on rank 0."""
         return self.core.has_unfinished()

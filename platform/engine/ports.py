@@ -84,6 +84,10 @@ class ServedEngine(Protocol):
         """Stop a request and free its blocks."""
         ...
 
+    def computed_prompt_tokens(self, request_id: str) -> int | None:
+        """Prompt tokens computed so far for a live request (prefix-cache hits excluded)."""
+        ...
+
     def has_unfinished(self) -> bool:
         """Requests wait or run (or an abort is not reported yet)."""
         ...

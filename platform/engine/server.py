@@ -149,9 +149,15 @@ def create_app(core: ServedEngine, secret: str) -> FastAPI:
 
     @app.post("/abort/{request_id}")
     async def abort(request_id: str) -> Response:
-        if not holder["loop"].abort(request_id):
+        loop = holder["loop"]
+        computed = loop.computed_prompt_tokens(request_id)
+        aborted = loop.abort(request_id)
+        if not aborted and computed is None:
             raise HttpError(404, f"no running request {request_id!r}", code="not_found")
-        return JSONResponse(AbortResult(request_id=request_id, aborted=True).model_dump())
+        result = AbortResult(
+            request_id=request_id, aborted=aborted, computed_prompt_tokens=computed or 0
+        )
+        return JSONResponse(result.model_dump())
 
     @app.get("/health")
     async def health() -> Response:

@@ -28,12 +28,30 @@ def _context_length(model_dir: Path) -> int:
     return DEFAULT_CONTEXT_LENGTH
 
 
+def max_token_bytes(tokenizer: ModelTokenizer) -> int:
+    """An upper bound on the bytes of text one token can stand for: the longest vocabulary
+    entry in UTF-8 (a byte-level or byte-fallback entry is never shorter than the bytes it
+    decodes to). A text of B bytes therefore has at least B / this many tokens."""
+    vocab = tokenizer.tokenizer.get_vocab(with_added_tokens=True)
+    return max((len(piece.encode("utf-8")) for piece in vocab), default=1) or 1
+
+
 @dataclass
 class ModelAssets:
-    """Tokenizer (with its chat template) and context length of one base model."""
+    """Tokenizer (with its chat template), context length and the longest token in bytes
+    (to refuse prompts by their length before tokenizing them) of one base model."""
 
     tokenizer: ModelTokenizer
     context_length: int
+    max_token_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_token_bytes <= 0:
+            self.max_token_bytes = max_token_bytes(self.tokenizer)
+
+    def min_tokens(self, text: str) -> int:
+        """The fewest tokens `text` can encode to (its UTF-8 length over the longest token)."""
+        return -(-len(text.encode("utf-8", "surrogatepass")) // self.max_token_bytes)
 
     @classmethod
     def load(cls, model_dir: Path) -> ModelAssets:

@@ -79,6 +79,33 @@ def _max_tokens(requested: int | None, prompt_len: int, ctx: int, default: int, 
     return requested
 
 
+def check_prompt_length(text: str, assets: ModelAssets, requested: int | None, param: str) -> None:
+    """Refuse a prompt whose length in bytes alone proves it cannot fit the context (with
+    `requested` completion tokens), before any time is spent tokenizing it."""
+    floor = assets.min_tokens(text)
+    ctx = assets.context_length
+    if floor < ctx and (requested is None or floor + requested <= ctx):
+        return
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if floor >= ctx:
+        message = (
+            f"This model's maximum context length is {ctx} tokens; the prompt's {size} bytes "
+            f"are at least {floor} tokens."
+        )
+    else:
+        message = (
+            f"This model's maximum context length is {ctx} tokens. However, you requested at "
+            f"least {floor + requested} tokens (the prompt's {size} bytes are at least {floor} "
+            f"tokens, and {requested} for the completion). Please reduce the prompt or max_tokens."
+        )
+    raise HttpError(
+        400,
+        message,
+        param=param if floor >= ctx else "max_tokens",
+        code="context_length_exceeded",
+    )
+
+
 def _sampling(
     body: oa.SamplingFields, max_tokens: int, logprobs: int | None, constraints: Constraints
 ) -> SamplingOptions:
@@ -115,6 +142,7 @@ def build_chat_job(
         text = tok.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
     except TemplateRenderError as exc:
         raise bad_request(exc.message, param="messages") from None
+    check_prompt_length(text, assets, body.requested_max_tokens(), "messages")
     ids = assets.tokenizer.encode(text, add_special_tokens=False)
     if not ids:
         raise bad_request("The rendered conversation is empty.", param="messages")
@@ -153,6 +181,7 @@ def build_text_job(
     constraints = request_constraints(body, assets.tokenizer.vocab_size, None)
     prompt = body.prompt_text_or_ids()
     if isinstance(prompt, str):
+        check_prompt_length(prompt, assets, body.requested_max_tokens(), "prompt")
         ids = assets.tokenizer.encode(prompt, add_special_tokens=True)
         if not ids:
             raise bad_request("The prompt is empty.", param="prompt")
@@ -239,8 +268,31 @@ async def _choice_events(gw: Gateway, job: Job, index: int) -> AsyncGenerator[Ch
             yield choice_event(index, event)
     finally:
         if not finished and where:
-            spawn(gw.client.abort(where[-1].replica.url, where[-1].request_id))
+            spawn(_abort(gw, job, where[-1], metered=first))
         await events.aclose()
+
+
+async def _abort(gw: Gateway, job: Job, dispatch: Dispatch, metered: bool) -> None:
+    """Abort a choice on its replica; when it ended before its first token (`metered`), the
+    prompt tokens the replica had computed for it are recorded and charged, so a client that
+    leaves early does not get prefill for free."""
+    computed = await gw.client.abort(dispatch.replica.url, dispatch.request_id)
+    if not metered or computed <= 0:
+        return
+    gw.usage.record(
+        Usage(
+            tenant_id=job.tenant_id,
+            model=job.model,
+            prompt_tokens=computed,
+            completion_tokens=0,
+            cached_tokens=0,
+            latency_ms=int((time.monotonic() - job.started) * 1000),
+            api_key_id=job.api_key_id,
+            deployment_id=job.resolved.deployment_id,
+            adapter_version_id=job.resolved.adapter_version_id,
+        )
+    )
+    await gw.limiter.charge(str(job.tenant_id), computed)
 
 
 _END = object()

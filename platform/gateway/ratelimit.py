@@ -2,9 +2,11 @@
 
 Requests and tokens per minute use fixed one-minute windows; the quota counts a tenant's
 tokens per calendar month (UTC). One Lua script checks and charges all three atomically
-(Redis' clock for the windows, so gateways agree). A request is charged its prompt tokens
-plus its `max_tokens` up front, and the unused part is given back when it finishes
-(`refund`). Results carry OpenAI's `x-ratelimit-*` headers; a refusal is a 429
+(Redis' clock for the windows, so gateways agree). A request is admitted in two steps, so
+limits are checked before any work is done for it: `admit` right after authentication
+charges the request (and refuses a tenant whose tokens or quota are spent), then
+`acquire_tokens` charges its prompt tokens plus its `max_tokens` once the prompt is counted;
+the unused part is given back when it finishes (`refund`). `acquire` does both at once. Results carry OpenAI's `x-ratelimit-*` headers; a refusal is a 429
 `HttpError`: `rate_limit_exceeded` with `Retry-After`, or `insufficient_quota`.
 """
 
@@ -24,9 +26,11 @@ WINDOW_MS = 60_000
 QUOTA_TTL_MS = 40 * 24 * 3600 * 1000  # a month's counter outlives its month, then goes
 
 # KEYS: window prefix, this month's quota counter.
-# ARGV: rpm, tpm, tokens wanted, window ms, quota (-1: none), quota counter TTL ms.
+# ARGV: rpm, tpm, tokens wanted, window ms, quota (-1: none), quota counter TTL ms,
+# count the request (1) or only charge tokens (0).
 # Returns {status, requests, tokens, reset_ms, window, quota_used}; status 1 allowed,
 # 0 over a per-minute limit, -1 over the monthly quota (nothing is charged unless 1).
+# Admitting a request with no tokens yet needs one token left in the window and the quota.
 _CHECK = """
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -41,18 +45,25 @@ local rlim = tonumber(ARGV[1])
 local tlim = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
 local quota = tonumber(ARGV[5])
-if quota >= 0 and used + want > quota then
+local count_req = tonumber(ARGV[7]) == 1
+local need = want
+if count_req and need == 0 then need = 1 end
+if quota >= 0 and used + need > quota then
   return {-1, req, tok, reset_ms, window, used}
 end
-if req + 1 > rlim or tok + want > tlim then
+if (count_req and req + 1 > rlim) or tok + need > tlim then
   return {0, req, tok, reset_ms, window, used}
 end
-req = redis.call('INCR', rkey)
-tok = redis.call('INCRBY', tkey, want)
-used = redis.call('INCRBY', KEYS[2], want)
-redis.call('PEXPIRE', rkey, tonumber(ARGV[4]) * 2)
-redis.call('PEXPIRE', tkey, tonumber(ARGV[4]) * 2)
-redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[6]))
+if count_req then
+  req = redis.call('INCR', rkey)
+  redis.call('PEXPIRE', rkey, tonumber(ARGV[4]) * 2)
+end
+if want > 0 then
+  tok = redis.call('INCRBY', tkey, want)
+  used = redis.call('INCRBY', KEYS[2], want)
+  redis.call('PEXPIRE', tkey, tonumber(ARGV[4]) * 2)
+  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[6]))
+end
 return {1, req, tok, reset_ms, window, used}
 """
 
@@ -170,9 +181,17 @@ class RateLimiter:
         return f"{self._prefix}:{tenant_id}:quota:{month_of(now)}"
 
     async def check(
-        self, tenant_id: str, tokens: int, rpm: int, tpm: int, quota: int | None = None
+        self,
+        tenant_id: str,
+        tokens: int,
+        rpm: int,
+        tpm: int,
+        quota: int | None = None,
+        *,
+        count_request: bool = True,
     ) -> RateLimitResult:
-        """Charge one request and `tokens`; the result says whether it was allowed.
+        """Charge one request (unless `count_request` is False) and `tokens`; the result says
+        whether it was allowed.
 
         Tokens count against this month's quota even with no quota set, so the usage is
         known (and a quota set mid-month applies to it)."""
@@ -180,7 +199,15 @@ class RateLimiter:
         quota_arg = -1 if quota is None else quota
         status, req, tok, reset_ms, window, used = await self._script(
             keys=[self._key(tenant_id), qkey],
-            args=[rpm, tpm, int(tokens), self._window_ms, quota_arg, QUOTA_TTL_MS],
+            args=[
+                rpm,
+                tpm,
+                int(tokens),
+                self._window_ms,
+                quota_arg,
+                QUOTA_TTL_MS,
+                1 if count_request else 0,
+            ],
         )
         status = int(status)
         return RateLimitResult(
@@ -198,11 +225,42 @@ class RateLimiter:
             over_quota=status == -1,
         )
 
+    async def admit(self, tenant_id: str, limits: TenantLimits) -> RateLimitResult:
+        """Charge one request before any work is done for it (429 when over its requests per
+        minute, or when no token is left this minute or this month)."""
+        return await self.acquire(
+            tenant_id,
+            0,
+            limits.requests_per_minute,
+            limits.tokens_per_minute,
+            limits.monthly_token_quota,
+        )
+
+    async def acquire_tokens(
+        self, tenant_id: str, tokens: int, limits: TenantLimits
+    ) -> RateLimitResult:
+        """Charge the tokens of a request `admit` let in (429 when they do not fit)."""
+        return await self.acquire(
+            tenant_id,
+            tokens,
+            limits.requests_per_minute,
+            limits.tokens_per_minute,
+            limits.monthly_token_quota,
+            count_request=False,
+        )
+
     async def acquire(
-        self, tenant_id: str, tokens: int, rpm: int, tpm: int, quota: int | None = None
+        self,
+        tenant_id: str,
+        tokens: int,
+        rpm: int,
+        tpm: int,
+        quota: int | None = None,
+        *,
+        count_request: bool = True,
     ) -> RateLimitResult:
         """Like `check`, but a refusal raises a 429 `HttpError` carrying the headers."""
-        result = await self.check(tenant_id, tokens, rpm, tpm, quota)
+        result = await self.check(tenant_id, tokens, rpm, tpm, quota, count_request=count_request)
         if result.allowed:
             return result
         if result.over_quota:
@@ -217,10 +275,16 @@ class RateLimiter:
         raise HttpError(
             429,
             message,
-            type="requests" if result.used_requests + 1 > rpm else "tokens",
+            type="requests" if count_request and result.used_requests + 1 > rpm else "tokens",
             code="rate_limit_exceeded",
             headers=result.headers(),
         )
+
+    async def charge(self, tenant_id: str, tokens: int) -> None:
+        """Count `tokens` used after the request was settled (this minute's window and the
+        month's quota), whatever the limits: the work was done."""
+        unbounded = 2**62
+        await self.check(tenant_id, tokens, unbounded, unbounded, None, count_request=False)
 
     async def refund(self, tenant_id: str, result: RateLimitResult, used_tokens: int) -> None:
         """Settle a request: give back the tokens charged up front but not used (to this

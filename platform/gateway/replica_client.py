@@ -11,7 +11,6 @@ was sent yet; `ReplicaRejected` (a 4xx) is not retried.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -23,6 +22,7 @@ from loraplex.platform.http_errors import REQUEST_ID_HEADER, current_request_id
 from loraplex.platform.wire import (
     WIRE_VERSION,
     WIRE_VERSION_HEADER,
+    AbortResult,
     DeltaEvent,
     ErrorBody,
     ErrorEvent,
@@ -140,11 +140,22 @@ class ReplicaClient:
         except httpx.HTTPError as exc:
             raise ReplicaUnavailable(f"replica {url}: {type(exc).__name__}: {exc}") from exc
 
-    async def abort(self, url: str, request_id: str) -> None:
-        """Ask the replica to drop `request_id` now (frees its KV blocks and adapter ref)."""
+    async def abort(self, url: str, request_id: str) -> int:
+        """Ask the replica to drop `request_id` now (frees its KV blocks and adapter ref);
+        returns the prompt tokens it had computed for it (0 when it cannot say)."""
         # A dead replica has nothing left to free; an unknown id has already finished.
-        with contextlib.suppress(httpx.HTTPError):
-            await self._http.post(f"{url}/abort/{request_id}", headers=self._headers(), timeout=2.0)
+        try:
+            resp = await self._http.post(
+                f"{url}/abort/{request_id}", headers=self._headers(), timeout=2.0
+            )
+        except httpx.HTTPError:
+            return 0
+        if resp.status_code != 200:
+            return 0
+        try:
+            return AbortResult.model_validate_json(resp.content).computed_prompt_tokens
+        except ValidationError:
+            return 0
 
     async def state(self, url: str, timeout_s: float = 1.0) -> ReplicaState:
         """The replica's `/state`; `ReplicaUnavailable` when it does not answer in the format."""

@@ -23,6 +23,7 @@ from loraplex.platform.gateway.replicas import ReplicaRegistry
 from loraplex.platform.gateway.resolve import ModelResolver, ResolvedModel
 from loraplex.platform.gateway.router import Router
 from loraplex.platform.gateway.streaming import drain_background
+from loraplex.platform.gateway.text_work import TextWorkers
 from loraplex.platform.gateway.usage import UsageRecorder
 from loraplex.platform.settings import Settings
 from loraplex.platform.tokenizing import TOKENIZER_FILES
@@ -87,6 +88,7 @@ class Gateway:
             interval_s=settings.usage_flush_interval_s,
         )
         self.assets = AssetCache()
+        self.text = TextWorkers(settings.text_workers, settings.text_queue_limit)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Gateway:
@@ -120,6 +122,7 @@ class Gateway:
         await drain_background()
         await self.http.aclose()
         await self.redis.aclose()
+        self.text.close()
 
     def _locate(self, resolved: ResolvedModel) -> Path:
         if self._s3_factory is None:

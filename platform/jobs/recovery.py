@@ -45,14 +45,20 @@ def _is_stale(job: Job | None, cutoff) -> bool:
 
 
 def _give_up_reason(session: Session, version: AdapterVersion, attempts: int) -> str:
-    last_error = session.scalars(
-        select(Job.error)
-        .where(Job.kind == records.VALIDATE, Job.subject_id == version.id, Job.error.is_not(None))
+    """What the tenant reads: a stable reason code and the last job's id to report; the jobs'
+    own errors (which may name hosts, buckets or keys) stay in the log and the operators'
+    console under that id."""
+    last_job = session.scalars(
+        select(Job.id)
+        .where(Job.kind == records.VALIDATE, Job.subject_id == version.id)
         .order_by(Job.created_at.desc())
         .limit(1)
     ).first()
-    reason = f"validation did not finish after {attempts} attempts"
-    return f"{reason} (last error: {last_error[:300]})" if last_error else reason
+    reason = (
+        f"validation did not finish after {attempts} attempts because of an error on the "
+        "platform's side (reason: internal_error)"
+    )
+    return f"{reason}; report job {last_job}" if last_job else reason
 
 
 def requeue_stale_validations(

@@ -83,6 +83,34 @@ def reserve_upload(session: Session, tenant_id: uuid.UUID, settings: Settings, s
         )
 
 
+def check_upload_room(
+    session: Session, tenant_id: uuid.UUID, settings: Settings, size: int, in_flight: int
+) -> None:
+    """Refuse (429) an upload of up to `size` bytes before its body is read, when the tenant
+    already has too many uploads running (`in_flight` more are being received by this
+    process) or no room for `size` bytes; `reserve_upload` checks again, under the lock,
+    once the size is known."""
+    tenant = session.get(Tenant, tenant_id)
+    if tenant is None:
+        raise NotFound("no such tenant", code="tenant_not_found")
+    limits = upload_limits(tenant, settings)
+    uploading, stored = upload_usage(session, tenant_id)
+    if uploading + in_flight >= limits.max_concurrent_uploads:
+        raise LimitExceeded(
+            f"{uploading + in_flight} uploads are already in progress; at most "
+            f"{limits.max_concurrent_uploads} may run at once: complete or let one expire first",
+            code="too_many_uploads",
+        )
+    if stored + size > limits.max_stored_adapter_bytes:
+        raise LimitExceeded(
+            f"this upload declares up to {size} bytes, and your adapters already hold "
+            f"{stored} of your limit of {limits.max_stored_adapter_bytes}: delete adapters you "
+            "no longer need",
+            code="storage_limit_exceeded",
+            param="adapter_model",
+        )
+
+
 def limits_view(session: Session, tenant: Tenant, settings: Settings) -> dict[str, Any]:
     """The upload part of `/v1/limits`."""
     limits = upload_limits(tenant, settings)

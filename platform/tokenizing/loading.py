@@ -82,9 +82,22 @@ class ModelTokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """Raw bytes of one token (a byte-level token may be part of a character)."""
+        return self._token_bytes_table()(token_id)
+
+    def _token_bytes_table(self) -> TokenBytes:
         if self._bytes is None:
             self._bytes = TokenBytes(self.tokenizer)
-        return self._bytes(token_id)
+        return self._bytes
+
+    @property
+    def decodes_by_bytes(self) -> bool:
+        """True when decoding ids is exactly their bytes joined (byte-level BPE), so text can be
+        decoded incrementally from `token_bytes` (see `detokenizer.py`)."""
+        return self._token_bytes_table().concatenates
+
+    def is_special(self, token_id: int) -> bool:
+        """Whether `token_id` is a special token."""
+        return self._token_bytes_table().is_special(token_id)
 
     def token_text(self, token_id: int) -> str:
         """How one token reads in logprobs (`bytes:\\xNN` for part of a character)."""

@@ -86,6 +86,16 @@ class TokenBytes:
         kinds = _decoder_types(json.loads(tokenizer.to_str()).get("decoder"))
         self._byte_level = "ByteLevel" in kinds
         self._byte_fallback = "ByteFallback" in kinds
+        # Decoding a sequence is exactly its tokens' bytes joined (invalid UTF-8 replaced)
+        # only when ByteLevel is the whole decoder: then text can be decoded byte by byte.
+        self.concatenates = kinds == {"ByteLevel"}
+        self._special = {
+            tid for tid, added in tokenizer.get_added_tokens_decoder().items() if added.special
+        }
+
+    def is_special(self, token_id: int) -> bool:
+        """Whether `token_id` is a special token (dropped by `skip_special_tokens`)."""
+        return token_id in self._special
 
     def __call__(self, token_id: int) -> bytes:
         """Bytes of `token_id` (special tokens as their text)."""

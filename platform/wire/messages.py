@@ -203,6 +203,9 @@ class AbortResult(WireModel):
 
     request_id: str
     aborted: bool
+    # Prompt tokens the replica computed for it (prefix-cache hits excluded): what a client
+    # that left before its first token is metered for.
+    computed_prompt_tokens: int = Field(default=0, ge=0)
 
 
 class ColdStartPhase(WireModel):

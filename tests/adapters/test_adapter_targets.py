@@ -3,7 +3,10 @@ hostile ones, and refused clearly where RE2 and Python's re (PEFT) would disagre
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 import time
 
 import pytest
@@ -96,14 +99,37 @@ def test_resolution_equals_peft(case: int) -> None:
     assert ResolvedTargets.from_json(ours.to_json()) == ours
 
 
+CATASTROPHIC_CHILD = """
+import json, sys
+from loraplex.adapters.peft_format import parse_adapter_config
+from loraplex.adapters.targets import resolve_targets
+spec = json.loads(sys.argv[1])
+targets = resolve_targets(parse_adapter_config(spec["cfg"]), spec["base"])
+print(json.dumps([list(m) for m in targets.modules]))
+"""
+
+
 def test_catastrophic_pattern_resolves_in_bounded_time() -> None:
-    # Python's re needs minutes on this (exponential backtracking); RE2 is linear.
-    cfg = parse_adapter_config({"r": 4, "lora_alpha": 8, "target_modules": REDOS})
-    wide = TINY | {"num_hidden_layers": 2000}
+    # Python's re needs minutes on this (exponential backtracking); RE2 is linear. The match
+    # runs in a child under its own bound, so a regression fails here, in seconds, rather than
+    # hanging until the suite's global timeout (the GIL-holding match would starve a thread).
+    spec = {
+        "cfg": {"r": 4, "lora_alpha": 8, "target_modules": REDOS},
+        "base": TINY | {"num_hidden_layers": 2000},
+    }
     began = time.monotonic()
-    targets = resolve_targets(cfg, wide)
-    assert time.monotonic() - began < 10
-    assert list(targets.modules) == [(0, "q_proj")]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", CATASTROPHIC_CHILD, json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("resolving the pattern did not finish in 60 s: not a linear-time matcher")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == [[0, "q_proj"]]
+    assert time.monotonic() - began < 60
 
 
 @pytest.mark.parametrize(

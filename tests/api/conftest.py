@@ -15,6 +15,28 @@ from support.fixtures import adapter_r4, adapter_r16, base_model, cp_settings, t
 __all__ = ["adapter_r4", "adapter_r16", "base_model", "cp_settings", "tiny_llama"]
 
 RANK_LIMIT = 8
+LOOP_STALL_MS = 50.0
+
+
+@pytest.fixture(autouse=True)
+def event_loop_never_blocked() -> Iterator[None]:
+    """Every API test fails if any callback on an event loop of this process (the in-process
+    apps' requests) held its loop for more than 50 ms of CPU: CPU-heavy work (hashing,
+    password checks, tokenizing) belongs in worker threads, off the loop."""
+    from loraplex.platform.loop_watch import collect
+
+    stalls, stop = collect(LOOP_STALL_MS)
+    try:
+        yield
+    finally:
+        stop()
+    if stalls:
+        worst = sorted(stalls, key=lambda s: -s.cpu_ms)[:5]
+        pytest.fail(
+            "the event loop was blocked: "
+            + "; ".join(f"{s.cpu_ms} ms CPU in {s.callback}" for s in worst),
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,12 @@ def test_secret_is_made_once_owner_only(tmp_path: Path) -> None:
     assert ensure_replica_secret(Settings(replica_secret="given"), tmp_path) == "given"
 
 
+def test_replica_address_defaults_to_loopback_whatever_the_api_host() -> None:
+    assert Settings().replica_host == "127.0.0.1"
+    with replica_socket(Settings(host="0.0.0.0")) as sock:  # replica_host left to its default
+        assert sock.getsockname()[0] == "127.0.0.1"
+
+
 def test_replica_listens_on_the_internal_address() -> None:
     public = Settings(host="0.0.0.0", replica_host="127.0.0.1")
     with replica_socket(public) as sock:

@@ -40,7 +40,11 @@ def test_secret_files_are_born_0600(tmp_path: Path, no_chmod_wide_umask) -> None
     assert key.startswith("lpx-admin-") and _mode(tmp_path / "admin_key") == 0o600
     assert admin_key(Settings(admin_key=None), tmp_path) == key  # kept
     pg = EmbeddedPostgres(tmp_path / "pg")
-    assert pg.password == pg.password and _mode(tmp_path / "pg" / "password") == 0o600
+    made = pg.password  # made on first use
+    assert _mode(tmp_path / "pg" / "password") == 0o600
+    assert (tmp_path / "pg" / "password").read_text().strip() == made == pg.password
+    assert EmbeddedPostgres(tmp_path / "pg").password == pg.password  # kept across starts
+    assert EmbeddedPostgres(tmp_path / "pg2").password != pg.password  # per data dir
     redis = EmbeddedRedis(tmp_path / "redis")
     assert _mode(tmp_path / "redis" / "password") == 0o600
     s3 = EmbeddedSeaweedFS(tmp_path / "s3")

@@ -120,10 +120,37 @@ def test_abort_endpoint_ends_stream(server: tuple[str, EngineCore]) -> None:
         it = events(resp)
         next(it)
         aborted = httpx.post(url + "/abort/victim", headers=HEADERS)
-        assert aborted.json() == {"request_id": "victim", "aborted": True}
+        assert aborted.json() == {
+            "request_id": "victim",
+            "aborted": True,
+            "computed_prompt_tokens": 3,
+        }
         rest = list(it)
     assert isinstance(rest[-1], FinishEvent) and rest[-1].finish_reason == "abort"
-    assert httpx.post(url + "/abort/victim", headers=HEADERS).status_code == 404
+    again = httpx.post(url + "/abort/victim", headers=HEADERS)  # gone, its count kept a while
+    assert again.json() == {"request_id": "victim", "aborted": False, "computed_prompt_tokens": 3}
+    assert httpx.post(url + "/abort/never-was", headers=HEADERS).status_code == 404
+    wait_idle(url)
+
+
+def test_abort_before_the_first_token_reports_the_prefill_done(
+    server: tuple[str, EngineCore],
+) -> None:
+    """A client that leaves mid-prefill is metered for what was computed: the abort answers
+    with the prompt tokens the engine ran (whole chunks of the step budget, 64 here), and a
+    later abort (the gateway's, after the replica saw the disconnect) with the same count."""
+    url, _ = server
+    prompt = [(7 * i) % 120 + 3 for i in range(1500)]
+    req = body(prompt, "early-leaver", max_tokens=4)
+    with httpx.stream("POST", url + "/generate", json=req, headers=HEADERS, timeout=30):
+        time.sleep(0.05)
+        first = httpx.post(url + "/abort/early-leaver", headers=HEADERS).json()
+    assert first["aborted"] is True
+    computed = first["computed_prompt_tokens"]
+    assert 0 <= computed < 1500 and computed % 64 == 0, computed
+    time.sleep(0.3)
+    later = httpx.post(url + "/abort/early-leaver", headers=HEADERS).json()
+    assert later["aborted"] is False and later["computed_prompt_tokens"] >= computed
     wait_idle(url)
 
 

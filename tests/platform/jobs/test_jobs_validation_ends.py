@@ -18,7 +18,7 @@ from support.uploads import adapter_files
 from loraplex.platform.db.models import AdapterVersion, Job
 from loraplex.platform.db.session import make_sessionmaker
 from loraplex.platform.jobs.recovery import requeue_stale_validations
-from loraplex.platform.jobs.validate import run_validation
+from loraplex.platform.jobs.validate import ValidationTimeout, _heartbeater, run_validation
 from loraplex.platform.services import adapters as svc
 from loraplex.platform.services import job_records as records
 from loraplex.platform.services import objects
@@ -118,6 +118,20 @@ def test_the_job_has_a_time_limit(cp_settings, base_model, tenant_id, adapter_r4
     assert "longer than its limit" in (row.error or "")
 
 
+def test_a_phase_that_runs_long_is_cut_off(cp_settings) -> None:
+    """The limit is checked at every beat of every phase, not only the first: a phase that
+    keeps beating past the limit is stopped there (the hash of a slow download, say)."""
+    beat = _heartbeater(
+        cp_settings.model_copy(update={"validation_time_limit_s": 0.3}), uuid.uuid4()
+    )
+    beat()  # within the limit
+    time.sleep(0.1)
+    beat()
+    time.sleep(0.3)
+    with pytest.raises(ValidationTimeout, match="longer than its limit"):
+        beat()
+
+
 def test_recovery_gives_up_after_bounded_attempts(
     cp_settings, base_model, tenant_id, adapter_r4
 ) -> None:
@@ -143,5 +157,10 @@ def test_recovery_gives_up_after_bounded_attempts(
     with factory() as s:
         row = s.get(AdapterVersion, version.id)
         jobs = s.scalars(select(Job).where(Job.subject_id == version.id)).all()
-    assert row.status == "failed" and "after 3 attempts" in row.error and "boom" in row.error
+    assert row.status == "failed" and "after 3 attempts" in row.error
+    # The tenant reads a stable reason and a job id to report, never the job's own error
+    # text (which can name hosts, buckets and keys).
+    assert "internal_error" in row.error and "boom" not in row.error
+    assert "OSError" not in row.error
+    assert any(str(j.id) in row.error for j in jobs)
     assert len(jobs) == cp_settings.validation_max_attempts

@@ -1,0 +1,205 @@
+"""A hostile tenant against the running API (uvicorn in its own process, a real replica,
+PostgreSQL, S3, Redis): deeply nested JSON, bodies far over the limit (declared and chunked),
+multi-megabyte prompts, NUL bytes in names, uploads over the tenant's limits. Each is refused
+with the right status and the OpenAI error shape, before the work it would cost is done, and
+while it happens another caller's requests are not held up."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from support import openai_stack
+from support.openai_stack import Stack
+
+from loraplex.platform.db.session import session_scope
+from loraplex.platform.services.api_keys import create_api_key
+from loraplex.platform.services.tenants import create_tenant
+
+pytestmark = pytest.mark.timeout(300)
+stack = openai_stack.stack
+
+NESTED = b"[" * 100_000
+BIG = 200 * 1024 * 1024
+
+
+def _tenant_key(stack: Stack, **limits: int) -> str:
+    with session_scope(stack.factory) as session:
+        tenant = create_tenant(session, f"hostile-{uuid.uuid4().hex[:8]}", limits=limits)
+        _, key = create_api_key(session, tenant.id, "k")
+    return key
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def _raw_request(url: str, head: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    sock.sendall(head.encode())
+    return sock
+
+
+def _read_status(sock: socket.socket, timeout: float) -> int:
+    sock.settimeout(timeout)
+    data = b""
+    while b"\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/") else -1
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_deeply_nested_json_is_400(stack: Stack, path: str) -> None:
+    for body in (NESTED, b'{"a":' * 50_000):
+        r = httpx.post(f"{stack.api.url}{path}", content=body, headers=_auth(stack.key_a))
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/adapters/x/chat/completions"])
+def test_declared_oversized_body_is_refused_before_it_is_sent(stack: Stack, path: str) -> None:
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {stack.key_a}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {BIG}\r\n\r\n"
+    )
+    with _raw_request(stack.api.url, head) as sock:
+        assert _read_status(sock, timeout=10) == 413  # no body byte was sent
+
+
+def test_chunked_oversized_body_is_cut_off_at_the_limit(stack: Stack) -> None:
+    pid = stack.api.proc.pid
+    before = _rss_kib(pid)
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {stack.key_a}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    chunk = b"a" * (1 << 20)
+    sent = 0
+    status = -1
+    with _raw_request(stack.api.url, head) as sock:
+        try:
+            while sent < BIG:
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                sent += len(chunk)
+                sock.settimeout(0.0)
+                try:
+                    peek = sock.recv(64, socket.MSG_PEEK)
+                except BlockingIOError:
+                    peek = b""
+                sock.settimeout(10)
+                if peek:
+                    status = _read_status(sock, timeout=10)
+                    break
+        except (BrokenPipeError, ConnectionResetError):
+            status = _read_status(sock, timeout=10) if status == -1 else status
+    assert status == 413
+    limit = stack.settings.max_request_bytes
+    assert sent <= limit + 16 * (1 << 20), sent  # refused as the bytes passed the limit
+    assert _rss_kib(pid) - before < 64 * 1024  # the server never held the body
+
+
+def test_rate_limit_is_checked_before_the_prompt_is_tokenized(stack: Stack) -> None:
+    key = _tenant_key(stack, requests_per_minute=2)
+    prompt = "word " * (700 * 1024)  # 3.5 MB: far past the context, under the body limit
+    codes = []
+    for _ in range(3):
+        started = time.monotonic()
+        r = httpx.post(
+            f"{stack.api.url}/v1/completions",
+            json={"model": stack.base, "prompt": prompt, "max_tokens": 4},
+            headers=_auth(key),
+            timeout=60,
+        )
+        codes.append((r.status_code, r.json()["error"]["code"], time.monotonic() - started))
+    assert [c[:2] for c in codes] == [
+        (400, "context_length_exceeded"),
+        (400, "context_length_exceeded"),
+        (429, "rate_limit_exceeded"),
+    ], codes
+    assert all(c[2] < 2.0 for c in codes), codes  # refused by length, not after tokenizing
+
+
+def test_long_prompts_do_not_delay_other_callers(stack: Stack) -> None:
+    key = _tenant_key(stack, requests_per_minute=100_000)
+    prompt = "日本語 word " * (250 * 1024)
+    stop = threading.Event()
+
+    def attack() -> None:
+        with httpx.Client(timeout=60) as c:
+            while not stop.is_set():
+                c.post(
+                    f"{stack.api.url}/v1/chat/completions",
+                    json={"model": stack.base, "messages": [{"role": "user", "content": prompt}]},
+                    headers=_auth(key),
+                )
+
+    attackers = [threading.Thread(target=attack) for _ in range(3)]
+    for t in attackers:
+        t.start()
+    waits = []
+    try:
+        time.sleep(0.5)
+        with httpx.Client(timeout=30) as c:
+            for _ in range(20):
+                started = time.monotonic()
+                assert c.get(f"{stack.api.url}/healthz").status_code == 200
+                waits.append(time.monotonic() - started)
+                time.sleep(0.1)
+    finally:
+        stop.set()
+        for t in attackers:
+            t.join()
+    assert max(waits) < 1.0, sorted(waits)[-5:]
+
+
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("GET", "/v1/adapters/a%00b"),
+        ("GET", "/v1/adapters/a%00b/versions/1"),
+        ("DELETE", "/v1/adapters/a%00b"),
+        ("GET", "/v1/models/a%00b"),
+    ],
+)
+def test_nul_bytes_in_names_are_400(stack: Stack, method: str, path: str) -> None:
+    r = httpx.request(method, f"{stack.api.url}{path}", headers=_auth(stack.key_a))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_name"
+
+
+def test_nul_bytes_in_body_names_are_400(stack: Stack) -> None:
+    body: dict[str, Any] = {"model": "a\x00b", "prompt": "hi", "max_tokens": 1}
+    r = httpx.post(f"{stack.api.url}/v1/completions", json=body, headers=_auth(stack.key_a))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_name"
+    body = {"model": stack.base, "prompt": "hi", "max_tokens": 1, "user": "a\x00b"}
+    r = httpx.post(f"{stack.api.url}/v1/completions", json=body, headers=_auth(stack.key_a))
+    assert r.status_code < 500, r.text  # never stored: served or refused, never a 500
+
+
+def test_upload_over_the_tenants_limit_is_refused_before_the_body(stack: Stack) -> None:
+    key = _tenant_key(stack, max_stored_adapter_bytes=1 << 20)
+    head = (
+        f"POST /v1/adapters HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        "Content-Type: multipart/form-data; boundary=xyz\r\n"
+        f"Content-Length: {300 * 1024 * 1024}\r\n\r\n"
+    )
+    with _raw_request(stack.api.url, head) as sock:
+        assert _read_status(sock, timeout=10) == 429
