@@ -173,19 +173,6 @@ def test_named_tool_streams_its_arguments(stack: Stack) -> None:
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
-def test_tool_history_renders(stack: Stack) -> None:
-    """An assistant tool call and the tool's answer in the history are accepted."""
-    client = stack.client()
-    history = MESSAGES + [
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
-         "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "3"},
-    ]  # fmt: skip
-    r = client.chat.completions.create(model=stack.base, messages=history, tools=TOOLS,
-                                       tool_choice="none", max_tokens=5)  # fmt: skip
-    assert r.choices[0].message.tool_calls is None
-
-
 def test_logit_bias_is_served(stack: Stack) -> None:
     tok = stack.assets.tokenizer
     target = tok.encode(" apples", add_special_tokens=False)[0]
