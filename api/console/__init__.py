@@ -10,7 +10,14 @@ from fastapi.staticfiles import StaticFiles
 
 from loraplex.platform.errors import GENERIC_MESSAGE, LoraplexError
 
-from . import pages_auth, pages_catalog, pages_ops, pages_overview, pages_tenants
+from . import (
+    pages_auth,
+    pages_catalog,
+    pages_operators,
+    pages_ops,
+    pages_overview,
+    pages_tenants,
+)
 from .auth import SignInRequired
 from .clean_input import refuse_control_characters
 from .timing import ServerTiming
@@ -27,7 +34,14 @@ def _is_page(request: Request) -> bool:
 def install_console(app: FastAPI) -> None:
     """Mount the console's pages, its static files and its HTML error pages on `app`."""
     clean = [Depends(refuse_control_characters)]
-    for module in (pages_auth, pages_overview, pages_tenants, pages_catalog, pages_ops):
+    for module in (
+        pages_auth,
+        pages_overview,
+        pages_tenants,
+        pages_catalog,
+        pages_ops,
+        pages_operators,
+    ):
         app.include_router(
             module.router, prefix=PREFIX, include_in_schema=False, dependencies=clean
         )

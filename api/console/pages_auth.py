@@ -102,7 +102,8 @@ def _sign_in_page(request: Request, error: str = "", status: int = 200) -> HTMLR
     return resp
 
 
-def _signed_in(request: Request, op_id: uuid.UUID) -> Response:
+def signed_in_response(request: Request, op_id: uuid.UUID) -> Response:
+    """A new session for `op_id`: the cookie and a redirect to the overview."""
     with transaction(request) as session:
         op = session.get(Operator, op_id)
         token = operators.start_session(session, op)
@@ -146,7 +147,7 @@ async def sign_in(request: Request, email: str = Form(""), password: str = Form(
         raise _too_many(outcome)
     if outcome is None:
         return await _off_loop(_sign_in_page, request, "Wrong email or password.", 401)
-    return await _off_loop(_signed_in, request, outcome)
+    return await _off_loop(signed_in_response, request, outcome)
 
 
 def _create_owner(
@@ -186,7 +187,7 @@ async def first_owner(
         raise _too_many(outcome)
     if isinstance(outcome, Response):
         return outcome
-    return await _off_loop(_signed_in, request, outcome)
+    return await _off_loop(signed_in_response, request, outcome)
 
 
 @router.post("/sign-out")

@@ -35,7 +35,9 @@ NAV = [
     ("adapters", "Adapters", "/console/adapters"),
     ("deployments", "Models & deployments", "/console/deployments"),
     ("jobs", "Jobs", "/console/jobs"),
+    ("requests", "Request lookup", "/console/requests"),
     ("audit", "Audit log", "/console/audit"),
+    ("operators", "Operators", "/console/operators"),
 ]
 
 

@@ -1,5 +1,6 @@
 """Request log: tenant requests the API refused or failed (status >= 400), for the console's
-charts (refusals count as requests and errors) and its request lookup by id.
+charts (refusals count as requests and errors) and its request lookup by id; operators get a
+one-time set-password link (invitation or reset), stored as its sha256 with an expiry.
 
 Revision ID: 0013
 Revises: 0012
@@ -21,6 +22,13 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     """Apply this revision."""
+    op.add_column("operators", sa.Column("invite_token_hash", sa.String(length=64), nullable=True))
+    op.add_column(
+        "operators", sa.Column("invite_expires_at", sa.DateTime(timezone=True), nullable=True)
+    )
+    op.create_unique_constraint(
+        op.f("uq_operators_invite_token_hash"), "operators", ["invite_token_hash"]
+    )
     op.create_table(
         "request_log",
         sa.Column("id", sa.BigInteger(), autoincrement=True, nullable=False),
@@ -61,3 +69,6 @@ def downgrade() -> None:
     op.drop_index(op.f("ix_request_log_tenant_id"), table_name="request_log")
     op.drop_index(op.f("ix_request_log_request_id"), table_name="request_log")
     op.drop_table("request_log")
+    op.drop_constraint(op.f("uq_operators_invite_token_hash"), "operators", type_="unique")
+    op.drop_column("operators", "invite_expires_at")
+    op.drop_column("operators", "invite_token_hash")

@@ -347,6 +347,10 @@ class Operator(Base):
     created_at: Mapped[datetime] = _created()
     last_login_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     disabled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # A one-time link to set the password (an invitation or a reset): only its sha256 is
+    # stored, with its expiry; cleared when used.
+    invite_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
+    invite_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class ConsoleSession(Base):

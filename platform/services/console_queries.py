@@ -296,3 +296,9 @@ def tenant_usage_days(session: Session, tenant_id: uuid.UUID, days: int = 30) ->
         .order_by(day, UsageRecord.model)
     )
     return [row._mapping for row in session.execute(stmt)]
+
+
+def operators_list(session: Session) -> list[Operator]:
+    """Every operator, owners first, then by email (they are few)."""
+    order = (Operator.role != "owner", Operator.email)
+    return list(session.scalars(select(Operator).order_by(*order).limit(1000)))

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from loraplex.platform.db.models import OPERATOR_ROLES, ConsoleSession, Operator
 
 from . import audit
-from .errors import Conflict, InvalidInput
+from .errors import Conflict, InvalidInput, NotFound
 
 MIN_PASSWORD = 12
 MAX_PASSWORD = 1024
@@ -183,3 +183,136 @@ def resume_session(session: Session, token: str, idle: timedelta) -> SignedIn | 
 def end_session(session: Session, token: str) -> None:
     """Sign out: the session's row is removed, so its cookie is worthless from now on."""
     session.execute(delete(ConsoleSession).where(ConsoleSession.token_hash == _token_hash(token)))
+
+
+INVITE_TTL = timedelta(days=7)
+
+
+def _one_time_link(op: Operator) -> str:
+    """Give `op` a fresh one-time set-password token (returned; only its hash is kept) and
+    make the current password unusable."""
+    token = secrets.token_urlsafe(32)
+    op.invite_token_hash = _token_hash(token)
+    op.invite_expires_at = datetime.now(UTC) + INVITE_TTL
+    op.password_hash = _HASHER.hash(secrets.token_urlsafe(32))
+    return token
+
+
+def _get(session: Session, operator_id: uuid.UUID, *, lock: bool = False) -> Operator:
+    stmt = select(Operator).where(Operator.id == operator_id)
+    op = session.scalars(stmt.with_for_update() if lock else stmt).one_or_none()
+    if op is None:
+        raise NotFound(f"no operator with id {operator_id}", code="operator_not_found")
+    return op
+
+
+def _record(session: Session, actor: str, by: uuid.UUID | None, action: str, op: Operator,
+            **detail: object) -> None:  # fmt: skip
+    audit.record(session, actor=actor, operator_id=by, action=action, resource_type="operator",
+                 resource_id=op.id, detail={"email": op.email, **detail})  # fmt: skip
+
+
+def invite_operator(
+    session: Session, email: str, role: str, *, actor: str, operator_id: uuid.UUID | None = None
+) -> tuple[Operator, str]:
+    """A new operator who sets a password through a one-time link (valid 7 days); returns
+    the operator and the link's token."""
+    op = create_operator(session, email, secrets.token_urlsafe(32), role, actor=actor,
+                         operator_id=operator_id)  # fmt: skip
+    token = _one_time_link(op)
+    _record(session, actor, operator_id, "operator.invite", op, role=role)
+    return op, token
+
+
+def _enabled_owners(session: Session) -> list[Operator]:
+    """The enabled owners, locked until the transaction ends (two changes cannot both think
+    another owner remains)."""
+    stmt = select(Operator).where(Operator.role == "owner", Operator.disabled_at.is_(None))
+    return list(session.scalars(stmt.order_by(Operator.id).with_for_update()))
+
+
+def _keep_an_owner(session: Session, op: Operator) -> None:
+    owners = _enabled_owners(session)
+    if op.role == "owner" and op.disabled_at is None and [o.id for o in owners] == [op.id]:
+        raise Conflict(
+            f"{op.email} is the last owner: make another operator owner first",
+            code="last_owner",
+        )
+
+
+def change_role(
+    session: Session,
+    target: uuid.UUID,
+    role: str,
+    *,
+    actor: str,
+    operator_id: uuid.UUID | None = None,
+) -> Operator:
+    """Give an operator another role (never the last owner's away)."""
+    if role not in OPERATOR_ROLES:
+        raise InvalidInput(
+            f"role must be one of {list(OPERATOR_ROLES)}", code="invalid_role", param="role"
+        )
+    op = _get(session, target, lock=True)
+    if role != "owner":
+        _keep_an_owner(session, op)
+    before, op.role = op.role, role
+    _record(session, actor, operator_id, "operator.role", op, before=before, role=role)
+    return op
+
+
+def set_disabled(
+    session: Session,
+    target: uuid.UUID,
+    disabled: bool,
+    *,
+    actor: str,
+    operator_id: uuid.UUID | None = None,
+) -> Operator:
+    """Disable an operator (their sessions end at once; never the last owner) or enable."""
+    op = _get(session, target, lock=True)
+    if disabled:
+        _keep_an_owner(session, op)
+        op.disabled_at = op.disabled_at or datetime.now(UTC)
+        session.execute(delete(ConsoleSession).where(ConsoleSession.operator_id == op.id))
+    else:
+        op.disabled_at = None
+    _record(session, actor, operator_id, "operator.disable" if disabled else "operator.enable", op)
+    return op
+
+
+def reset_password(
+    session: Session, target: uuid.UUID, *, actor: str, operator_id: uuid.UUID | None = None
+) -> tuple[Operator, str]:
+    """The operator's password stops working and their sessions end; returns a one-time
+    link's token for them to set a new one."""
+    op = _get(session, target, lock=True)
+    token = _one_time_link(op)
+    session.execute(delete(ConsoleSession).where(ConsoleSession.operator_id == op.id))
+    _record(session, actor, operator_id, "operator.reset_password", op)
+    return op, token
+
+
+def operator_for_link(session: Session, token: str) -> Operator | None:
+    """The enabled operator whose one-time link this is (None when unknown or expired)."""
+    if not token or len(token) > 128:
+        return None
+    op = session.scalars(
+        select(Operator).where(Operator.invite_token_hash == _token_hash(token))
+    ).one_or_none()
+    now = datetime.now(UTC)
+    if op is None or op.disabled_at is not None or (op.invite_expires_at or now) <= now:
+        return None
+    return op
+
+
+def set_password_with_link(session: Session, token: str, password: str) -> Operator:
+    """Use a one-time link: set the password, spend the link."""
+    op = operator_for_link(session, token)
+    if op is None:
+        raise NotFound("this link is unknown, used or expired; ask an owner for a new one",
+                       code="link_not_found")  # fmt: skip
+    op.password_hash = _HASHER.hash(check_password(password))
+    op.invite_token_hash = op.invite_expires_at = None
+    _record(session, operator_actor(op.email), op.id, "operator.set_password", op)
+    return op

@@ -75,7 +75,42 @@
     }, data, el);
   }
 
+  // Sortable tables: each header of a `table.sortable` becomes a button that sorts the rows
+  // shown (by a cell's data-sort, else its text; numbers as numbers), with aria-sort.
+  function cellKey(row, i) {
+    var cell = row.cells[i];
+    if (!cell) { return ""; }
+    var raw = cell.dataset.sort !== undefined ? cell.dataset.sort : cell.textContent.trim();
+    var n = Number(raw.replace(/[,%]/g, ""));
+    return raw !== "" && !isNaN(n) ? n : raw.toLowerCase();
+  }
+
+  function sortable(table) {
+    var body = table.tBodies[0];
+    if (!body || !table.tHead) { return; }
+    Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th, i) {
+      if (th.dataset.nosort !== undefined) { return; }
+      var button = document.createElement("button");
+      button.type = "button";
+      button.className = "sort";
+      while (th.firstChild) { button.appendChild(th.firstChild); }
+      th.appendChild(button);
+      button.addEventListener("click", function () {
+        var dir = th.getAttribute("aria-sort") === "ascending" ? "descending" : "ascending";
+        Array.prototype.forEach.call(table.tHead.rows[0].cells, function (c) { c.removeAttribute("aria-sort"); });
+        th.setAttribute("aria-sort", dir);
+        var rows = Array.prototype.filter.call(body.rows, function (r) { return !r.querySelector("td.empty"); });
+        rows.sort(function (a, b) {
+          var x = cellKey(a, i), y = cellKey(b, i), c = x < y ? -1 : x > y ? 1 : 0;
+          return dir === "ascending" ? c : -c;
+        });
+        rows.forEach(function (r) { body.appendChild(r); });
+      });
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
+    document.querySelectorAll("table.sortable").forEach(sortable);
     var root = document.getElementById("charts");
     document.querySelectorAll("[data-bars]").forEach(bars);
     if (!root) { return; }

@@ -17,8 +17,14 @@ from support.console import make_operator, page_csrf, sign_in
 from loraplex.platform.db.models import AuditLog
 from loraplex.platform.db.session import make_sessionmaker
 
-# Sign-in forms (no session yet) and sign-out (any role may end its own session).
-NOT_WRITES = {"/console/sign-in", "/console/first-owner", "/console/sign-out"}
+# Sign-in forms and the one-time set-password link (no session yet), and sign-out (any role
+# may end its own session).
+NOT_WRITES = {
+    "/console/sign-in",
+    "/console/first-owner",
+    "/console/sign-out",
+    "/console/set-password/{token}",  # a one-time link, before any session
+}
 
 
 def _flat(routes: list[Any], prefix: str = "") -> list[tuple[str, set[str]]]:
