@@ -30,6 +30,10 @@ from loraplex.platform.engine.lora.sources import (
     ObjectSource,
 )
 
+# Where `AdapterFetcher.probe` is called on the fetch thread: before the bytes are read, before
+# they are parsed into tensors (torch ops on this thread), before and after the host-tier insert.
+FETCH_STAGES = ("read", "parse", "insert", "inserted")
+
 
 class AdapterFetcher:
     """Knows every resolved adapter's source and brings its weights into the host tier."""
@@ -58,6 +62,9 @@ class AdapterFetcher:
         self._failed: dict[str, BaseException] = {}
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lora-fetch")
+        # Called on the fetch thread at each point where a fetch touches shared state
+        # (FETCH_STAGES, with the key): tests hold the thread there while the engine steps.
+        self.probe: Callable[[str, str], None] | None = None
 
     def resolve(self, ref: object, resident: Callable[[str], bool]) -> tuple[str, str | None]:
         """A request's adapter reference -> (version key, tenant).
@@ -105,11 +112,20 @@ class AdapterFetcher:
             max_rank=self.max_lora_rank, dtype=self.dtype,
         )  # fmt: skip
 
+    def _at(self, stage: str, key: str) -> None:
+        if self.probe is not None:
+            self.probe(stage, key)
+
     def _fetch(self, key: str) -> None:
         t0 = time.perf_counter()
+        self._at("read", key)
         source, cfg, weights = self.sources.fetch(key)
+        self._at("parse", key)
         # Object-store versions carry their resolved targets: no tenant pattern runs here.
-        self.host.put(self._load(cfg, weights, key, getattr(source, "targets", None)))
+        adapter = self._load(cfg, weights, key, getattr(source, "targets", None))
+        self._at("insert", key)
+        self.host.put(adapter)
+        self._at("inserted", key)
         self.fetch_seconds[key] = time.perf_counter() - t0
 
     def prefetch(self, key: str) -> Future | None:
