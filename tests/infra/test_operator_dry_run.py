@@ -113,8 +113,23 @@ def test_the_readme_walks_from_an_empty_account_to_a_streamed_completion(tmp_pat
     assert ["Deployment", "loraplex-launcher"] in launcher["applied"]
     deploy_cmds = [c for c in calls if c["tool"] == "terraform" and "output" in c["args"]]
     assert deploy_cmds and pushed.startswith("engine-")
-    # Dev's models-admin pod fits a dev platform node's disk.
-    assert "ephemeral-storage" in (INFRA / "k8s" / "templates" / "models-admin.yaml.j2").read_text()
+
+
+def test_the_models_admin_pod_fits_a_platform_node() -> None:
+    """Its ephemeral storage (request and limit) leaves a fifth of the platform node's disk
+    to images and the system, in every environment."""
+    from support.infra import TERRAFORM, fields, parsed, rendered
+
+    for env in ("dev", "prod"):
+        [module] = [
+            fields(m)["loraplex"] for m in parsed(TERRAFORM / "envs" / env / "main.tf")["module"]
+        ]
+        disk_gb = fields(module["platform_node_group"])["disk_size_gb"]
+        [pod] = rendered()[f"{env}/models-admin.yaml"]
+        for bound in ("requests", "limits"):
+            quantity = pod["spec"]["containers"][0]["resources"][bound]["ephemeral-storage"]
+            gib = int(quantity.removesuffix("Gi"))
+            assert gib * 1.074 <= 0.8 * disk_gb, (env, bound, quantity, disk_gb)
 
 
 @pytest.mark.parametrize(
