@@ -15,6 +15,7 @@ import torch
 
 from loraplex.platform.engine.greedy_cpu import native_argmax, native_argmax_available
 from loraplex.platform.engine.request import Request
+from loraplex.platform.engine.seeded_draws import position_generator
 from loraplex.platform.engine.structured.bitmask import apply_bitmask
 
 
@@ -224,11 +225,9 @@ class Sampler:
         return greedy_argmax(probs / q)
 
     def _generator_for(self, request: Request) -> torch.Generator:
+        """The shared generator for an unseeded request; for a seeded one, the generator of
+        the draw at its next position (`seeded_draws`: keyed by seed and position)."""
         seed = request.sampling_params.seed
         if seed is None:
             return self.generator
-        gen = request.generator
-        if gen is None or gen.device != self.device:
-            gen = torch.Generator(device=self.device).manual_seed(seed)
-            request.generator = gen
-        return gen
+        return position_generator(seed, request.num_tokens, self.device)
