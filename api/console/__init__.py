@@ -13,9 +13,11 @@ from loraplex.platform.errors import GENERIC_MESSAGE, LoraplexError
 from . import (
     pages_auth,
     pages_catalog,
+    pages_details,
     pages_operators,
     pages_ops,
     pages_overview,
+    pages_requests,
     pages_tenants,
 )
 from .auth import SignInRequired
@@ -34,14 +36,9 @@ def _is_page(request: Request) -> bool:
 def install_console(app: FastAPI) -> None:
     """Mount the console's pages, its static files and its HTML error pages on `app`."""
     clean = [Depends(refuse_control_characters)]
-    for module in (
-        pages_auth,
-        pages_overview,
-        pages_tenants,
-        pages_catalog,
-        pages_ops,
-        pages_operators,
-    ):
+    pages = (pages_auth, pages_overview, pages_tenants, pages_catalog, pages_details,
+             pages_ops, pages_requests, pages_operators)  # fmt: skip
+    for module in pages:
         app.include_router(
             module.router, prefix=PREFIX, include_in_schema=False, dependencies=clean
         )

@@ -105,6 +105,7 @@ def _tenant_page(request: Request, who: SignedIn, tenant_id: str, **extra) -> HT
             usage_chart=usage_chart(usage),
             msg=request.query_params.get("msg", ""),
             title=f"Tenant {tenant.name}",
+            crumbs=[("Tenants", "/console/tenants")],
             new_key=extra.get("new_key"),
             status=extra.get("status", 200),
         )

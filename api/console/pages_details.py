@@ -1,0 +1,96 @@
+"""Detail pages: one adapter (versions with their validation report, the replicas that hold
+it resident now, requests and tokens per day, its own TTFT p50/p95) and one deployment (its
+replicas' live state and cold starts, its audit trail of scale and option changes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse
+
+from loraplex.platform.services import console_details as cd
+from loraplex.platform.services.operators import SignedIn
+
+from .auth import current_operator
+from .common import parse_uuid, transaction
+from .replicas import ReplicaView, replica_views
+from .views import render
+
+router = APIRouter()
+
+
+@router.get("/adapters/{adapter_id}", response_class=HTMLResponse)
+async def adapter_page(
+    request: Request, adapter_id: str, who: SignedIn = Depends(current_operator)
+) -> HTMLResponse:
+    """One adapter across its versions."""
+    aid = parse_uuid(adapter_id, "adapter")
+
+    def load() -> dict[str, Any]:
+        with transaction(request) as session:
+            data = cd.adapter_detail(session, aid)
+            data["names"] = [d.name for d in data["deployments"]]
+            return data
+
+    data = await run_in_threadpool(load)
+    live: dict[str, list[ReplicaView] | None] = {}
+    for name in data["names"]:
+        live[name] = await replica_views(request, name)
+    keys = {r.key for r in data["versions"] if r.key}
+    resident = [
+        (name, view, sorted(keys & set(view.state.resident_adapters)))
+        for name, views in live.items()
+        for view in views or []
+        if view.state is not None and keys & set(view.state.resident_adapters)
+    ]
+    a = data["adapter"]
+    return await run_in_threadpool(
+        lambda: render(
+            request,
+            "adapter.html",
+            who=who,
+            active="adapters",
+            data=data,
+            resident=resident,
+            gateway=getattr(request.app.state, "gateway", None),
+            crumbs=[
+                ("Adapters", "/console/adapters"),
+                (data["tenant"].name, f"/console/tenants/{a.tenant_id}"),
+            ],
+            title=f"Adapter {a.name}",
+        )  # fmt: skip
+    )
+
+
+@router.get("/deployments/{deployment_id}", response_class=HTMLResponse)
+async def deployment_page(
+    request: Request, deployment_id: str, who: SignedIn = Depends(current_operator)
+) -> HTMLResponse:
+    """One deployment: its replicas now and its history of changes."""
+    did = parse_uuid(deployment_id, "deployment")
+
+    def load() -> dict[str, Any]:
+        with transaction(request) as session:
+            data = cd.deployment_detail(session, did)
+            data["name"] = data["deployment"].name
+            return data
+
+    data = await run_in_threadpool(load)
+    gw = getattr(request.app.state, "gateway", None)
+    live = await replica_views(request, data["name"])
+    starting = await gw.registry.starting(data["name"]) if gw is not None else 0
+    return await run_in_threadpool(
+        lambda: render(
+            request,
+            "deployment.html",
+            who=who,
+            active="deployments",
+            data=data,
+            live=live,
+            starting=starting,
+            crumbs=[("Models & deployments", "/console/deployments")],
+            title=f"Deployment {data['name']}",
+        )  # fmt: skip
+    )
