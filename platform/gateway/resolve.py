@@ -4,6 +4,12 @@
 version N (ready only), anything else a base model by name. Another tenant's adapter is
 invisible: the same 404 `model_not_found` as a name that does not exist.
 
+A base model is served by every deployment of it (a bf16 one and an int4 one, an old
+version and its replacement): the answer names them all, oldest first
+(`deployment_names`; `deployment_name`, which usage and metrics are labelled with, is the
+oldest), and a resolution publishes that group in Redis beside the replica registry
+(`publish_group`), where the router reads it to route over the live replicas of all of them.
+
 Positive answers are cached in process for a short TTL (`resolve_cache_ttl_s`, 2 s) and
 keyed by a per-tenant generation counter in Redis: whoever changes an adapter (a version
 turning ready or failed, a deletion) calls `services.resolution_events.bump_generation` and the next request sees the
@@ -14,6 +20,7 @@ adapter is callable the moment it is ready.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import threading
 import time
@@ -29,10 +36,26 @@ from loraplex.adapters.identity import adapter_ref_key
 from loraplex.platform.db.models import Adapter, AdapterVersion, BaseModel, Deployment
 from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.errors import model_not_found
+from loraplex.platform.gateway.replicas import DEFAULT_PREFIX
 from loraplex.platform.services.resolution_events import GEN_KEY
 from loraplex.platform.wire.auth import cache_salt
 
 _VERSIONED = re.compile(r"^(?P<name>.+):(?P<n>[1-9][0-9]{0,8})$")
+# How long a published deployment group lives without a resolution refreshing it.
+GROUP_TTL_S = 300
+
+
+def group_key(prefix: str, deployment: str) -> str:
+    """The Redis key holding the deployments that serve `deployment`'s base model."""
+    return f"{prefix}:group:{deployment}"
+
+
+async def publish_group(
+    redis: Redis, names: list[str] | tuple[str, ...], prefix: str = DEFAULT_PREFIX
+) -> None:
+    """Record that `names` (oldest first) serve one base model, under the oldest's name."""
+    if names:
+        await redis.set(group_key(prefix, names[0]), json.dumps(list(names)), ex=GROUP_TTL_S)
 
 
 @dataclass(frozen=True)
@@ -59,6 +82,8 @@ class ResolvedModel:
     base_created: int = 0  # the base model row's creation time (epoch seconds)
     # How long to wait for a starting replica before 503 (the deployment's setting).
     cold_start_wait_s: float = 0.0
+    # Every deployment of the base model, oldest first (`deployment_name` is the first).
+    deployment_names: tuple[str, ...] = ()
 
     @property
     def adapter_key(self) -> str | None:
@@ -73,14 +98,14 @@ class ResolvedModel:
         return None if self.share_prefix_cache else cache_salt(secret, str(tenant_id))
 
 
-def _deployment_for(session: Session, base_model_id: uuid.UUID) -> Deployment | None:
+def _deployments_for(session: Session, base_model_id: uuid.UUID) -> list[Deployment]:
+    """Every deployment of the base model, oldest first."""
     stmt = (
         select(Deployment)
         .where(Deployment.base_model_id == base_model_id)
         .order_by(Deployment.created_at, Deployment.name)
-        .limit(1)
     )
-    return session.execute(stmt).scalars().first()
+    return list(session.execute(stmt).scalars())
 
 
 class NoDeployment(HttpError):
@@ -123,10 +148,11 @@ def _ready_version(
 
 
 def _resolved(session: Session, model: str, base: BaseModel, **adapter: Any) -> ResolvedModel:
-    """A ResolvedModel for `base` on its deployment (503-style error when it has none)."""
-    dep = _deployment_for(session, base.id)
-    if dep is None:
+    """A ResolvedModel for `base` on its deployments (404 when it has none)."""
+    deps = _deployments_for(session, base.id)
+    if not deps:
         raise _no_deployment(model)
+    dep = deps[0]
     return ResolvedModel(
         model=model,
         base_model_id=base.id,
@@ -135,7 +161,8 @@ def _resolved(session: Session, model: str, base: BaseModel, **adapter: Any) -> 
         deployment_id=dep.id,
         deployment_name=dep.name,
         share_prefix_cache=bool(dep.share_prefix_cache),
-        cold_start_wait_s=float(dep.cold_start_wait_s),
+        cold_start_wait_s=max(float(d.cold_start_wait_s) for d in deps),
+        deployment_names=tuple(d.name for d in deps),
         base_created=int(base.created_at.timestamp()),
         **adapter,
     )
@@ -205,8 +232,15 @@ def _raise_if_not_ready(
 class ModelResolver:
     """Cached resolution: one Redis GET per request instead of several SQL queries."""
 
-    def __init__(self, redis: Redis, ttl_s: float = 2.0, max_entries: int = 10_000) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        ttl_s: float = 2.0,
+        max_entries: int = 10_000,
+        group_prefix: str = DEFAULT_PREFIX,
+    ) -> None:
         self._redis = redis
+        self._group_prefix = group_prefix
         self._ttl = ttl_s
         self._max = max_entries
         self._lock = threading.Lock()
@@ -252,6 +286,7 @@ class ModelResolver:
         if hit is not None:
             return hit
         resolved = await asyncio.to_thread(_resolve_in_session, sessions, tenant_id, model)
+        await publish_group(self._redis, resolved.deployment_names, self._group_prefix)
         self.store(tenant_id, model, gen, resolved)
         return resolved
 

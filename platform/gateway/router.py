@@ -13,6 +13,13 @@ knows: the prompt's KV block keys are computed with the engine's own hash
 the cache salt, and matched against the keys this gateway has sent there. `queue_load` is the
 replica's running + waiting requests over the busiest one's. Candidates are tried best first.
 
+A base model may have several deployments (a bf16 one and an int4 one; an old version and
+its replacement): resolution publishes them as a group under the oldest's name
+(`resolve.publish_group`), and the router takes the live replicas of every deployment in the
+group as candidates, scored alike: traffic follows capacity (more replicas, shorter queues
+take more), an oldest deployment scaled to zero does not answer 503 while another has
+replicas, and a switch from one deployment to another drops no request.
+
 Cold starts: when a deployment has no live replica but some are starting (announced by their
 heartbeat, not healthy yet), a request waits up to the deployment's `cold_start_wait_s` for
 the first one to be ready instead of failing at once; the wait is part of its time to first
@@ -24,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -35,6 +43,7 @@ from loraplex.platform.gateway.errors import no_replica, still_starting
 from loraplex.platform.gateway.metrics import GatewayMetrics
 from loraplex.platform.gateway.replica_client import ReplicaClient, ReplicaSlow, ReplicaUnavailable
 from loraplex.platform.gateway.replicas import ReplicaInfo, ReplicaRegistry
+from loraplex.platform.gateway.resolve import group_key
 from loraplex.platform.wire import DeltaEvent, FinishEvent, GenerateRequest, ReplicaState
 from loraplex.platform.wire.prefix_hash import block_hashes, max_cached_blocks
 
@@ -231,11 +240,30 @@ class Router:
         self._states[replica.replica_id] = (now + self._state_ttl, load)
         return load
 
+    async def group(self, deployment: str) -> list[str]:
+        """The deployments serving `deployment`'s base model (itself first); itself alone when
+        no resolution has published a group."""
+        raw = await self.registry._redis.get(group_key(self.registry._prefix, deployment))
+        names = [str(n) for n in json.loads(raw)] if raw else []
+        return [deployment, *(n for n in names if n != deployment)]
+
+    async def _live(self, deployment: str) -> list[ReplicaInfo]:
+        """Live replicas of every deployment in `deployment`'s group."""
+        found = await asyncio.gather(*(self.registry.live(d) for d in await self.group(deployment)))
+        return [r for replicas in found for r in replicas]
+
+    async def _starting(self, deployment: str) -> int:
+        """Starting replicas of every deployment in `deployment`'s group."""
+        counts = await asyncio.gather(
+            *(self.registry.starting(d) for d in await self.group(deployment))
+        )
+        return sum(counts)
+
     async def candidates(
         self, deployment: str, adapter_key: str | None, prompt: PromptKeys
     ) -> list[Scored]:
-        """Live, answering replicas of `deployment`, best first."""
-        replicas = await self.registry.live(deployment)
+        """Live, answering replicas of `deployment` and its group, best first."""
+        replicas = await self._live(deployment)
         loads = await asyncio.gather(*(self._load(r) for r in replicas))
         pairs = []
         for r, lo in zip(replicas, loads, strict=True):
@@ -276,7 +304,7 @@ class Router:
         """Candidates once a starting replica of `deployment` is ready, waiting up to
         `bound_s`; [] at once when none is starting. Raises 503 (`replicas_starting`, with
         Retry-After) when the bound passes first."""
-        if bound_s <= 0 or await self.registry.starting(deployment) == 0:
+        if bound_s <= 0 or await self._starting(deployment) == 0:
             return []
         began = time.monotonic()
         pause = COLD_START_POLL_S[0]
@@ -287,7 +315,7 @@ class Router:
             if pool:
                 self.metrics.cold_start_wait.labels(deployment, "ready").observe(waited)
                 return pool
-            if waited >= bound_s or await self.registry.starting(deployment) == 0:
+            if waited >= bound_s or await self._starting(deployment) == 0:
                 outcome = "timeout" if waited >= bound_s else "gone"
                 self.metrics.cold_start_wait.labels(deployment, outcome).observe(waited)
                 if outcome == "gone":  # the starting replica died: nothing is coming
