@@ -1,5 +1,6 @@
 """Seed a console benchmark database fast with COPY: tenants, keys, adapters and their
-versions, jobs, usage rows (spread over 30 days) and audit rows, like a busy platform."""
+versions, jobs, usage rows (spread over 30 days, each for an adapter version), refused requests,
+operators and audit rows, like a busy platform."""
 
 from __future__ import annotations
 
@@ -98,11 +99,18 @@ def seed(
         counts["usage_records"] = _copy(
             conn,
             "usage_records",
-            "tenant_id, model, prompt_tokens, completion_tokens, latency_ms, ttft_ms, itl_ms, "
-            "failed, created_at",
-            _usage_rows(rng, t_ids, usage, now),
+            "tenant_id, adapter_version_id, model, prompt_tokens, completion_tokens, latency_ms, "
+            "ttft_ms, itl_ms, failed, created_at",
+            _usage_rows(rng, [(v, t) for v, t, *_ in v_rows], usage, now),
             progress,
         )
+        counts["request_log"] = _copy(
+            conn, "request_log",
+            "request_id, created_at, tenant_id, method, path, status, code, message, latency_ms",
+            _refusals(rng, t_ids, usage // 10, now), progress)  # fmt: skip
+        counts["operators"] = _copy(conn, "operators", "id, email, password_hash, role",
+            ((uuid.uuid4(), f"op-{i:03d}@bench.example", "!", ("owner", "operator", "viewer")[i % 3])
+             for i in range(60)), progress)  # fmt: skip
         counts["audit_log"] = _copy(
             conn, "audit_log", "tenant_id, actor, action, resource_type, resource_id, detail, created_at",
             ((t, f"api_key:{uuid.uuid4()}", "adapter.upload", "adapter_version", v, '{"n": 1}', _ts(c))
@@ -114,14 +122,33 @@ def seed(
 
 
 def _usage_rows(
-    rng: random.Random, t_ids: list[uuid.UUID], count: int, now: datetime
+    rng: random.Random, versions: list[tuple[uuid.UUID, uuid.UUID]], count: int, now: datetime
 ) -> Iterator[tuple]:
-    # Oldest first, as a live platform writes them (the table is in time order on disk).
+    # Oldest first, as a live platform writes them (the table is in time order on disk); each
+    # row is a request to one adapter version of its tenant.
     span = 30 * 86400.0
     offsets = sorted((rng.random() * span for _ in range(count)), reverse=True)
     for offset in offsets:
         out = rng.randint(1, 512)
         ttft = rng.randint(20, 900)
-        yield (rng.choice(t_ids), "model-0", rng.randint(5, 2000), out, ttft + out * 12, ttft,
+        v, t = versions[rng.randrange(len(versions))]
+        yield (t, v, "model-0", rng.randint(5, 2000), out, ttft + out * 12, ttft,
                round(rng.uniform(5, 40), 2), "t" if rng.random() < 0.01 else "f",
                _ts(now - timedelta(seconds=offset)))  # fmt: skip
+
+
+LOOKUP_ID = "req_bench_lookup"
+_REFUSALS = [(401, "invalid_api_key"), (404, "model_not_found"), (429, "rate_limit_exceeded")]
+
+
+def _refusals(
+    rng: random.Random, t_ids: list[uuid.UUID], count: int, now: datetime
+) -> Iterator[tuple]:
+    """Refused inference requests over 30 days, oldest first; the newest has LOOKUP_ID."""
+    span = 30 * 86400.0
+    offsets = sorted((rng.random() * span for _ in range(count)), reverse=True)
+    for i, offset in enumerate(offsets):
+        status, code = rng.choice(_REFUSALS)
+        rid = LOOKUP_ID if i == count - 1 else f"req_{uuid.UUID(int=rng.getrandbits(128)).hex}"
+        yield (rid, _ts(now - timedelta(seconds=offset)), rng.choice(t_ids), "POST",
+               "/v1/chat/completions", status, code, "refused", rng.randint(1, 30))  # fmt: skip

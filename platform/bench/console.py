@@ -1,7 +1,8 @@
 """`loraplex bench console`: server time of the admin console's pages on a busy database.
 
 Seeds a real PostgreSQL (COPY) with 1,000 tenants, 20,000 adapter versions and 1,000,000
-usage rows (plus keys, jobs and audit rows), starts the API on it, signs in and asks each page
+usage rows (plus keys, jobs, 100,000 refused requests, operators and audit rows; the detail
+pages show the adapter with most versions and the first deployment), starts the API on it, signs in and asks each page
 many times; the server time is the console's `Server-Timing` header. The same pages over an
 empty database (one tenant, nothing else) are the baseline, measured in the same run:
 
@@ -29,7 +30,7 @@ import psycopg
 from rich.console import Console
 from sqlalchemy.engine import make_url
 
-from loraplex.platform.bench._console_seed import seed
+from loraplex.platform.bench._console_seed import LOOKUP_ID, seed
 from loraplex.platform.child_env import child_env
 from loraplex.platform.db.migrate import upgrade
 from loraplex.platform.db.session import make_sessionmaker, session_scope
@@ -64,18 +65,36 @@ def _drop_database(server_url: str, url: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)')
 
 
-def _first_tenant(url: str) -> str:
+def _ids(url: str) -> dict[str, str]:
+    """A tenant, an adapter (the one with most versions) and a deployment to show; on an empty
+    database, one of each is made (the baseline pages then show one row)."""
     with psycopg.connect(_libpq(url)) as conn:
-        row = conn.execute("SELECT id FROM tenants ORDER BY name LIMIT 1").fetchone()
-    if row is None:
-        with psycopg.connect(_libpq(url)) as conn:
-            tid = uuid.uuid4()
+        if conn.execute("SELECT count(*) FROM adapters").fetchone()[0] == 0:  # type: ignore[index]
+            tid, mid, aid = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
             conn.execute("INSERT INTO tenants (id, name) VALUES (%s, 'only-tenant')", (tid,))
-            return str(tid)
-    return str(row[0])
+            conn.execute("INSERT INTO base_models (id, name, family, object_prefix, config) "
+                         "VALUES (%s, 'only-model', 'dense', 'models/only/', '{}')", (mid,))  # fmt: skip
+            conn.execute(
+                "INSERT INTO deployments (id, name, base_model_id, weight_quantization, "
+                "kv_cache_dtype, max_loras, max_lora_rank, replicas, expert_parallel_size) "
+                "VALUES (%s, 'only-dep', %s, 'bf16', 'auto', 8, 64, 1, 1)", (uuid.uuid4(), mid))  # fmt: skip
+            conn.execute("INSERT INTO adapters (id, tenant_id, name, base_model_id) "
+                         "VALUES (%s, %s, 'only-adapter', %s)", (aid, tid, mid))  # fmt: skip
+        tenant = conn.execute("SELECT id FROM tenants ORDER BY name LIMIT 1").fetchone()
+        adapter = (
+            conn.execute(
+                "SELECT adapter_id FROM adapter_versions GROUP BY adapter_id "
+                "ORDER BY count(*) DESC, adapter_id LIMIT 1"
+            ).fetchone()
+            or conn.execute("SELECT id FROM adapters LIMIT 1").fetchone()
+        )
+        dep = conn.execute("SELECT id FROM deployments ORDER BY name LIMIT 1").fetchone()
+    assert tenant and adapter and dep
+    return {"tenant": str(tenant[0]), "adapter": str(adapter[0]), "deployment": str(dep[0])}
 
 
-def _pages(tenant_id: str) -> dict[str, str]:
+def _pages(ids: dict[str, str]) -> dict[str, str]:
+    tenant_id = ids["tenant"]
     return {
         "overview": "/console/",
         "usage_hour": "/console/api/usage-series?window=hour",
@@ -88,11 +107,15 @@ def _pages(tenant_id: str) -> dict[str, str]:
         "adapters": "/console/adapters",
         "adapters_failed": "/console/adapters?status=failed",
         "adapters_page50": "/console/adapters?page=50",
+        "adapter": f"/console/adapters/{ids['adapter']}",
         "deployments": "/console/deployments",
+        "deployment": f"/console/deployments/{ids['deployment']}",
         "jobs": "/console/jobs",
         "jobs_failed": "/console/jobs?status=failed",
         "audit": "/console/audit",
         "audit_filtered": "/console/audit?action=adapter",
+        "request_lookup": f"/console/requests?id={LOOKUP_ID}",
+        "operators": "/console/operators",
     }
 
 
@@ -105,7 +128,7 @@ def measure(settings: Settings, url: str, workdir: Path, requests: int) -> dict[
     """p95 server time (ms) of every page, on an API process over database `url`."""
     with session_scope(make_sessionmaker(url)) as session:
         create_operator(session, EMAIL, PASSWORD, "viewer", actor="bench")
-    tenant = _first_tenant(url)
+    ids = _ids(url)
     s = settings.model_copy(update={"database_url": url, "broker_url": None, "redis_url": None})
     env = child_env(s, "api")
     api_url, proc = start_api_process(env, workdir / f"api-{uuid.uuid4().hex[:6]}.log")
@@ -118,11 +141,13 @@ def measure(settings: Settings, url: str, workdir: Path, requests: int) -> dict[
                             "csrf_token": token})  # fmt: skip
             if r.status_code != 303:
                 raise RuntimeError(f"sign-in failed: HTTP {r.status_code}")
-            for name, path in _pages(tenant).items():
+            for name, path in _pages(ids).items():
                 times = []
                 for i in range(requests + 3):
                     resp = client.get(path)
-                    if resp.status_code != 200:
+                    if resp.status_code != 200 and not (
+                        name == "request_lookup" and resp.status_code == 404
+                    ):
                         raise RuntimeError(f"{path}: HTTP {resp.status_code}: {resp.text[:300]}")
                     found = TIMING_RE.search(resp.headers.get("server-timing", ""))
                     if found and i >= 3:  # 3 warm-up requests
