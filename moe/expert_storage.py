@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from loraplex.loader.quant.schemes import QuantScheme
+from loraplex.moe.packed_experts import PackedExperts, can_pack_experts
 from loraplex.moe.quant_experts import (
     QuantizedExperts,
     empty_stack,
@@ -31,6 +32,8 @@ class ExpertStorage:
         self.quant_symmetric = quant.symmetric if quant is not None else True
         self._stacks: list[str] = []
         self._cpu_int4: set[str] = set()  # stacks repacked for PyTorch's CPU int4 kernel
+        # Float stacks packed for oneDNN on a CPU: the parameter keeps only its shape (meta).
+        self._packed: dict[str, PackedExperts] = {}
 
     @property
     def cpu_int4(self) -> bool:
@@ -75,8 +78,13 @@ class ExpertStorage:
             scales[index].copy_(scale)
 
     def _finish_loading(self) -> None:
-        """Once every weight is in: repack int4 stacks for PyTorch's CPU kernel (on CPU, rows
-        in multiples of 64; otherwise the codes stay nibbles and are dequantized)."""
+        """Once every weight is in: pack float stacks for oneDNN on a CPU; repack int4 stacks
+        for PyTorch's CPU kernel (on CPU, rows in multiples of 64; otherwise the codes stay
+        nibbles and are dequantized)."""
+        if self.quant_kind is None:
+            for name in self._stacks:
+                self._pack(name, getattr(self, name).data)
+            return
         if self.quant_kind != "int4":
             return
         for name in self._stacks:
@@ -88,9 +96,34 @@ class ExpertStorage:
                 param.data = packed
                 self._cpu_int4.add(name)
 
-    def stack(self, name: str) -> torch.Tensor | QuantizedExperts:
-        """Stack `name` as the expert kernels take it: a float tensor or `QuantizedExperts`."""
+    def _pack(self, name: str, dense: torch.Tensor) -> None:
+        """Pack float stack `name` for oneDNN where this CPU can (else keep it dense)."""
+        if not can_pack_experts(dense):
+            self._packed.pop(name, None)
+            setattr(self, name, nn.Parameter(dense, requires_grad=False))
+            return
+        self._packed[name] = PackedExperts(dense)
+        meta = torch.empty(dense.shape, dtype=dense.dtype, device="meta")
+        setattr(self, name, nn.Parameter(meta, requires_grad=False))
+
+    def dense_stack(self, name: str) -> torch.Tensor:
+        """Stack `name`'s stored tensor as a plain one (packed float stacks unpacked)."""
+        packed = self._packed.get(name)
+        return packed.dense() if packed is not None else getattr(self, name).data
+
+    def set_stack(self, name: str, tensor: torch.Tensor) -> None:
+        """Replace stack `name` (e.g. moved experts), packing it again if it was packed."""
+        if name in self._packed:
+            self._pack(name, tensor)
+        else:
+            setattr(self, name, nn.Parameter(tensor, requires_grad=False))
+
+    def stack(self, name: str) -> torch.Tensor | QuantizedExperts | PackedExperts:
+        """Stack `name` as the expert kernels take it: a float tensor, `PackedExperts` or
+        `QuantizedExperts`."""
         param = getattr(self, name)
+        if name in self._packed:
+            return self._packed[name]
         if self.quant_kind is None:
             return param
         scale = getattr(self, f"{name}_scale")

@@ -6,7 +6,8 @@ combines the weighted rows per token. No loop over tokens, no scan of all tokens
 
 Weights follow transformers v5's fused layout: `w13` [E, 2I, H] (gate rows then up
 rows), `w2` [E, H, I]; either may be a `QuantizedExperts` stack (int8 / int4 / fp8), whose
-`matmul` runs one expert's rows through PyTorch's packed CPU kernels.
+`matmul` runs one expert's rows through PyTorch's packed CPU kernels, or a `PackedExperts`
+stack (float experts packed for oneDNN at load on a CPU).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from loraplex.moe.packed_experts import PackedExperts
 from loraplex.moe.quant_experts import QuantizedExperts
 
-ExpertWeights = torch.Tensor | QuantizedExperts
+ExpertWeights = torch.Tensor | QuantizedExperts | PackedExperts
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -27,6 +29,8 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def expert_mm(x: torch.Tensor, w: ExpertWeights, expert: int) -> torch.Tensor:
     """x [M, K] @ w[expert]^T."""
+    if isinstance(w, PackedExperts):
+        return w.matmul(x.contiguous(), expert)
     if isinstance(w, QuantizedExperts):
         return w.matmul(x, expert)
     return torch.mm(x, w[expert].t())
@@ -62,8 +66,8 @@ def run_sorted_rows(
             act = gate_up[:, :half]
             F.silu(act, inplace=True)
             act.mul_(gate_up[:, half:])  # SiLU-and-mul in place, no extra buffers
-            if isinstance(w2, QuantizedExperts):
-                out[start : start + count] = w2.matmul(act, expert)
+            if isinstance(w2, QuantizedExperts | PackedExperts):
+                out[start : start + count] = expert_mm(act, w2, expert)
             else:
                 torch.mm(act, w2[expert].t(), out=out[start : start + count])
         start += count

@@ -339,13 +339,13 @@ class MoEBlock(ExpertStorage, nn.Module):
         if self.ep is None:
             raise ValueError("placement changes need an expert-parallel group")
         names = ["w13", "w2"] + (["w13_scale", "w2_scale"] if self.quant_kind else [])
-        tensors = [getattr(self, n).data.contiguous() for n in names]
+        tensors = [self.dense_stack(n).contiguous() for n in names]
         # one byte stream per slot, whatever the dtypes (codes, scales, fp8)
         moved = self.ep.migrate_experts(
             self.placement, placement, [t.view(torch.uint8) for t in tensors]
         )
         old, self.placement = self.placement, placement
         for n, t, raw in zip(names, tensors, moved, strict=True):
-            setattr(self, n, nn.Parameter(raw.view(t.dtype), requires_grad=False))
+            self.set_stack(n, raw.view(t.dtype))
         for listener in self.placement_listeners:
             listener(self, old, placement)

@@ -3,13 +3,19 @@
 Prints, each against a baseline measured in the same run:
 
 - moe.grouped_over_naive: time of the naive per-expert loop over the grouped CPU path
-  (`fused_experts_torch`: pairs sorted by expert, one matmul pair per active expert). The
-  naive loop is the simple reference implementation: for each of the 64 experts, build the
-  expert's mask over all tokens and run the expert over all tokens, weighting non-routed
-  ones by zero. 64 experts, top-8, one prefill-sized batch (1024 tokens, hidden 768,
-  expert width 384), fp32, one CPU thread for both sides.
-- moe.grouped_over_masked_gather (informational): the same against a smarter loop that
-  gathers each expert's tokens with a mask scan per expert (transformers' eager path).
+  (`fused_experts_torch` on the expert stacks as a CPU engine holds them: packed for oneDNN
+  at load, `moe/packed_experts.py`; pairs sorted by expert, one matmul pair per active expert).
+  The naive loop is the simple reference implementation: for each of the 64 experts, build the
+  expert's mask over all tokens and run the expert over all tokens, weighting non-routed ones
+  by zero. 64 experts, top-8, one prefill-sized batch (1024 tokens, hidden 768, expert width
+  384), fp32, one CPU thread for every side.
+- moe.grouped_over_masked_gather: the same against a smarter loop that gathers each expert's
+  tokens with a mask scan per expert (transformers' eager path) on plain weights, at the
+  prefill size; `..._decode` at a decode size (`--decode-tokens`, default 32 sequences);
+  `..._bf16_decode` / `..._bf16` the same in bfloat16.
+- moe.masked_gather_over_gemm_floor: the gather loop's prefill time over the time of its
+  GEMMs alone (every expert's two matmuls on as many rows as it gets, nothing else): how much
+  non-GEMM time any grouped path could still remove at that size.
 - moe.balancedness_before / moe.balancedness_after: mean / max routed pairs per rank over 8
   expert-parallel ranks for a skewed (Zipf-like) routing workload, under the default
   contiguous placement and under an EPLB placement with 8 redundant copies computed from a
@@ -30,6 +36,7 @@ import torch.nn.functional as F
 from loraplex.moe.eplb import balancedness, rebalance
 from loraplex.moe.experts_torch import fused_experts_torch
 from loraplex.moe.gating import softmax_topk
+from loraplex.moe.packed_experts import PackedExperts, can_pack_experts
 from loraplex.moe.placement import ExpertPlacement
 
 
@@ -71,8 +78,8 @@ def _interleaved_medians(fns: dict[str, Callable[[], torch.Tensor]], reps: int) 
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def grouped_speedups(tokens: int, hidden: int, inter: int, reps: int) -> dict[str, float]:
-    """Speedups of the grouped path over the two per-expert loops (64 experts, top-8)."""
+def _routing_case(tokens: int, hidden: int, inter: int, dtype: torch.dtype) -> tuple:
+    """Inputs, expert stacks and top-8 routing of 64 experts (same seed, any size)."""
     g = torch.Generator().manual_seed(0)
     experts, top_k = 64, 8
     x = torch.randn(tokens, hidden, generator=g)
@@ -80,23 +87,57 @@ def grouped_speedups(tokens: int, hidden: int, inter: int, reps: int) -> dict[st
     w2 = torch.randn(experts, hidden, inter, generator=g) * inter**-0.5
     router = torch.randn(hidden, experts, generator=g)
     weights, ids = softmax_topk(x @ router, top_k, renormalize=True)
-    grouped = fused_experts_torch(x, w13, w2, weights, ids)
-    for baseline in (naive_per_expert, masked_gather_per_expert):
-        ref = baseline(x, w13, w2, weights, ids)
-        if not torch.allclose(grouped, ref, atol=1e-4, rtol=1e-4):
-            raise AssertionError(f"grouped path disagrees with {baseline.__name__}")
-    t = _interleaved_medians(
-        {
-            "grouped": lambda: fused_experts_torch(x, w13, w2, weights, ids),
-            "naive": lambda: naive_per_expert(x, w13, w2, weights, ids),
-            "masked": lambda: masked_gather_per_expert(x, w13, w2, weights, ids),
-        },
-        reps,
-    )
-    return {
-        "moe.grouped_over_naive": t["naive"] / t["grouped"],
-        "moe.grouped_over_masked_gather": t["masked"] / t["grouped"],
+    return x.to(dtype), w13.to(dtype), w2.to(dtype), weights, ids
+
+
+def _engine_stacks(w13: torch.Tensor, w2: torch.Tensor) -> tuple:
+    """The expert stacks as a CPU engine holds them after loading (packed where it packs)."""
+    if can_pack_experts(w13):
+        return PackedExperts(w13), PackedExperts(w2)
+    return w13, w2
+
+
+def gemm_floor(x, w13, w2, ids) -> torch.Tensor:
+    """Each active expert's two GEMMs on as many rows as it is routed, nothing else."""
+    counts = torch.bincount(ids.reshape(-1), minlength=w13.shape[0]).tolist()
+    act = x.new_zeros(max(counts), w2.shape[2])
+    rows = x.new_zeros(max(counts), x.shape[1])
+    for e, n in enumerate(counts):
+        if n:
+            torch.mm(rows[:n], w13[e].t())
+            torch.mm(act[:n], w2[e].t())
+    return act
+
+
+def grouped_speedups(
+    tokens: int,
+    hidden: int,
+    inter: int,
+    reps: int,
+    dtype: torch.dtype = torch.float32,
+    naive: bool = True,
+) -> dict[str, float]:
+    """Speedups of the grouped path over the per-expert loops (64 experts, top-8)."""
+    x, w13, w2, weights, ids = _routing_case(tokens, hidden, inter, dtype)
+    p13, p2 = _engine_stacks(w13, w2)
+    grouped = fused_experts_torch(x, p13, p2, weights, ids).float()
+    ref = masked_gather_per_expert(x.float(), w13.float(), w2.float(), weights, ids)
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    if not torch.allclose(grouped, ref, atol=tol, rtol=tol):
+        raise AssertionError("grouped path disagrees with the gather loop")
+    fns = {
+        "grouped": lambda: fused_experts_torch(x, p13, p2, weights, ids),
+        "masked": lambda: masked_gather_per_expert(x, w13, w2, weights.to(dtype), ids),
     }
+    if naive:
+        fns["naive"] = lambda: naive_per_expert(x, w13, w2, weights.to(dtype), ids)
+        fns["gemm"] = lambda: gemm_floor(x, w13, w2, ids)
+    t = _interleaved_medians(fns, reps)
+    out = {"grouped_over_masked_gather": t["masked"] / t["grouped"]}
+    if naive:
+        out["grouped_over_naive"] = t["naive"] / t["grouped"]
+        out["masked_gather_over_gemm_floor"] = t["masked"] / t["gemm"]
+    return out
 
 
 def skewed_routing(tokens: int, experts: int, top_k: int, seed: int) -> torch.Tensor:
@@ -131,6 +172,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tokens", type=int, default=1024, help="tokens in the expert batch")
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--inter", type=int, default=384, help="expert intermediate size")
+    parser.add_argument("--decode-tokens", type=int, default=32, help="tokens of a decode step")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1: stable on a shared box)"
@@ -148,7 +190,20 @@ def main(argv: list[str]) -> int:
     results: dict[str, float] = {}
     with Progress(console=console) as progress:
         task = progress.add_task("grouped vs per-expert loops", total=2)
-        results.update(grouped_speedups(args.tokens, args.hidden, args.inter, args.reps))
+        sizes = (args.hidden, args.inter, args.reps)
+        for name, value in grouped_speedups(args.tokens, *sizes).items():
+            results[f"moe.{name}"] = value
+        for suffix, tokens, dtype in (
+            ("_decode", args.decode_tokens, torch.float32),
+            ("_bf16", args.tokens, torch.bfloat16),
+            ("_bf16_decode", args.decode_tokens, torch.bfloat16),
+        ):
+            if dtype == torch.bfloat16 and not can_pack_experts(torch.empty(1, 1, 1, dtype=dtype)):
+                continue  # no native bf16 here: the engine would not run bf16 experts on it
+            speedup = grouped_speedups(tokens, *sizes, dtype=dtype, naive=False)
+            results[f"moe.grouped_over_masked_gather{suffix}"] = speedup[
+                "grouped_over_masked_gather"
+            ]
         progress.update(task, advance=1, description="balancedness before/after rebalance")
         results.update(balancedness_results(args.ranks, args.redundant, args.route_tokens))
         progress.update(task, advance=1)

@@ -116,7 +116,8 @@ def model_weight_bytes(model: nn.Module) -> int:
     seen: set[int] = set()
     total = 0
     for t in [*model.parameters(), *model.buffers()]:
-        key = t.data_ptr() if t.layout == torch.strided else id(t)  # oneDNN-packed: no storage
+        # oneDNN-packed tensors have no storage; a meta stack stands for its packed experts
+        key = t.data_ptr() if t.layout == torch.strided and not t.is_meta else id(t)
         if key in seen:
             continue
         seen.add(key)
