@@ -66,3 +66,43 @@ def test_every_metric_queried_is_one_the_engine_exports(exported: set[str]) -> N
     queried |= {n for q in keda for n in NAME.findall(q)}
     assert len(queried) >= 15
     assert queried <= exported, sorted(queried - exported)
+
+
+def _rules(env: str = "dev") -> list[dict]:
+    from support.infra import rendered
+
+    docs = [d for d in rendered()[f"{env}/platform.yaml"] if d["kind"] == "PrometheusRule"]
+    assert docs, "no PrometheusRule"
+    return [r for d in docs for g in d["spec"]["groups"] for r in g["rules"]]
+
+
+def test_alerts_page_for_what_operators_are_paged_for(exported: set[str]) -> None:
+    """No live replica for a deployment, errors, TTFT p95 over the SLO, KV use at the limit;
+    every loraplex metric a rule reads is one the engine exports; the rules are valid for
+    the Prometheus Operator's schema."""
+    from support.infra import rendered, validate_resource
+
+    for env in ("dev", "prod"):
+        for d in rendered()[f"{env}/platform.yaml"]:
+            if d["kind"] == "PrometheusRule":
+                validate_resource(d)
+    rules = {r["alert"]: r for r in _rules()}
+    for wanted in ("LoraplexDeploymentNoLiveReplica", "LoraplexEngineErrorRate",
+                   "LoraplexTTFTp95OverSLO", "LoraplexKVCacheFull"):  # fmt: skip
+        assert wanted in rules, sorted(rules)
+        assert rules[wanted]["labels"]["severity"] in ("page", "ticket")
+        assert rules[wanted]["annotations"]["summary"]
+    queried = {n for r in rules.values() for n in NAME.findall(r["expr"])}
+    assert queried and queried <= exported, sorted(queried - exported)
+    from support.infra import release
+
+    slo = release("dev").values["alerts"]["ttft_p95_slo_s"]
+    assert f"> {slo}" in rules["LoraplexTTFTp95OverSLO"]["expr"]
+
+
+def test_certificate_expiry_is_alarmed() -> None:
+    """The API certificate's DaysToExpiry (ACM's CloudWatch metric) has an alarm."""
+    text = "\n".join(p.read_text() for p in (TERRAFORM / "stack").glob("*.tf"))
+    assert re.search(r'resource "aws_cloudwatch_metric_alarm" "certificate_expiry"', text)
+    assert '"AWS/CertificateManager"' in text and '"DaysToExpiry"' in text
+    assert "CertificateArn = var.api_certificate_arn" in text

@@ -155,4 +155,40 @@ SCHEMAS: dict[tuple[str, str], dict] = {
             ["selector", "podMetricsEndpoints"],
         ),
     ),
+    ("monitoring.coreos.com/v1", "PrometheusRule"): _resource(
+        "monitoring.coreos.com/v1",
+        "PrometheusRule",
+        _obj(
+            {
+                "groups": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": _obj(
+                        {
+                            "name": STR,
+                            "rules": {
+                                "type": "array",
+                                "minItems": 1,
+                                "items": _obj(
+                                    {
+                                        "alert": STR,
+                                        "expr": STR,
+                                        "for": STR,
+                                        "labels": {"type": "object", "additionalProperties": STR},
+                                        "annotations": {
+                                            "type": "object",
+                                            "additionalProperties": STR,
+                                        },
+                                    },
+                                    ["alert", "expr"],
+                                ),
+                            },
+                        },
+                        ["name", "rules"],
+                    ),
+                }
+            },
+            ["groups"],
+        ),
+    ),
 }

@@ -161,3 +161,20 @@ resource "aws_ecr_lifecycle_policy" "images" {
     }]
   })
 }
+
+# The API certificate's expiry (ACM publishes DaysToExpiry daily; an imported certificate is
+# never renewed by ACM, a DNS-validated one is unless its validation record went away).
+resource "aws_cloudwatch_metric_alarm" "certificate_expiry" {
+  alarm_name          = "${local.name}-api-certificate-expiry"
+  alarm_description   = "The API's ACM certificate expires within 30 days."
+  namespace           = "AWS/CertificateManager"
+  metric_name         = "DaysToExpiry"
+  dimensions          = { CertificateArn = var.api_certificate_arn }
+  statistic           = "Minimum"
+  period              = 86400
+  evaluation_periods  = 1
+  comparison_operator = "LessThanThreshold"
+  threshold           = 30
+  treat_missing_data  = "breaching"
+  tags                = local.tags
+}
