@@ -106,3 +106,18 @@ def test_certificate_expiry_is_alarmed() -> None:
     assert re.search(r'resource "aws_cloudwatch_metric_alarm" "certificate_expiry"', text)
     assert '"AWS/CertificateManager"' in text and '"DaysToExpiry"' in text
     assert "CertificateArn = var.api_certificate_arn" in text
+
+
+def test_gpu_telemetry_is_scraped_and_on_the_dashboard() -> None:
+    """NVIDIA's dcgm-exporter runs on the GPU nodes (a pinned chart, scraped through its
+    ServiceMonitor), and the dashboard plots its GPU utilization and memory."""
+    text = (TERRAFORM / "modules" / "observability" / "main.tf").read_text()
+    assert re.search(r'resource "helm_release" "dcgm_exporter"', text)
+    assert 'var.chart_versions["dcgm-exporter"]' in text
+    assert "serviceMonitor" in text and "nvidia.com/gpu" in text
+    exprs = " ".join(_exprs())
+    for metric in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"):
+        assert metric in exprs, metric
+    for env in ("dev", "prod"):
+        envtext = (TERRAFORM / "envs" / env / "main.tf").read_text()
+        assert re.search(r'"dcgm-exporter"\s*=\s*"[0-9]+\.[0-9]+\.[0-9]+"', envtext), env

@@ -121,7 +121,7 @@ module "observability" {
   prometheus_retention_days = var.prometheus.retention_days
   prometheus_storage_gb     = var.prometheus.storage_gb
   chart_versions = {
-    for k in ["kube-prometheus-stack", "aws-for-fluent-bit"] : k => var.chart_versions[k]
+    for k in ["kube-prometheus-stack", "aws-for-fluent-bit", "dcgm-exporter"] : k => var.chart_versions[k]
   }
   tags = local.tags
 

@@ -123,10 +123,10 @@ variable "chart_versions" {
 
   validation {
     condition = (
-      length(setsubtract(["nvidia-device-plugin", "cluster-autoscaler", "aws-load-balancer-controller", "external-secrets", "keda", "kube-prometheus-stack", "aws-for-fluent-bit"], keys(var.chart_versions))) == 0 &&
+      length(setsubtract(["nvidia-device-plugin", "cluster-autoscaler", "aws-load-balancer-controller", "external-secrets", "keda", "kube-prometheus-stack", "aws-for-fluent-bit", "dcgm-exporter"], keys(var.chart_versions))) == 0 &&
       alltrue([for v in values(var.chart_versions) : can(regex("^[0-9]+\\.[0-9]+\\.[0-9]+$", v))])
     )
-    error_message = "chart_versions needs every add-on chart (nvidia-device-plugin, cluster-autoscaler, aws-load-balancer-controller, external-secrets, keda, kube-prometheus-stack, aws-for-fluent-bit) as an exact X.Y.Z."
+    error_message = "chart_versions needs every add-on chart (nvidia-device-plugin, cluster-autoscaler, aws-load-balancer-controller, external-secrets, keda, kube-prometheus-stack, aws-for-fluent-bit, dcgm-exporter) as an exact X.Y.Z."
   }
 }
 

@@ -67,6 +67,7 @@ module "loraplex" {
     "keda"                         = "2.17.0"
     "kube-prometheus-stack"        = "69.4.1"
     "aws-for-fluent-bit"           = "0.1.32"
+    "dcgm-exporter"                = "4.1.1"
   }
 
   database = {

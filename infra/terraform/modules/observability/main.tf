@@ -200,3 +200,22 @@ resource "kubernetes_storage_class_v1" "gp3" {
     encrypted = "true"
   }
 }
+
+# GPU telemetry: NVIDIA's DCGM exporter on every GPU node (utilization, memory, power,
+# temperature, XID errors), scraped by Prometheus through the chart's ServiceMonitor and
+# plotted on the "loraplex serving" dashboard.
+resource "helm_release" "dcgm_exporter" {
+  name       = "dcgm-exporter"
+  repository = "https://nvidia.github.io/dcgm-exporter/helm-charts"
+  chart      = "dcgm-exporter"
+  version    = var.chart_versions["dcgm-exporter"]
+  namespace  = kubernetes_namespace_v1.monitoring.metadata[0].name
+
+  values = [yamlencode({
+    serviceMonitor = { enabled = true, interval = "15s" }
+    nodeSelector   = { "loraplex.dev/pool" = "gpu" }
+    tolerations    = [{ key = "nvidia.com/gpu", operator = "Exists", effect = "NoSchedule" }]
+  })]
+
+  depends_on = [helm_release.kube_prometheus_stack]
+}

@@ -59,15 +59,15 @@ variable "prometheus_storage_gb" {
 }
 
 variable "chart_versions" {
-  description = "Pinned Helm chart versions: kube-prometheus-stack, aws-for-fluent-bit."
+  description = "Pinned Helm chart versions: kube-prometheus-stack, aws-for-fluent-bit, dcgm-exporter."
   type        = map(string)
 
   validation {
     condition = (
-      length(setsubtract(["kube-prometheus-stack", "aws-for-fluent-bit"], keys(var.chart_versions))) == 0 &&
+      length(setsubtract(["kube-prometheus-stack", "aws-for-fluent-bit", "dcgm-exporter"], keys(var.chart_versions))) == 0 &&
       alltrue([for v in values(var.chart_versions) : can(regex("^[0-9]+\\.[0-9]+\\.[0-9]+$", v))])
     )
-    error_message = "chart_versions needs kube-prometheus-stack and aws-for-fluent-bit, each an exact X.Y.Z."
+    error_message = "chart_versions needs kube-prometheus-stack, aws-for-fluent-bit and dcgm-exporter, each an exact X.Y.Z."
   }
 }
 
