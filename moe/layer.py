@@ -275,7 +275,11 @@ class MoEBlock(ExpertStorage, nn.Module):
 
     def _routed_local(self, x, weights, ids, lora: ExpertLoraBatch | None = None) -> torch.Tensor:
         w13, w2 = self.stack("w13"), self.stack("w2")
-        if lora is not None:  # adapters' expert deltas inside the grouped GEMMs (torch path)
+        if lora is not None:  # adapters' expert deltas inside the grouped GEMMs
+            if _use_triton(x) and isinstance(w13, torch.Tensor):
+                from loraplex.moe.expert_lora_triton import fused_experts_lora_triton
+
+                return fused_experts_lora_triton(x, w13, w2, weights, ids, lora)
             return fused_experts_lora_torch(x, w13, w2, weights, ids, lora)
         if _use_triton(x):
             from loraplex.moe.experts_triton import fused_experts_triton
