@@ -31,6 +31,7 @@ TFVARS = {
         "arn:aws:acm:us-east-1:730335318842:certificate/8a1c2f3e-0b4d-4c5e-9f60-7a8b9c0d1e2f"
     ),
     "api_allowed_cidrs": ["198.51.100.0/24"],
+    "budget_emails": ["ops@acme.example"],
 }
 
 

@@ -26,6 +26,7 @@ VALID = {
         "arn:aws:acm:us-east-1:730335318842:certificate/8a1c2f3e-0b4d-4c5e-9f60-7a8b9c0d1e2f"
     ),
     "api_allowed_cidrs": ["198.51.100.0/24"],
+    "budget_emails": ["ops@acme.example"],
 }
 
 
@@ -103,3 +104,15 @@ def test_gpu_capacity_is_explicit() -> None:
     assert (h100["min_size"], h100["desired_size"]) == (0, 0)
     assert "quota" in (ENVS / "prod" / "main.tf").read_text().lower()
     assert unq(h100["capacity_type"]) in ("ON_DEMAND", "CAPACITY_BLOCK")
+
+
+def test_a_monthly_budget_alarms_the_operators() -> None:
+    """AWS Budgets watches the environment's monthly cost (forecast and actual) and mails the
+    operators; each environment sets its amount and recipients."""
+    stack = folder_text(TERRAFORM / "stack")
+    assert re.search(r'resource "aws_budgets_budget" "monthly"', stack)
+    assert re.search(r"limit_amount\s*=\s*tostring\(var\.budget\.monthly_usd\)", stack)
+    assert "FORECASTED" in stack and "ACTUAL" in stack
+    for env in ("dev", "prod"):
+        [module] = [fields(m)["loraplex"] for m in parsed(ENVS / env / "main.tf")["module"]]
+        assert "budget" in module, env

@@ -178,3 +178,34 @@ resource "aws_cloudwatch_metric_alarm" "certificate_expiry" {
   treat_missing_data  = "breaching"
   tags                = local.tags
 }
+
+# The environment's monthly cost: mail the operators when the forecast passes 80% and when
+# the actual cost passes the budget (GPU pools dominate; see infra/README.md's cost tables).
+resource "aws_budgets_budget" "monthly" {
+  name         = "${local.name}-monthly"
+  budget_type  = "COST"
+  limit_amount = tostring(var.budget.monthly_usd)
+  limit_unit   = "USD"
+  time_unit    = "MONTHLY"
+
+  cost_filter {
+    name   = "TagKeyValue"
+    values = ["user:Environment$${var.environment}"]
+  }
+
+  notification {
+    comparison_operator        = "GREATER_THAN"
+    threshold                  = 80
+    threshold_type             = "PERCENTAGE"
+    notification_type          = "FORECASTED"
+    subscriber_email_addresses = var.budget.emails
+  }
+
+  notification {
+    comparison_operator        = "GREATER_THAN"
+    threshold                  = 100
+    threshold_type             = "PERCENTAGE"
+    notification_type          = "ACTUAL"
+    subscriber_email_addresses = var.budget.emails
+  }
+}

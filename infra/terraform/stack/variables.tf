@@ -261,3 +261,16 @@ variable "api_allowed_cidrs" {
     error_message = "api_allowed_cidrs must list at least one valid CIDR."
   }
 }
+
+variable "budget" {
+  description = "Monthly cost budget of the environment in USD, and who is mailed at 80% forecast and 100% actual."
+  type = object({
+    monthly_usd = number
+    emails      = list(string)
+  })
+
+  validation {
+    condition     = var.budget.monthly_usd > 0 && length(var.budget.emails) > 0 && alltrue([for e in var.budget.emails : can(regex("^[^@ ]+@[^@ ]+\\.[^@ ]+$", e))])
+    error_message = "budget needs a positive monthly_usd and at least one email address."
+  }
+}

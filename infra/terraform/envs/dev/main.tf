@@ -77,6 +77,7 @@ module "loraplex" {
 
   api_replicas       = { min = 2, max = 4 }
   worker_replicas    = 1
+  budget             = { monthly_usd = 2000, emails = var.budget_emails }
   log_retention_days = 14
   prometheus         = { retention_days = 7, storage_gb = 50 }
 }

@@ -92,6 +92,7 @@ module "loraplex" {
 
   api_replicas       = { min = 3, max = 12 }
   worker_replicas    = 3
+  budget             = { monthly_usd = 60000, emails = var.budget_emails }
   log_retention_days = 90
   prometheus         = { retention_days = 30, storage_gb = 200 }
 }

@@ -61,3 +61,13 @@ variable "api_allowed_cidrs" {
     error_message = "api_allowed_cidrs must list at least one valid CIDR."
   }
 }
+
+variable "budget_emails" {
+  description = "Who AWS Budgets mails when the environment's monthly cost passes its budget."
+  type        = list(string)
+
+  validation {
+    condition     = length(var.budget_emails) > 0 && alltrue([for e in var.budget_emails : can(regex("^[^@ ]+@[^@ ]+\\.[^@ ]+$", e))])
+    error_message = "budget_emails must list at least one email address."
+  }
+}
