@@ -122,6 +122,7 @@ def test_expert_and_router_lora_in_the_engine_match_peft(tmp_path, arch):
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     outs = llm.generate(prompts, params, adapters=[str(r) if r else None for r in refs])
     by_prompt = {int(rid.split("-")[-2]): torch.stack(rs) for rid, rs in rows.items()}
+    assert llm.core.lora_runtime.metrics()["expert_lora_bytes"] > 0  # reported, outside the pool
     for i, (prompt, ref, out) in enumerate(zip(prompts, oracle, outs, strict=True)):
         seq = prompt + out.outputs[0].token_ids
         want = _peft_logprobs(hf, ref, seq[:-1])[len(prompt) - 1 :]

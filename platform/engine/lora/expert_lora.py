@@ -101,6 +101,16 @@ class ExpertLoraStore:
             del self._weights[key]
             self._meta = None
 
+    @property
+    def nbytes(self) -> int:
+        """Device bytes the resident adapters' expert/router factors take (outside the pool)."""
+        total = 0
+        for per_layer in self._weights.values():
+            for w in per_layer.values():
+                for t in (w.w13_a, w.w13_b, w.w2_a, w.w2_b, w.router_a, w.router_b):
+                    total += 0 if t is None else t.numel() * t.element_size()
+        return total
+
     def __contains__(self, key: str) -> bool:
         return key in self._weights
 

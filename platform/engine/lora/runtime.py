@@ -121,6 +121,7 @@ class LoraRuntime:
         )
         args.update(overrides)
         runtime = cls(core.model, core.model.hf_config, **args)
+        runtime.hooks.fixed_order = cfg.deterministic
         from loraplex.platform.engine.lora.metrics import LoraCollector
 
         core.metrics.registry.register(LoraCollector(runtime, core.metrics.model_name))
@@ -229,6 +230,7 @@ class LoraRuntime:
             "max_loras": self.max_loras,
             "adapter_memory_bytes": self.adapter_memory_bytes,
             "adapter_memory_used_bytes": pool.used_bytes if pool else 0,
+            "expert_lora_bytes": self.experts.nbytes if self.experts is not None else 0,
             "host_bytes": self.host.used_bytes,
             "device_loads": pool.stats.loads if pool else 0,
             "device_evictions": pool.stats.evictions if pool else 0,
