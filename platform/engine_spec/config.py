@@ -87,6 +87,10 @@ class EngineConfig:
         0, "extra copies of hot experts placed at each rebalance (EPLB)"
     )
     eplb_interval: int = _opt(0, "engine steps between expert rebalances (0: never)")
+    deterministic: bool = _opt(
+        False, "bitwise-reproducible logprobs whatever the batch, chunking, prefix cache or "
+        "neighbours' adapters (batch-invariant kernels; dense fp32/bf16 models on a CPU)",
+    )  # fmt: skip
     storage: StorageConfig | None = field(
         default=None, repr=False, compare=False, metadata={"cli": False}
     )
@@ -135,6 +139,26 @@ class EngineConfig:
             raise ValueError(f"ep_size must be >= 1, got {self.ep_size}")
         if self.ep_redundant_experts < 0 or self.eplb_interval < 0:
             raise ValueError("ep_redundant_experts and eplb_interval must be >= 0")
+        why = self.deterministic_refusal()
+        if why is not None:
+            raise ValueError(f"the deterministic mode does not cover {why} yet")
+
+    def deterministic_refusal(self) -> str | None:
+        """What of this configuration the deterministic mode does not cover yet (None: all
+        of it, as far as the configuration alone tells; the engine checks the model too)."""
+        if not self.deterministic:
+            return None
+        if not self.device.startswith("cpu"):
+            return f"device {self.device} (the GPU kernels' single-tile configuration is not built)"
+        if self.quantization not in (None, "fp32", "bf16"):
+            return f"quantization {self.quantization} (quantized GEMMs are not batch-invariant)"
+        if self.kv_cache_dtype != "auto":
+            return f"kv_cache_dtype {self.kv_cache_dtype}"
+        if self.dtype == "float16" and self.quantization is None:
+            return "dtype float16 (fp32 and bf16 only)"
+        if self.ep_size > 1:
+            return "expert parallelism"
+        return None
 
     def adapter_rank_rows(self) -> int:
         """Rank rows of device adapter memory when no byte budget is given: the rows budget,

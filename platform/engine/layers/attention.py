@@ -14,6 +14,7 @@ from torch import nn
 
 from loraplex.platform.engine.forward_context import get_forward_context
 from loraplex.platform.engine.layers.attention_metadata import AttentionMetadata
+from loraplex.platform.engine.layers.fixed_order_attention import fixed_order_attention
 from loraplex.platform.engine.layers.paged_attention_cpu import (
     native_decode_attention,
     native_decode_available,
@@ -55,6 +56,8 @@ class Attention(nn.Module):
         self.kv_scales: KVScales = NO_SCALES  # dequantization scales of an fp8 cache
         self.use_triton = True  # may be switched off to force the torch path on CUDA
         self.use_native = True  # may be switched off to force the torch path on a CPU
+        # The deterministic mode: every query token alone, in one order (`batch_invariant.py`).
+        self.fixed_order = False
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq*D], k/v [T, Hkv*D] (rope applied) -> attention output [T, Hq*D]."""
@@ -71,7 +74,10 @@ class Attention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)
         fast = self.use_triton and triton_available_for(q)
         sc = self.kv_scales
-        if fast:
+        if self.fixed_order:
+            native_write_kv(self.kv_cache, k, v, md.slot_mapping)
+            out = fixed_order_attention(q, self.kv_cache, md, self.scale)
+        elif fast:
             write_kv_triton(self.kv_cache, k, v, md.slot_mapping, sc)
             out = paged_attention_torch(q, self.kv_cache, md, self.scale, _triton_decode, sc)
         elif self.use_native and native_decode_available(q, self.kv_cache):

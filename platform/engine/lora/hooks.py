@@ -20,7 +20,11 @@ import torch
 from torch import nn
 
 from loraplex.adapters.device_pool import DevicePool, LoraLinearSpec
-from loraplex.adapters.kernels.lora_cpu import NativeLoraLinear, native_lora_available
+from loraplex.adapters.kernels.lora_cpu import (
+    NativeLoraLinear,
+    native_lora_available,
+    native_lora_status,
+)
 from loraplex.adapters.kernels.lora_packed import PackCache, lora_compute_dtype, lora_delta_packed
 from loraplex.adapters.kernels.lora_sgmv import build_sgmv_plan
 from loraplex.adapters.kernels.lora_triton import (
@@ -71,6 +75,8 @@ class LoraHooks:
         self._slice_tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._native: dict[int, NativeLoraLinear] = {}
         self.packs = PackCache(pack_cache_bytes)
+        # The deterministic mode: only the per-token native kernel is batch-invariant.
+        self.fixed_order = False
         for lid, module in enumerate(self.modules):
             module.lora_delta = functools.partial(self._delta, lid)
 
@@ -96,6 +102,11 @@ class LoraHooks:
             )  # fmt: skip
         elif (native := self.native_linear(lid, x, pool)) is not None:
             native(x, y, meta, lid)
+        elif self.fixed_order:
+            raise NotImplementedError(
+                "the deterministic mode serves adapters through the native CPU LoRA kernel only "
+                f"({native_lora_status()})"
+            )
         else:
             dtype = lora_compute_dtype(x)
             if meta.sgmv_plan is None:

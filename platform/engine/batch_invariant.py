@@ -1,0 +1,89 @@
+"""The deterministic mode: switch a loaded model onto batch-invariant kernels, or refuse.
+
+With `EngineConfig.deterministic` every reduction whose order could follow the batch runs in
+one fixed order (`layers/fixed_order_cpu.c`: projections, the LM head, RMSNorm;
+`layers/fixed_order_attention.py`: each query token alone through the native decode kernel;
+the native LoRA kernel is per token already). Everything else a forward does is elementwise
+or a gather. Configurations the mode does not cover yet are refused here, naming what is
+missing, rather than served with a promise they would break.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from loraplex.platform.engine.layers.attention import Attention
+from loraplex.platform.engine.layers.fixed_order_cpu import (
+    fixed_order_available,
+    fixed_order_linear,
+)
+from loraplex.platform.engine.layers.linear import Linear
+from loraplex.platform.engine.layers.norm import RMSNorm
+from loraplex.platform.engine.layers.onednn_weights import dense
+from loraplex.platform.engine.layers.paged_attention_cpu import LIBRARY as ATTENTION_LIBRARY
+from loraplex.platform.engine_spec.config import EngineConfig
+
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+class DeterministicModeUnsupported(NotImplementedError):
+    """The deterministic mode was asked for a configuration it does not cover yet."""
+
+
+class FixedOrderHead(nn.Module):
+    """The LM head through the fixed-order kernel (its weight read from the wrapped head, so a
+    tied embedding stays shared)."""
+
+    def __init__(self, head: nn.Module) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] -> logits [N, V] in the weight's dtype."""
+        return fixed_order_linear(hidden, dense(self.head.weight))
+
+
+def refusal(config: EngineConfig, hf_config: dict[str, Any], dtype: torch.dtype) -> str | None:
+    """Why the deterministic mode cannot serve this engine, or None when it can."""
+    why = config.deterministic_refusal()
+    if why is not None:
+        return why
+    if hf_config.get("num_local_experts") or hf_config.get("num_experts"):
+        return "MoE models (the expert GEMMs and routing are not batch-invariant yet)"
+    if dtype not in DTYPES:
+        return f"compute dtype {dtype} (fp32 and bf16 only)"
+    if not fixed_order_available():
+        return "this machine: the fixed-order C kernels cannot be built here (no C compiler?)"
+    if not ATTENTION_LIBRARY.available:
+        return (
+            f"this machine: the native attention kernel is unavailable ({ATTENTION_LIBRARY.error})"
+        )
+    return None
+
+
+def make_batch_invariant(
+    model: nn.Module, config: EngineConfig, hf_config: dict[str, Any], dtype: torch.dtype
+) -> None:
+    """Put `model` on the batch-invariant kernels; raises DeterministicModeUnsupported."""
+    why = refusal(config, hf_config, dtype)
+    if why is not None:
+        raise DeterministicModeUnsupported(f"the deterministic mode does not cover {why} yet")
+    for module in model.modules():
+        if isinstance(module, Linear):
+            if module.quant_method is not None:
+                raise DeterministicModeUnsupported(
+                    "the deterministic mode does not cover quantized Linear weights yet"
+                )
+            module.weight = nn.Parameter(
+                dense(module.weight.data).contiguous(), requires_grad=False
+            )
+            module.fixed_order = True
+        elif isinstance(module, RMSNorm | Attention):
+            module.fixed_order = True
+    head = getattr(model, "lm_head", None)
+    if head is None:
+        raise DeterministicModeUnsupported(f"{type(model).__name__} has no lm_head to fix")
+    model.lm_head = FixedOrderHead(head)

@@ -1,0 +1,213 @@
+"""The deterministic mode (issue 23): a needle request's sampled logits are bitwise identical
+whatever surrounds it: batch size and its row in the batch, other requests' adapters and
+`max_loras`, chunked-prefill boundaries and chunk size, prefix cache cold or warm, preemption
+with recompute, its adapter fetched just now or resident, a fresh engine; greedy and seeded
+sampling alike. Configurations the mode does not cover are refused, naming what is missing.
+
+CI runs a reduced matrix; `LORAPLEX_DETERMINISM_FULL=1` runs every batch size 1..64, every
+chunk size 1..16 and more neighbours.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from support.logit_spy import record_sampled_logits  # noqa: E402
+from support.peft_adapters import make_adapter  # noqa: E402
+
+from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
+from loraplex.platform.engine.batch_invariant import (  # noqa: E402
+    DeterministicModeUnsupported,
+    make_batch_invariant,
+)
+from loraplex.platform.engine.layers.fixed_order_cpu import fixed_order_available  # noqa: E402
+from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
+from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
+
+FULL = os.environ.get("LORAPLEX_DETERMINISM_FULL") == "1"
+NEEDLE = [11, 5, 9, 23, 7, 81, 4, 66, 12, 30, 2, 17, 44, 8, 91, 3, 27]
+NEEDLE_TOKENS = 6
+
+pytestmark = pytest.mark.skipif(not fixed_order_available(), reason="no C compiler here")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[Path]]:
+    """A tiny dense Llama and four adapters over it."""
+    base = tmp_path_factory.mktemp("base")
+    hf = save_tiny_model(base, "llama", seed=9)
+    adapters = [
+        make_adapter(hf, tmp_path_factory.mktemp(f"ad{i}"), seed=20 + i, r=4 + 4 * (i % 2),
+                     lora_alpha=16, target_modules="all-linear")
+        for i in range(4)
+    ]  # fmt: skip
+    return str(base), adapters
+
+
+def _llm(base: str, dtype: str, **kw: object) -> LLM:
+    args: dict[str, object] = dict(
+        dtype=dtype, deterministic=True, block_size=4, max_loras=8, max_lora_rank=16,
+        max_num_batched_tokens=64, max_num_seqs=64,
+    )  # fmt: skip
+    args.update(kw)
+    return LLM(base, **args)
+
+
+def _hay(i: int) -> list[int]:
+    g = torch.Generator().manual_seed(1000 + i)
+    return torch.randint(3, 120, (3 + (i * 7) % 23,), generator=g).tolist()
+
+
+def _needle_params(seeded: bool) -> SamplingParams:
+    if seeded:
+        return SamplingParams(max_tokens=NEEDLE_TOKENS, temperature=0.9, seed=42, logprobs=3,
+                              ignore_eos=True)  # fmt: skip
+    return SamplingParams(max_tokens=NEEDLE_TOKENS, temperature=0.0, logprobs=3, ignore_eos=True)
+
+
+def _run(
+    llm: LLM,
+    needle_adapter: object,
+    *,
+    seeded: bool,
+    before: int = 0,
+    after: int = 0,
+    hay_adapters: list[object | None] | None = None,
+    late: int = 0,
+) -> tuple[list[int], list[torch.Tensor], object]:
+    """The needle among `before` + `after` haystack requests (added before and after it; the
+    first `late` of them join once the others are decoding), stepped to the end: the needle's
+    tokens, its sampled logits rows as bits, and the request."""
+    core = llm.core
+    rows = record_sampled_logits(llm)
+    hay_params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    adapters = hay_adapters or [None]
+    hay = [(f"h{i}", _hay(i), adapters[i % len(adapters)]) for i in range(before + after)]
+    queued = hay[:late]
+    for rid, prompt, ad in hay[late : late + before]:
+        core.add_request(prompt, hay_params, rid, adapter=ad)
+    needle = core.add_request(NEEDLE, _needle_params(seeded), "needle", adapter=needle_adapter)
+    for rid, prompt, ad in hay[late + before :]:
+        core.add_request(prompt, hay_params, rid, adapter=ad)
+    steps = 0
+    while core.has_unfinished():
+        core.step()
+        steps += 1
+        if steps == 2:
+            for rid, prompt, ad in queued:
+                core.add_request(prompt, hay_params, rid, adapter=ad)
+    bits = [r.view(torch.int32) for r in rows["needle"]]
+    return list(needle.output_token_ids), bits, needle
+
+
+def _same(got: tuple, want: tuple, what: str) -> None:
+    tokens, bits, _ = got
+    assert tokens == want[0], f"{what}: tokens {tokens} != {want[0]}"
+    assert len(bits) == len(want[1]) == NEEDLE_TOKENS, what
+    for i, (g, w) in enumerate(zip(bits, want[1], strict=True)):
+        differing = int((g != w).sum())
+        assert differing == 0, f"{what}: {differing} differing logits at token {i}"
+
+
+# CI: fp32 greedy and bf16 seeded, both with an adapter; the full flag runs all eight.
+MATRIX = [
+    (dtype, seeded, with_adapter)
+    for dtype in ("float32", "bfloat16")
+    for seeded in (False, True)
+    for with_adapter in (False, True)
+    if FULL or (with_adapter and seeded == (dtype == "bfloat16"))
+]
+
+
+@pytest.mark.parametrize(("dtype", "seeded", "with_adapter"), MATRIX)
+def test_the_needle_never_moves_a_bit(world, dtype: str, seeded: bool, with_adapter: bool) -> None:
+    base, adapters = world
+    ad = str(adapters[0]) if with_adapter else None
+    want = _run(_llm(base, dtype), ad, seeded=seeded)  # alone, cold, its adapter fetched now
+    others = [str(a) for a in adapters[1:]]
+    cases: list[tuple[str, dict, dict]] = []
+    # batch sizes up to 64, the needle first, in the middle, last (CI: three of them)
+    placements = [(n, b) for n in range(1, 64) for b in sorted({0, n // 2, n})]
+    for n, before in placements if FULL else [(1, 0), (1, 1), (63, 40)]:
+        cases.append((f"batch {n + 1} at row {before}", {}, dict(before=before, after=n - before)))
+    cases += [
+        ("neighbours share its adapter", {}, dict(before=3, after=2, hay_adapters=[ad])),
+        ("neighbours: base and others", {}, dict(before=4, after=3, hay_adapters=[None, *others])),
+        ("max_loras 4", dict(max_loras=4), dict(before=2, after=2, hay_adapters=others[:2])),
+        ("late joiners while it decodes", {}, dict(before=1, after=0, late=6)),
+        ("no prefix cache", dict(enable_prefix_caching=False), dict(before=2, after=1)),
+        ("no chunked prefill", dict(enable_chunked_prefill=False, max_num_batched_tokens=128,
+                                    max_model_len=128), dict(before=2, after=2)),
+    ]  # fmt: skip
+    for chunk in range(1, 17) if FULL else (3, 16):  # every chunk boundary of its prompt
+        cases.append((f"prefill chunks of {chunk}", dict(max_num_batched_tokens=chunk,
+                      max_num_seqs=1), {}))  # fmt: skip
+    cases.append(("chunk 7 behind a neighbour", dict(max_num_batched_tokens=7, max_num_seqs=2),
+                  dict(before=1, after=1)))  # fmt: skip
+    for what, engine_kw, run_kw in cases:
+        _same(_run(_llm(base, dtype, **engine_kw), ad, seeded=seeded, **run_kw), want, what)
+
+    warm = _llm(base, dtype)  # the same engine again: prefix cache warm, adapter resident
+    _run(warm, ad, seeded=seeded)
+    again = _run(warm, ad, seeded=seeded, before=2, after=1)
+    assert again[2].num_cached_tokens > 0
+    _same(again, want, "prefix cache warm, adapter resident")
+
+    tight = _llm(base, dtype, num_gpu_blocks=14, max_model_len=32)  # preempted, recomputed
+    got = _run(tight, ad, seeded=seeded, before=3, after=3)
+    assert tight.core.scheduler.num_preemptions > 0
+    _same(got, want, "preemption with recompute")
+
+
+def test_a_fresh_process_gives_the_same_bits(world, tmp_path: Path) -> None:
+    """A process restart: the needle in a new interpreter matches this one bit for bit."""
+    import subprocess
+    import sys
+
+    base, adapters = world
+    _, bits, _ = _run(_llm(base, "bfloat16"), str(adapters[0]), seeded=True, before=2, after=2)
+    out = tmp_path / "bits.pt"
+    code = (
+        "import sys, torch\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_deterministic_mode import _llm, _run\n"
+        f"_, bits, _ = _run(_llm({base!r}, 'bfloat16'), {str(adapters[0])!r}, seeded=True)\n"
+        f"torch.save(bits, {str(out)!r})\n"
+    )
+    tests_dir = Path(__file__).parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{tests_dir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
+    theirs = torch.load(out)
+    assert all(torch.equal(a, b) for a, b in zip(bits, theirs, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("kw", "named"),
+    [
+        (dict(quantization="int8"), "quantization int8"),
+        (dict(quantization="int4"), "quantization int4"),
+        (dict(quantization="fp8"), "quantization fp8"),
+        (dict(kv_cache_dtype="fp8"), "kv_cache_dtype fp8"),
+        (dict(device="cuda:0"), "device cuda:0"),
+        (dict(ep_size=2), "expert parallelism"),
+    ],
+)
+def test_uncovered_configurations_are_refused_naming_what(kw: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=f"deterministic mode does not cover {named}"):
+        EngineConfig(model="m", deterministic=True, **kw)
+
+
+def test_an_moe_model_is_refused() -> None:
+    """The model-dependent refusals: MoE (not batch-invariant yet) and fp16 compute."""
+    config = EngineConfig(model="m", deterministic=True)
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(DeterministicModeUnsupported, match="does not cover MoE models"):
+        make_batch_invariant(model, config, {"num_experts": 4}, torch.float32)
+    with pytest.raises(DeterministicModeUnsupported, match="does not cover compute dtype"):
+        make_batch_invariant(model, config, {}, torch.float16)
