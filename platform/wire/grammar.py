@@ -4,6 +4,7 @@ compiles it against its tokenizer). llguidance is imported on first use; it need
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -45,14 +46,20 @@ def grammar_text(kind: str, value: str = "", choices: tuple[str, ...] | list[str
 
 def grammar_error(kind: str, value: str = "", choices: tuple[str, ...] | list[str] = ()) -> str:
     """Why the constraint cannot be compiled ("" when it can): unreadable input, an invalid
-    regex or grammar, or a JSON-schema keyword the grammar engine does not implement."""
+    regex or grammar, or a JSON-schema keyword the grammar engine does not implement (cached by
+    content, like the replica's compiled grammars)."""
+    return _grammar_error(kind, value, tuple(choices))
+
+
+@functools.lru_cache(maxsize=256)
+def _grammar_error(kind: str, value: str, choices: tuple[str, ...]) -> str:
     from llguidance import LLMatcher
 
     try:
         text = grammar_text(kind, value, choices)
-    except ValueError as exc:
-        return str(exc)
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(text)
+        is_error, messages = LLMatcher.validate_grammar_with_warnings(text)
+    except Exception as exc:  # noqa: BLE001 - any failure to read it is the caller's input
+        return str(exc) or type(exc).__name__
     if is_error:
         return messages[0] if messages else "invalid constraint"
     return ""
