@@ -11,14 +11,12 @@ only its experts' slices.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from loraplex.moe.expert_parallel import ExpertParallelGroup
 from loraplex.moe.experts_torch import ExpertWeights, check_expert_weights, expert_mm
-from loraplex.moe.placement import ExpertPlacement
 
 
 @dataclass(frozen=True)
@@ -158,20 +156,3 @@ def expert_rows_lora_torch(
     out[order] = out_sorted
     return out
 
-
-_PER_SLOT = ("w13_a", "w13_b", "w2_a", "w2_b")
-
-
-def migrate_lora_weights(
-    ep: ExpertParallelGroup, old: ExpertPlacement, new: ExpertPlacement, w: ExpertLoraWeights
-) -> ExpertLoraWeights:
-    """An adapter's expert slices moved from placement `old` to `new` with the experts
-    (collective: every rank calls it for the same adapters in the same order)."""
-    names = [n for n in _PER_SLOT if getattr(w, n) is not None]
-    if not names:
-        return w
-    tensors = [getattr(w, n).contiguous() for n in names]
-    moved = ep.migrate_experts(old, new, [t.view(torch.uint8) for t in tensors])
-    return replace(
-        w, **{n: raw.view(t.dtype) for n, t, raw in zip(names, tensors, moved, strict=True)}
-    )

@@ -6,7 +6,8 @@ expert slots and moved to the model's device and dtype; adapters the device pool
 dropped at the next step (`retain`). Each MoE block asks `batch_for(block)` in its forward:
 the step's token -> adapter slot map (from `ForwardContext.lora`) and each slot's weights for
 that block, built once per step's metadata. Under expert parallelism each rank keeps only its
-experts' slices, and an EPLB placement change moves them with the experts. Expert LoRA bytes
+experts' slices on the device (the adapter's host copy holds them all), and an EPLB placement
+change moves them with the experts. Expert LoRA bytes
 live beside the pool's rank rows, not inside its byte budget.
 """
 
@@ -18,7 +19,7 @@ from loraplex.adapters.expert_weights import ExpertLoraModule
 from loraplex.adapters.metadata import LoraBatchMeta
 from loraplex.adapters.static_meta import StaticLoraView
 from loraplex.adapters.weights import LoadedAdapter
-from loraplex.moe.expert_lora import ExpertLoraBatch, ExpertLoraWeights, migrate_lora_weights
+from loraplex.moe.expert_lora import ExpertLoraBatch, ExpertLoraWeights
 from loraplex.moe.layer import MoEBlock
 from loraplex.moe.placement import ExpertPlacement
 from loraplex.platform.engine.forward_context import peek_forward_context
@@ -54,6 +55,7 @@ class ExpertLoraStore:
         self.dtype = dtype
         self.device = device
         self._weights: dict[str, dict[int, ExpertLoraWeights]] = {}
+        self._modules: dict[str, dict[int, ExpertLoraModule]] = {}  # host, all experts
         self._meta: LoraBatchMeta | None = None
         self._batches: dict[int, ExpertLoraBatch | None] = {}
         for block in blocks:
@@ -70,35 +72,37 @@ class ExpertLoraStore:
         """Adapter `key`'s factors for the block of `layer` (its local expert slots)."""
         return self._weights.get(key, {}).get(layer)
 
-    def _moved(self, block: MoEBlock, old: ExpertPlacement, new: ExpertPlacement) -> None:
-        """EPLB moved experts between ranks: move every adapter's slices of them too."""
-        if block.ep is None:
-            raise RuntimeError("a placement change without an expert-parallel group")
-        for key in sorted(self._weights):  # the same order on every rank (collective)
-            w = self._weights[key].get(block.layer_idx)
-            if w is not None:
-                self._weights[key][block.layer_idx] = migrate_lora_weights(block.ep, old, new, w)
+    def _moved(self, block: MoEBlock, _old: ExpertPlacement, _new: ExpertPlacement) -> None:
+        """EPLB moved experts between ranks: every adapter's slices follow them. Each rank
+        cuts its new experts' slices from the adapter's host copy (no collective: ranks of an
+        engine may hold different adapters between two steps)."""
+        for key, modules in self._modules.items():
+            if block.layer_idx in modules:
+                self._weights[key][block.layer_idx] = self._cut(modules[block.layer_idx], block)
         self._meta = None
 
     def add(self, adapter: LoadedAdapter) -> None:
         """An adapter was copied to the device: keep its expert factors for every block."""
         if not adapter.experts:
             return
-        per_layer = {}
-        for block in self.blocks:
-            module = adapter.experts.get(block.layer_idx)
-            if module is not None:
-                per_layer[block.layer_idx] = local_weights(
-                    module, block.local_experts, self.dtype, self.device
-                )
-        self._weights[adapter.key] = per_layer
+        self._modules[adapter.key] = adapter.experts
+        self._weights[adapter.key] = {
+            block.layer_idx: self._cut(adapter.experts[block.layer_idx], block)
+            for block in self.blocks
+            if block.layer_idx in adapter.experts
+        }
         self._meta = None
+
+    def _cut(self, module: ExpertLoraModule, block: MoEBlock) -> ExpertLoraWeights:
+        """An adapter's layer factors cut to `block`'s local expert slots, on the device."""
+        return local_weights(module, block.local_experts, self.dtype, self.device)
 
     def retain(self, keys: list[str] | set[str]) -> None:
         """Drop the adapters no longer resident on the device."""
         keep = set(keys)
         for key in [k for k in self._weights if k not in keep]:
             del self._weights[key]
+            del self._modules[key]
             self._meta = None
 
     @property
