@@ -26,8 +26,17 @@
     return function (u, lo, hi) { return [0, Math.max(hi * 1.1, name === "error_pct" ? 5 : 1)]; };
   }
 
+  // Axis text and grid in the theme's colours (the canvas does not follow CSS).
+  function themed(axis) {
+    var css = getComputedStyle(document.documentElement);
+    axis.stroke = css.getPropertyValue("--fg").trim() || "#1b1f24";
+    axis.grid = { stroke: css.getPropertyValue("--line").trim() || "#d5d9e0", width: 1 };
+    axis.ticks = { stroke: axis.grid.stroke, width: 1 };
+    return axis;
+  }
+
   function yAxis(unit) {
-    return { label: unit, values: function (u, ticks) { return ticks.map(function (v) { return v + (unit === "%" ? "%" : ""); }); } };
+    return themed({ label: unit, values: function (u, ticks) { return ticks.map(function (v) { return v + (unit === "%" ? "%" : ""); }); } });
   }
 
   function make(el, name, data) {
@@ -39,7 +48,7 @@
         return { label: p[0] + " (" + unit + ")", stroke: p[1], width: 2, spanGaps: true, points: { show: false } };
       })),
       scales: { y: { range: yRange(name) } },
-      axes: [{}, yAxis(unit)],
+      axes: [themed({}), yAxis(unit)],
     };
     return new uPlot(opts, data, el);
   }
@@ -71,7 +80,7 @@
     window.lpCharts.usage = new uPlot({
       width: Math.max(360, el.clientWidth || 600), height: 200, series: series,
       scales: { x: { time: true, range: function () { return [lo, hi]; } }, y: { range: yRange("usage") } },
-      axes: [{}, yAxis("requests/day")],
+      axes: [themed({}), yAxis("requests/day")],
     }, data, el);
   }
 

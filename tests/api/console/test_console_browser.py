@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,13 @@ __all__ = ["chromium"]
 pytestmark = pytest.mark.timeout(600)
 XSS = "<img src=x onerror=alert(1)>"
 OWNER, VIEWER = "owner@console.test", "viewer@console.test"
+
+
+@pytest.fixture(autouse=True)
+def event_loop_never_blocked() -> Iterator[None]:
+    """The API runs in its own process here (its loop is not in this one); the only loop in
+    this process is Playwright's, which the package-wide stall watch must not judge."""
+    yield
 
 
 class Stack:
@@ -248,14 +256,67 @@ PAGES = {
     "deployments": "/console/deployments",
     "jobs": "/console/jobs",
     "audit": "/console/audit",
+    "operators": "/console/operators",
+    "request-lookup": "/console/requests",
 }
 
 
+def _ids(stack: Stack) -> dict[str, str]:
+    from loraplex.platform.db.models import Adapter, Deployment
+
+    with stack.factory() as s:
+        adapter = s.scalars(select(Adapter.id).where(Adapter.name == "support-bot")).first()
+        dep = s.scalars(select(Deployment.id).order_by(Deployment.created_at)).first()
+    return {"adapter": str(adapter), "deployment": str(dep)}
+
+
+def _failed_responses(page: Any) -> list[str]:
+    """Record every answer >= 400 the page gets from now on (e.g. a missing favicon)."""
+    failed: list[str] = []
+    page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    return failed
+
+
+def test_charts_draw_lines_with_units_over_their_window(stack: Stack, owner_page: Any) -> None:
+    """Latency lines join over minutes without requests, the error rate is in %, the tenant's
+    30-day chart spans its 30 days, and no page asks for a file that is not there."""
+    failed = _failed_responses(owner_page)
+    owner_page.goto("/console/")
+    wait_until(lambda: _chart_requests(owner_page) >= 0, timeout=30, what="the charts to draw")
+    assert owner_page.evaluate("window.lpCharts.ttft.series[1].spanGaps") is True
+    assert owner_page.evaluate("window.lpCharts.error_pct.axes[1].label") == "%"
+    high = owner_page.evaluate("window.lpCharts.error_pct.scales.y.max")
+    assert 1 <= high <= 100
+    owner_page.goto(f"/console/tenants/{stack.state['tenant_id']}")
+    doc = owner_page.evaluate("JSON.parse(document.querySelector('[data-usage]').dataset.usage)")
+    x = owner_page.evaluate(
+        "[window.lpCharts.usage.scales.x.min, window.lpCharts.usage.scales.x.max]"
+    )
+    assert x == doc["x_range"] and len(doc["t"]) == 30
+    time.sleep(0.5)
+    assert failed == []
+
+
 def test_every_page_screenshot_and_accessibility(stack: Stack, owner_page: Any) -> None:
-    pages = {**PAGES, "tenant": f"/console/tenants/{stack.state['tenant_id']}"}
+    ids = _ids(stack)
+    pages = {
+        **PAGES,
+        "tenant": f"/console/tenants/{stack.state['tenant_id']}",
+        "adapter": f"/console/adapters/{ids['adapter']}",
+        "deployment": f"/console/deployments/{ids['deployment']}",
+    }
     found = {}
+    failed = _failed_responses(owner_page)
     for name, path in pages.items():
         owner_page.goto(path)
+        if name == "request-lookup":  # a refused request, looked up by its id
+            bad = stack.openai("lp_not_a_key")
+            with pytest.raises(openai.AuthenticationError) as err:
+                bad.models.list()
+            rid = err.value.response.headers["x-request-id"]
+            lookup = f"/console/requests?id={rid}"
+            wait_until(lambda u=lookup: owner_page.goto(u).status == 200,
+                       timeout=20, what="the refused request in the log")  # fmt: skip
         if name == "overview":
             wait_until(lambda: _chart_requests(owner_page) >= 0, timeout=30, what="charts")
         if name == "tenant":  # its usage chart counts the SDK requests made with its key
@@ -271,7 +332,20 @@ def test_every_page_screenshot_and_accessibility(stack: Stack, owner_page: Any) 
     screenshot(sign_in, "sign-in")
     found["sign-in"] = axe_violations(sign_in)
     sign_in.context.close()
+    dark = owner_page.context.browser.new_context(
+        base_url=stack.api.url, color_scheme="dark", bypass_csp=True
+    )
+    try:  # the dark theme (the system setting) passes the same checks
+        page = dark.new_page()
+        _sign_in(page, OWNER)
+        page.goto(f"/console/tenants/{stack.state['tenant_id']}")
+        screenshot(page, "tenant-dark")
+        assert page.evaluate("matchMedia('(prefers-color-scheme: dark)').matches") is True
+        found["tenant-dark"] = axe_violations(page)
+    finally:
+        dark.close()
     assert {k: v for k, v in found.items() if v} == {}
+    assert [f for f in failed if "/console/requests?id=" not in f] == []
     assert Path(screenshot(owner_page, "last")).exists()
 
 

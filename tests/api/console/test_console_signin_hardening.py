@@ -77,6 +77,17 @@ def test_password_checks_do_not_stall_the_event_loop(console_app: Any, console_s
     assert stall < verify_s / 2, f"loop stalled {stall:.3f}s (one verification {verify_s:.3f}s)"
 
 
+@pytest.fixture(scope="module")
+def signed(console_app: Any, console_settings: Any):
+    """An owner's client, signed in once for the module."""
+    make_operator(console_settings.database_url, "nul-owner@example.com", "owner")
+    c = TestClient(console_app, raise_server_exceptions=False)
+    assert sign_in(c, "nul-owner@example.com").status_code == 303
+    c.csrf = page_csrf(c)  # type: ignore[attr-defined]
+    yield c
+    c.close()
+
+
 @pytest.mark.parametrize(
     ("method", "path", "data"),
     [
@@ -92,17 +103,14 @@ def test_password_checks_do_not_stall_the_event_loop(console_app: Any, console_s
     ],
 )
 def test_control_characters_are_a_clean_400_page(
-    console_app: Any, console_settings, method: str, path: str, data: dict | None
+    signed: TestClient, console_app: Any, method: str, path: str, data: dict | None
 ) -> None:
-    make_operator(console_settings.database_url, f"nul-{uuid.uuid4().hex[:6]}@example.com", "owner")
-    c = TestClient(console_app, raise_server_exceptions=False)
-    if not path.startswith(("/console/sign-in", "/console/first-owner")):
-        email = f"nul-{uuid.uuid4().hex[:6]}@example.com"
-        make_operator(console_settings.database_url, email, "owner")
-        assert sign_in(c, email).status_code == 303
-        token = page_csrf(c)
-    else:
+    c = signed
+    if path.startswith(("/console/sign-in", "/console/first-owner")):
+        c = TestClient(console_app, raise_server_exceptions=False)
         token = csrf_of(c.get("/console/sign-in").text)
+    else:
+        token = signed.csrf  # type: ignore[attr-defined]
     if method == "post":
         r = c.post(path, data={**(data or {}), "csrf_token": token}, follow_redirects=False)
     else:
