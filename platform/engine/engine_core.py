@@ -387,6 +387,7 @@ class EngineCore:
             kv_cache_bytes=self.kv_cache_bytes,
             compute_dtype=str(self.dtype).removeprefix("torch."),
             compute_dtype_reason=self.dtype_reason,
+            deterministic=self.config.deterministic,
             cold_start=[
                 ColdStartPhase(name=name, start_s=start, seconds=seconds)
                 for name, start, seconds in self.timeline.phases()

@@ -249,6 +249,8 @@ class ReplicaState(WireModel):
     # The dtype the model computes in and why ("auto" picks bf16 only where it is native).
     compute_dtype: str = "float32"
     compute_dtype_reason: str = ""
+    # Whether the replica runs the deterministic mode (batch-invariant kernels, issue 23).
+    deterministic: bool = False
     # The replica's cold start (phases in order, and the wall time to ready); empty and 0 from
     # a replica that does not report it.
     cold_start: list[ColdStartPhase] = Field(default_factory=list)

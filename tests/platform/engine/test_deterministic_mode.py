@@ -211,3 +211,20 @@ def test_an_moe_model_is_refused() -> None:
         make_batch_invariant(model, config, {"num_experts": 4}, torch.float32)
     with pytest.raises(DeterministicModeUnsupported, match="does not cover compute dtype"):
         make_batch_invariant(model, config, {}, torch.float16)
+
+
+def test_state_reports_the_mode(world) -> None:
+    """`/state` (the replica's ReplicaState) says whether the replica runs the mode, and the
+    option round-trips through the engine command line."""
+    from loraplex.platform.engine_spec.cli import engine_args, parse_engine_args
+    from loraplex.platform.wire import ReplicaState
+
+    base, _ = world
+    on, off = _llm(base, "float32", max_loras=0), LLM(base, dtype="float32", max_loras=0)
+    assert on.core.state().deterministic is True and off.core.state().deterministic is False
+    wire = ReplicaState.model_validate_json(on.core.state().model_dump_json())
+    assert wire.deterministic is True
+    argv = engine_args(on.core.config)
+    assert "--deterministic" in argv
+    assert parse_engine_args(argv)[0].deterministic is True
+    assert not [a for a in engine_args(off.core.config) if "deterministic" in a]  # the default
