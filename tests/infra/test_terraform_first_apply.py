@@ -116,3 +116,18 @@ def test_a_monthly_budget_alarms_the_operators() -> None:
     for env in ("dev", "prod"):
         [module] = [fields(m)["loraplex"] for m in parsed(ENVS / env / "main.tf")["module"]]
         assert "budget" in module, env
+
+
+def test_dev_gpus_are_spot_and_idle_gpu_nodes_are_consolidated() -> None:
+    """The Cluster Autoscaler is the Karpenter equivalent here: dev's GPU pools run on spot
+    (several one-GPU types of one GPU model, for availability), and idle or underused nodes
+    are given back."""
+    [module] = [fields(m)["loraplex"] for m in parsed(ENVS / "dev" / "main.tf")["module"]]
+    for name, pool in fields(module["gpu_node_groups"]).items():
+        pool = fields(pool)
+        assert unq(pool["capacity_type"]) == "SPOT", name
+        types = [unq(t) for t in pool["instance_types"]]
+        assert len(types) >= 2 and len({t.split(".")[0] for t in types}) == 1, types
+    addons = (TERRAFORM / "modules" / "cluster_addons" / "main.tf").read_text()
+    assert '"scale-down-utilization-threshold"' in addons
+    assert '"scale-down-unneeded-time"' in addons

@@ -25,13 +25,16 @@ module "loraplex" {
 
   gpu_node_groups = {
     # One A10G per node, scaled from zero: the cheapest pool that runs a 7-8B model in bf16.
+    # Spot in dev (about a third of the on-demand price; a reclaimed node is a cold start),
+    # over two sizes of the same one-GPU machine so a spot shortage of one does not stall it
+    # (the autoscaler plans with the first; the second only has more CPU and memory).
     a10g = {
-      instance_types = ["g5.2xlarge"]
+      instance_types = ["g5.2xlarge", "g5.4xlarge"]
       gpus_per_node  = 1
       min_size       = 0
       max_size       = 2
       desired_size   = 0
-      capacity_type  = "ON_DEMAND"
+      capacity_type  = "SPOT"
       disk_size_gb   = 200
     }
   }

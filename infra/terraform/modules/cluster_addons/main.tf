@@ -57,10 +57,12 @@ resource "helm_release" "cluster_autoscaler" {
     }
     extraArgs = {
       # GPU nodes are expensive: give an idle one back after 10 minutes.
-      "scale-down-unneeded-time"      = "10m"
-      "skip-nodes-with-local-storage" = "false"
-      "balance-similar-node-groups"   = "true"
-      "expander"                      = "least-waste"
+      "scale-down-unneeded-time" = "10m"
+      # Consolidate: a node whose pods use under half of it is drained onto the others.
+      "scale-down-utilization-threshold" = "0.5"
+      "skip-nodes-with-local-storage"    = "false"
+      "balance-similar-node-groups"      = "true"
+      "expander"                         = "least-waste"
     }
     nodeSelector = { "loraplex.dev/pool" = "platform" }
   })]
