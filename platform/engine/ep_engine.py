@@ -58,8 +58,10 @@ class EPEngine:
         procs: list[Any],
         rebalancer: ExpertRebalancer | None,
         rank_loads: list[dict[str, int]] | None = None,
+        lora_box: list[Any] | None = None,
     ) -> None:
         self.core = core
+        self.lora_box = lora_box  # [LeaderMirror | None], read by the step sender
         self.rank_loads: list[dict[str, int]] = rank_loads or []
         """Per rank, what its cold start loaded (`weight_tensors`, `weight_bytes`, ...)."""
         self.channel = channel
@@ -110,11 +112,18 @@ class EPEngine:
         return self.core.state()
 
     def install_lora_runtime(self, runtime: LoraRuntimeProtocol) -> None:
-        """Not yet: followers would run attention without the adapters and route differently."""
-        raise NotImplementedError(
-            "LoRA adapters over an expert-parallel engine need the LoRA runtime on every rank; "
-            "not wired in yet (run ep_size=1 for adapters)"
-        )
+        """Serve adapters on every rank: followers build the same runtime, and each step's
+        batch carries the adapters rank 0 loaded since the last one (`lora.ep_mirror`)."""
+        from loraplex.platform.engine.lora.ep_mirror import LeaderMirror
+        from loraplex.platform.engine.lora.runtime import LoraRuntime
+
+        if not isinstance(runtime, LoraRuntime) or self.lora_box is None:
+            raise NotImplementedError(
+                "an expert-parallel engine serves adapters through its own LoraRuntime only"
+            )
+        self.channel.send(("lora", None))
+        self.core.install_lora_runtime(runtime)
+        self.lora_box[0] = LeaderMirror(runtime)
 
     def step(self) -> list[RequestDelta]:
         """One engine step on every rank (and a rebalance when its interval is reached)."""
@@ -147,6 +156,16 @@ class EPEngine:
             dist.destroy_process_group()
 
 
+def _follower_lora(core: EngineCore) -> Any:
+    """A follower's LoRA runtime (sized like rank 0's) and the mirror of rank 0's adapters."""
+    from loraplex.platform.engine.lora.ep_mirror import FollowerMirror
+    from loraplex.platform.engine.lora.runtime import LoraRuntime
+
+    runtime = LoraRuntime.for_engine(core)
+    core.install_lora_runtime(runtime)
+    return FollowerMirror(runtime)
+
+
 def _follower_main(
     rank: int, world_size: int, port: int, backend: str, config: EngineConfig, redundant: int
 ) -> None:
@@ -158,10 +177,22 @@ def _follower_main(
     dist.gather_object(dict(core.timeline.counts), None, dst=0)
     rebalancer = ExpertRebalancer(core.model, redundant)
 
+    mirror: list[Any] = [None]
+
     def execute(message: tuple[str, Any]) -> None:
         kind, payload = message
         if kind == "step":
             core.runner.execute(payload)
+        elif kind == "lora":
+            mirror[0] = _follower_lora(core)
+        elif kind == "lora_step":
+            updates, out = payload
+            mirror[0].apply(updates)
+            held = mirror[0].hold(s.request for s in out.scheduled)
+            try:
+                core.runner.execute(out)
+            finally:
+                mirror[0].release(held)
         elif kind == "rebalance":
             rebalancer.rebalance()
         else:
@@ -207,8 +238,14 @@ def start_ep_engine(
         ep = init_ep_rank(0, ep_size, port, backend)
         channel = StepChannel(ep)
 
+        lora_box: list[Any] = [None]
+
         def send_batch(out: SchedulerOutput) -> None:
-            channel.send(("step", _portable(out)))
+            mirror = lora_box[0]
+            if mirror is None:
+                channel.send(("step", _portable(out)))
+            else:
+                channel.send(("lora_step", (mirror.updates(), _portable(out))))
 
         core = EngineCore(config, before_forward=send_batch)
         if getattr(core.model, "moe_blocks", None) is None:
@@ -227,7 +264,7 @@ def start_ep_engine(
         if dist.is_initialized():
             dist.destroy_process_group()
         raise
-    return EPEngine(core, channel, procs, rebalancer, rank_loads)
+    return EPEngine(core, channel, procs, rebalancer, rank_loads, lora_box)
 
 
 def build_engine(config: EngineConfig) -> EngineCore | EPEngine:
