@@ -285,7 +285,8 @@ def is_moe_config(hf_config: dict) -> bool:
 def module_dims(hf_config: dict) -> dict[str, tuple[int, int]]:
     """(in_features, out_features) of each LoRA-targetable projection of a HF decoder config.
 
-    MoE configs give the attention projections only: expert MLPs are not LoRA targets here.
+    MoE configs give the attention projections only: their experts and router are targets of
+    their own (`expert_targets`), the dense MLP names do not apply there.
     """
     try:
         hidden = int(hf_config["hidden_size"])
