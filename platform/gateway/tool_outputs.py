@@ -47,18 +47,46 @@ def finish_reason(plan: ToolPlan | None, reason: str, calls: list[dict[str, Any]
     return "tool_calls" if plan is not None and calls and reason == "stop" else reason
 
 
+_MARKERS = {"hermes": "<tool_call>", "qwen3_xml": "<tool_call>"}
+_LLAMA_STARTS = ("{", "<|python_tag|>")
+
+
+def streamable(text: str, family: str | None) -> int:
+    """How much of an `auto` choice's text so far cannot be part of a tool call (so streams as
+    content now): up to a call's opening marker, or a partial marker at the end; for Llama's
+    JSON calls (the whole reply) nothing while the reply may still start one."""
+    if family in _MARKERS:
+        marker = _MARKERS[family]
+        at = text.find(marker)
+        if at >= 0:
+            return at
+        keep = next((k for k in range(min(len(marker) - 1, len(text)), 0, -1)
+                     if marker.startswith(text[-k:])), 0)  # fmt: skip
+        return len(text) - keep
+    head = text.lstrip()
+    if not head or any(s.startswith(head[: len(s)]) for s in _LLAMA_STARTS):
+        return 0
+    return len(text)
+
+
 class ToolStream:
     """One streamed choice read for tool calls: a named call streams its arguments as they
-    come; otherwise the text is held until the choice ends, then sent as call deltas."""
+    come; under `auto` text streams as content until a call may begin; a required list is
+    held until the choice ends, then sent as call deltas."""
 
     def __init__(self, plan: ToolPlan) -> None:
         self.plan = plan
         self.text = ""
+        self.sent = 0  # characters of `text` already sent as content (auto)
         self._named_id: str | None = None
 
     def deltas(self, text: str) -> list[dict[str, Any]]:
         """Deltas for new output text (empty while held back)."""
         self.text += text
+        if self.plan.mode == "auto":
+            upto = max(self.sent, streamable(self.text, self.plan.family))
+            new, self.sent = self.text[self.sent : upto], upto
+            return [{"content": new}] if new else []
         if self.plan.mode != "named" or not text:
             return []
         if self._named_id is None:
@@ -73,10 +101,11 @@ class ToolStream:
             if self._named_id is None and reason == "stop":  # an empty output: still one call
                 return [{"tool_calls": [{"index": 0, **_call(self.plan.name or "", "")}]}], \
                     "tool_calls"  # fmt: skip
-            return [], finish_reason(self.plan, reason, [self._named_id] if self._named_id else [])
+            return [], "tool_calls" if reason == "stop" else reason
+        rest = self.text[self.sent :]
         if reason != "stop":
-            return ([{"content": self.text}] if self.text else []), reason
-        content, calls = tool_calls_of(self.plan, self.text)
+            return ([{"content": rest}] if rest else []), reason
+        content, calls = tool_calls_of(self.plan, rest)
         out: list[dict[str, Any]] = [{"content": content}] if content else []
         for i, call in enumerate(calls):
             fn = call["function"]

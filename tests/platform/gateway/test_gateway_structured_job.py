@@ -135,12 +135,21 @@ def test_tool_stream_deltas() -> None:
     assert named.finish("stop") == ([], "tool_calls")
 
     auto = ToolStream(ToolPlan("auto", [Tool.model_validate(TOOL)], family="hermes"))
-    assert auto.deltas('ok <tool_call>{"name": "add", ') == []  # held back
+    assert auto.deltas("ok <tool") == [{"content": "ok "}]  # a partial marker is held back
+    assert auto.deltas('_call>{"name": "add", ') == []
     assert auto.deltas('"arguments": {"a": 2}}</tool_call>') == []
     deltas, reason = auto.finish("stop")
-    assert reason == "tool_calls" and deltas[0] == {"content": "ok"}
-    assert deltas[1]["tool_calls"][0]["function"] == {"name": "add", "arguments": ""}
-    assert deltas[2]["tool_calls"][0]["function"] == {"arguments": '{"a": 2}'}
+    assert reason == "tool_calls"
+    assert deltas[0]["tool_calls"][0]["function"] == {"name": "add", "arguments": ""}
+    assert deltas[1]["tool_calls"][0]["function"] == {"arguments": '{"a": 2}'}
     plain = ToolStream(ToolPlan("auto", [Tool.model_validate(TOOL)], family="hermes"))
-    plain.deltas("no calls here")
-    assert plain.finish("length") == ([{"content": "no calls here"}], "length")
+    assert plain.deltas("no calls <to") == [{"content": "no calls "}]
+    assert plain.deltas("x") == [{"content": "<tox"}]  # no longer a marker: sent
+    assert plain.finish("length") == ([], "length")
+    llama = ToolStream(ToolPlan("auto", [Tool.model_validate(TOOL)], family="llama3_json"))
+    assert llama.deltas(' {"name": "add", "parameters": {"a": 5}}') == []
+    deltas, reason = llama.finish("stop")
+    assert reason == "tool_calls" and len(deltas) == 2
+    words = ToolStream(ToolPlan("auto", [Tool.model_validate(TOOL)], family="llama3_json"))
+    assert words.deltas("Hello") == [{"content": "Hello"}]
+    assert words.finish("stop") == ([], "stop")
