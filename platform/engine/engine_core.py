@@ -31,7 +31,7 @@ from loraplex.platform.engine.sampling_params import SamplingParams
 from loraplex.platform.engine.scheduler import Scheduler, SchedulerOutput
 from loraplex.platform.engine.structured.bitmask import MaskFiller
 from loraplex.platform.engine.structured.compiler import GrammarCompiler
-from loraplex.platform.engine.structured.state import GrammarError
+from loraplex.platform.engine.structured.state import GrammarError, GrammarState
 from loraplex.platform.engine.weight_quantization import model_weight_bytes
 from loraplex.platform.engine_spec.config import EngineConfig
 from loraplex.platform.tokenizing import IncrementalDetokenizer
@@ -197,7 +197,7 @@ class EngineCore:
             )
         return request
 
-    def _grammar_state(self, params: SamplingParams) -> Any | None:
+    def _grammar_state(self, params: SamplingParams) -> GrammarState | None:
         """The request's matcher for its structured-output constraint (compiled once per
         content); checks `logit_bias` ids against the vocabulary. ValueError on bad input."""
         bad = [t for t in params.logit_bias or {} if t >= self.vocab_size]
