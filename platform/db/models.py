@@ -154,6 +154,8 @@ class Deployment(Base):
     # How long a request waits for a first ready replica when all are still starting (a cold
     # start, a scale from zero) before the gateway answers 503 with Retry-After.
     cold_start_wait_s: Mapped[float] = mapped_column(Float, server_default="120")
+    # Replicas run the deterministic mode (batch-invariant kernels; engine_spec maps it).
+    deterministic: Mapped[bool] = mapped_column(Boolean, server_default="false")
     created_at: Mapped[datetime] = _created()
 
     base_model: Mapped[BaseModel] = relationship(lazy="joined")

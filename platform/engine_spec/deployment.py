@@ -43,6 +43,7 @@ class DeploymentRow(Protocol):
     max_loras: int
     max_lora_rank: int
     expert_parallel_size: int
+    deterministic: bool  # batch-invariant kernels (EngineConfig.deterministic)
     base_model: BaseModelRow
 
 
@@ -102,9 +103,15 @@ def engine_config_for_deployment(
         "max_loras": deployment.max_loras,
         "max_lora_rank": deployment.max_lora_rank,
         "ep_size": deployment.expert_parallel_size,
+        "deterministic": bool(getattr(deployment, "deterministic", False)),  # older rows: off
     }
     fields.update(overrides)
-    return EngineConfig(**fields)
+    try:
+        return EngineConfig(**fields)
+    except ValueError as exc:
+        if fields.get("deterministic") and "deterministic mode" in str(exc):
+            raise UnservableDeploymentError(f"deployment {deployment.name!r}: {exc}") from exc
+        raise
 
 
 def engine_args_for_deployment(

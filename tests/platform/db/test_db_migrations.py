@@ -49,7 +49,7 @@ def _tables(url: str) -> set[str]:
 def test_upgrade_builds_every_table_and_downgrade_removes_them(empty_db_url: str) -> None:
     assert migrate.current_revision(empty_db_url) is None
     migrate.upgrade(empty_db_url)
-    assert migrate.current_revision(empty_db_url) == "0013"
+    assert migrate.current_revision(empty_db_url) == "0014"
     assert _tables(empty_db_url) >= TABLES
     migrate.downgrade(empty_db_url, "base")
     assert migrate.current_revision(empty_db_url) is None
@@ -91,7 +91,7 @@ def test_alembic_command_line_upgrades_with_env_url(empty_db_url: str) -> None:
     ]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert migrate.current_revision(empty_db_url) == "0013"
+    assert migrate.current_revision(empty_db_url) == "0014"
 
 
 def test_constraints_hold(empty_db_url: str) -> None:
@@ -188,19 +188,22 @@ def test_0012_admits_int4_sym_awq_gptq_and_downgrade_refuses_to_lose_them(
             )
             s.add(base)
             s.flush()
-            dep = Deployment(
-                id=uuid.uuid4(),
-                name=name,
-                base_model_id=base.id,
-                weight_quantization=weights,
-                kv_cache_dtype="auto",
-                max_loras=8,
-                max_lora_rank=16,
-                replicas=1,
-                expert_parallel_size=1,
+            # the columns 0012 has (a Core insert: later revisions' columns are not named)
+            dep_id = uuid.uuid4()
+            s.execute(
+                Deployment.__table__.insert().values(
+                    id=dep_id,
+                    name=name,
+                    base_model_id=base.id,
+                    weight_quantization=weights,
+                    kv_cache_dtype="auto",
+                    max_loras=8,
+                    max_lora_rank=16,
+                    replicas=1,
+                    expert_parallel_size=1,
+                )
             )
-            s.add(dep)
-        return dep.id
+        return dep_id
 
     for choice in ("int4_sym", "awq", "gptq"):
         deploy(choice, choice)
