@@ -94,3 +94,30 @@ async def deployment_page(
             title=f"Deployment {data['name']}",
         )  # fmt: skip
     )
+
+
+@router.get("/deployments/{deployment_id}/replicas-now", response_class=HTMLResponse)
+async def deployment_replicas_partial(
+    request: Request, deployment_id: str, who: SignedIn = Depends(current_operator)
+) -> HTMLResponse:
+    """The deployment's replicas table alone (htmx polls it)."""
+    did = parse_uuid(deployment_id, "deployment")
+
+    def load() -> dict[str, Any]:
+        with transaction(request) as session:
+            data = cd.deployment_detail(session, did)
+            data["name"] = data["deployment"].name
+            return data
+
+    data = await run_in_threadpool(load)
+    live = await replica_views(request, data["name"])
+    return await run_in_threadpool(
+        lambda: render(
+            request,
+            "_deployment_replicas.html",
+            who=who,
+            data=data,
+            live=live,
+            d=data["deployment"],
+        )  # fmt: skip
+    )

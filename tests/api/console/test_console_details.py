@@ -51,6 +51,7 @@ def test_request_lookup_finds_a_refused_request(owner: Any, console_app: Any) ->
     with TestClient(console_app, raise_server_exceptions=False) as api:
         r = api.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
                      json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})  # fmt: skip
+    console_app.state.gateway = None  # closed with its event loop: later tests run without one
     assert r.status_code == 404
     rid = r.headers["x-request-id"]
     page = wait_until(lambda: (p := owner.get("/console/requests", params={"id": rid})).status_code == 200 and p,
@@ -137,4 +138,6 @@ def test_deployment_page_has_its_audit_trail(
     page = owner.get(f"/console/deployments/{dep_id}")
     assert page.status_code == 200, page.text[-500:]
     assert "deployment.create" in page.text and "details@example.com" in page.text
-    assert "Cold-start wait" in page.text
+    assert "Cold-start wait" in page.text and 'hx-get="/console/deployments/' in page.text
+    live = owner.get(f"/console/deployments/{dep_id}/replicas-now")  # what htmx polls
+    assert live.status_code == 200 and "Live state unavailable" in live.text  # no gateway here
