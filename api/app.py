@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 
 from fastapi import FastAPI
@@ -72,4 +73,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(openai.router)
     install_console(app)  # after the error handlers: its HTML pages wrap the JSON one
     install_openapi(app)
+    # Everything loaded so far lives as long as the process: out of the collector's sight, a
+    # full collection scans only what requests allocate (pauses that land on the event loop
+    # shrink from ~100 ms to a few ms; see platform/loop_watch.py).
+    gc.collect()
+    gc.freeze()
     return app

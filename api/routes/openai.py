@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 INFERENCE_SCOPE = "inference"
 MAX_JSON_DEPTH = 32
 INLINE_PARSE_BYTES = 32 * 1024  # larger bodies are parsed on the text workers
-DISCONNECT_POLL_S = 0.25
 
 
 @asynccontextmanager
@@ -211,22 +210,32 @@ def _check_model_name(model: str) -> None:
         )
 
 
+async def _client_gone(request: Request) -> None:
+    """Return when the client disconnects (the body is read, so the next ASGI message is the
+    disconnect): an abort at once, not at the next poll."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, Any]) -> Any:
-    """Await `work`, cancelling it (which aborts its replica requests) if the client leaves."""
+    """Await `work`, cancelling it (which aborts its replica requests) the moment the client
+    leaves."""
     task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_client_gone(request))
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-                raise HttpError(499, "The client closed the request.", code="client_closed")
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        raise HttpError(499, "The client closed the request.", code="client_closed")
     finally:
-        if not task.done():
-            task.cancel()
+        for t in (task, gone):
+            if not t.done():
+                t.cancel()
+        with contextlib.suppress(BaseException):
+            await gone
 
 
 async def _run(request: Request, kind: str, adapter: str | None) -> Response:
@@ -261,7 +270,8 @@ async def _run(request: Request, kind: str, adapter: str | None) -> Response:
         body = await _unless_disconnected(request, responses.complete(gw, job))
         return JSONResponse(body, headers=headers)
     try:
-        first, rest = await responses.primed(gw, job)
+        # A client that leaves before the first token aborts at once, not after its prefill.
+        first, rest = await _unless_disconnected(request, responses.primed(gw, job))
     except BaseException:
         completion.release_job(gw, job)
         raise

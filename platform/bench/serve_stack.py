@@ -10,6 +10,7 @@ exit.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import secrets
 import shutil
@@ -17,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 from rich.console import Console
@@ -75,12 +77,28 @@ def _copy_logs(root: Path, dest: Path) -> None:
         shutil.copy2(log, dest / log.name)
 
 
+class StackInfo(tuple):
+    """(API URL, tenant API key, replica URL, replica secret), plus what a benchmark that
+    watches the API needs: its process id and log, and the admin key."""
+
+    api_pid: int | None
+    api_log: Path
+    admin_key: str
+    model_dir: Path
+    replica_pid: int | None
+
+
 @contextlib.contextmanager
 def local_stack(
-    num_adapters: int, keep_logs: Path | None = None
-) -> Iterator[tuple[str, str, str, str]]:
-    """Start everything; yields (API URL, tenant API key, replica URL, replica secret).
-    With `keep_logs`, the children's logs are copied there when the stack stops."""
+    num_adapters: int,
+    keep_logs: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    engine_overrides: dict[str, Any] | None = None,
+) -> Iterator[StackInfo]:
+    """Start everything; yields (API URL, tenant API key, replica URL, replica secret) as a
+    `StackInfo`. With `keep_logs`, the children's logs are copied there when the stack stops;
+    `overrides` are Settings fields for every child (e.g. `loop_stall_log_ms`),
+    `engine_overrides` EngineConfig fields of the replica (e.g. `cpu_threads`)."""
     from loraplex.platform.db.migrate import upgrade
     from loraplex.platform.db.session import make_sessionmaker, session_scope
     from loraplex.platform.demo_model import make_demo_model
@@ -121,6 +139,7 @@ def local_stack(
                 "replica_secret": "lpx-replica-" + secrets.token_urlsafe(32),
                 "rate_limit_rpm": 1_000_000,
                 "rate_limit_tpm": 1_000_000_000,
+                **(overrides or {}),
             }
         )
         upgrade(db_url)
@@ -139,7 +158,10 @@ def local_stack(
                     max_lora_rank=16,
                 ),
             )
-            engine_config = engine_config_for_deployment(deployment, model=str(model_dir))
+            engine_config = dataclasses.replace(
+                engine_config_for_deployment(deployment, model=str(model_dir)),
+                **(engine_overrides or {}),
+            )
             tenant = create_tenant(session, "bench")
             _, key = create_api_key(session, tenant.id, "bench")
         worker = start_worker_process(child_env(settings, "worker"), root / "worker.log")
@@ -165,4 +187,10 @@ def local_stack(
                     root / f"adapter{i}", hf_config, 8, seed=i, targets=TARGETS, std=0.05
                 )
                 upload_and_wait(api_url, key, "demo", f"bench-{i}", folder)
-        yield api_url, key, replica_url, settings.replica_secret
+        info = StackInfo((api_url, key, replica_url, settings.replica_secret))
+        info.api_pid = api.pid
+        info.api_log = root / "api.log"
+        info.admin_key = settings.admin_key or ""
+        info.model_dir = model_dir
+        info.replica_pid = replica.pid
+        yield info

@@ -5,6 +5,7 @@ length. Loaded once per base model and kept; the loading itself is the tokenizin
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 from collections.abc import Callable
@@ -83,4 +84,5 @@ class AssetCache:
             loaded = ModelAssets.load(locate())
             with self._lock:
                 self._assets[key] = loaded
+            gc.freeze()  # kept for the process's life: out of the collector's scans
             return loaded

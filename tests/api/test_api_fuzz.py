@@ -27,11 +27,12 @@ from loraplex.platform.services.tenants import create_tenant
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
-# Bounded so the run takes about two minutes: a few examples per operation and phase, more
-# scenarios (and steps) for the stateful phase, which follows the links.
-CONFIG = """
+# At least 50 examples per operation in every phase (LORAPLEX_FUZZ_EXAMPLES raises it, e.g.
+# 500 for a long run), more scenarios and steps for the stateful phase, which follows links.
+EXAMPLES = max(50, int(os.environ.get("LORAPLEX_FUZZ_EXAMPLES", "50")))
+CONFIG = f"""
 [generation]
-max-examples = 3
+max-examples = {EXAMPLES}
 
 [phases.stateful]
 max-steps = 10

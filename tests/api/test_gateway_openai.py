@@ -194,6 +194,23 @@ def test_bad_input_is_400_never_500(stack: Stack) -> None:
         headers={"Authorization": f"Bearer {stack.key_a}"},
     )
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    hostile = [
+        (b"[" * 100_000, 400, "invalid_json"),  # deeper than Python's parser goes
+        (b'{"a":' * 50_000, 400, "invalid_json"),
+        (json.dumps({"model": "a\x00b", "messages": MESSAGES}).encode(), 400, "invalid_name"),
+        (json.dumps({"model": stack.base, "messages": "x" * 10}).encode(), 400, None),
+        (json.dumps({"model": stack.base, "messages": MESSAGES, "n": 10**9}).encode(), 400, None),
+        (b"x" * (stack.settings.max_request_bytes + 1), 413, "request_too_large"),
+    ]
+    for body, status, code in hostile:
+        r = httpx.post(
+            f"{stack.api.url}/v1/chat/completions",
+            content=body,
+            headers={"Authorization": f"Bearer {stack.key_a}"},
+            timeout=60,
+        )
+        assert r.status_code == status, (body[:40], r.status_code, r.text[:200])
+        assert code is None or r.json()["error"]["code"] == code, r.text[:200]
 
 
 def test_models_listing(stack: Stack) -> None:
