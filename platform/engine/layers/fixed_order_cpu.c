@@ -41,6 +41,49 @@ static inline __attribute__((always_inline)) void dot_rows(const float *xf, int6
     for (int r = 0; r < R; r++) out[r] = tree16(acc[r]);
 }
 
+/* y[m, n] = dot + bias, rounded once into y's dtype. */
+static inline void store_out(void *y, int64_t y_stride, int64_t m, int64_t n, float dot,
+                             float bias, int dtype) {
+    const float v = dot + bias;
+    if (dtype == 0) ((float *)y)[m * y_stride + n] = v;
+    else ((uint16_t *)y)[m * y_stride + n] = f32_to_bf16(v);
+}
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+
+/* tree16 on the 16 lanes of one vector, in the same order (l + 8, then + 4, + 2, + 1). */
+static inline float tree16_vec(__m512 a) {
+    const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+    const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+    return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
+}
+
+/* dot_rows for ROWS rows and NCOL weight rows at once, the same lane sums with vector FMAs:
+ * one weight load serves four rows, one row load four columns. K must be a multiple of 16. */
+#define NCOL 4
+static inline void dot_4x4(const float *xf, int64_t K, const float *w, int64_t w_stride,
+                           float out[NCOL][ROWS]) {
+    __m512 a[ROWS][NCOL];
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < NCOL; c++) a[r][c] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += LANES) {
+        __m512 b[NCOL];
+        for (int c = 0; c < NCOL; c++) b[c] = _mm512_loadu_ps(w + c * w_stride + k);
+        for (int r = 0; r < ROWS; r++) {
+            const __m512 xv = _mm512_loadu_ps(xf + r * K + k);
+            for (int c = 0; c < NCOL; c++) a[r][c] = _mm512_fmadd_ps(xv, b[c], a[r][c]);
+        }
+    }
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < NCOL; c++) out[c][r] = tree16_vec(a[r][c]);
+}
+#define HAVE_DOT_4X2 1
+#else
+#define HAVE_DOT_4X2 0
+#endif
+
 /* y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) for M rows; w is [N, K] contiguous. Returns 0,
  * or -1 when scratch memory could not be allocated. */
 int fixed_order_linear(const void *x, int64_t x_stride, const void *w, const void *bias,
@@ -64,15 +107,28 @@ int fixed_order_linear(const void *x, int64_t x_stride, const void *w, const voi
             if (bias) load_row(bias, n0, n1 - n0, dtype, b);
             for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
                 const int R = M - m0 < ROWS ? (int)(M - m0) : ROWS;
-                for (int64_t n = n0; n < n1; n++) {
-                    float out[ROWS];
-                    dot_rows(xf + m0 * K, K, R, wf + (n - n0) * K, out);
-                    for (int r = 0; r < R; r++) {
-                        float v = out[r] + (bias ? b[n - n0] : 0.0f);
-                        const int64_t at = (m0 + r) * y_stride + n;
-                        if (dtype == 0) ((float *)y)[at] = v;
-                        else ((uint16_t *)y)[at] = f32_to_bf16(v);
+                int64_t n = n0;
+                if (HAVE_DOT_4X2 && R == ROWS && K % LANES == 0) {
+#if HAVE_DOT_4X2
+                    for (; n + NCOL <= n1; n += NCOL) {
+                        float out[NCOL][ROWS];
+                        dot_4x4(xf + m0 * K, K, wf + (n - n0) * K, K, out);
+                        for (int c = 0; c < NCOL; c++)
+                            for (int r = 0; r < ROWS; r++)
+                                store_out(y, y_stride, m0 + r, n + c, out[c][r],
+                                          bias ? b[n + c - n0] : 0.0f, dtype);
                     }
+#endif
+                }
+                for (; n < n1; n++) {
+                    float out[ROWS];
+                    if (R == ROWS) /* a constant R: the lane sums stay in registers */
+                        dot_rows(xf + m0 * K, K, ROWS, wf + (n - n0) * K, out);
+                    else /* the same sums, one row at a time */
+                        for (int r = 0; r < R; r++)
+                            dot_rows(xf + (m0 + r) * K, K, 1, wf + (n - n0) * K, out + r);
+                    for (int r = 0; r < R; r++)
+                        store_out(y, y_stride, m0 + r, n, out[r], bias ? b[n - n0] : 0.0f, dtype);
                 }
             }
         }

@@ -19,7 +19,7 @@ from loraplex.loader.native_library import NativeLibrary
 
 SOURCE = Path(__file__).with_name("fixed_order_cpu.c")
 # After the common flags: no reassociation, no contraction (fmaf is written where wanted).
-EXTRA_FLAGS = ("-fno-associative-math", "-ffp-contract=off")
+EXTRA_FLAGS = ("-fno-associative-math", "-ffp-contract=off", "-mprefer-vector-width=512")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
