@@ -228,3 +228,63 @@ def test_bad_constraints_are_400(stack: Stack) -> None:
         with pytest.raises(openai.BadRequestError) as info:
             client.chat.completions.create(model=stack.base, messages=MESSAGES, max_tokens=2, **kw)
         assert info.value.status_code == 400
+
+
+@pytest.fixture(scope="module")
+def adapter(stack: Stack) -> str:
+    """One tenant adapter, uploaded through the API and validated by a real worker."""
+    from support.gateway_stack import settings_env
+    from support.peft_adapters import make_peft_adapter
+    from support.uploads import upload_adapter
+
+    from loraplex.platform.local_processes import start_worker_process
+
+    proc = start_worker_process(settings_env(stack.settings, "worker"), stack.work / "worker.log")
+    try:
+        folder = make_peft_adapter(stack.model_dir, stack.work / "json-lora", seed=7)
+        upload_adapter(stack, stack.key_a, "json-lora", folder)
+    finally:
+        proc.stop()
+    return str(folder)
+
+
+@pytest.mark.gateway_adapters
+def test_adapter_and_base_constrained_in_one_batch(stack: Stack, adapter: str) -> None:
+    """Constrained requests on the tenant's adapter and on the base, sent together (one engine
+    batch), streamed and not: all valid, and the adapter's equal the offline engine's with the
+    same adapter and constraint."""
+    from support.openai_stack import chat_prompt_ids
+
+    from loraplex.platform.engine.llm import LLM
+    from loraplex.platform.engine.sampling_params import SamplingParams
+    from loraplex.platform.engine.structured import GrammarSpec
+
+    client = stack.client()
+    schema = json_schemas()[1]  # integers and bounded strings: greedy decoding ends
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+
+    def call(args: tuple[str, bool]) -> tuple[str, str]:
+        model, stream = args
+        kw = dict(model=model, messages=MESSAGES, response_format=fmt, max_tokens=200,
+                  temperature=0)  # fmt: skip
+        if not stream:
+            r = client.chat.completions.create(**kw)
+            return r.choices[0].message.content, r.choices[0].finish_reason
+        chunks = list(client.chat.completions.create(stream=True, **kw))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        return text, chunks[-1].choices[0].finish_reason
+
+    jobs = [("json-lora", False), (stack.base, False), ("json-lora", True), (stack.base, True)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        outs = list(pool.map(call, jobs))
+    for text, finish in outs:
+        assert finish == "stop"
+        jsonschema.validate(json.loads(text), schema)
+    assert outs[0][0] == outs[2][0] and outs[1][0] == outs[3][0]
+    assert outs[0][0] != outs[1][0]  # the adapter is applied
+    offline = LLM(str(stack.model_dir), max_loras=2, max_lora_rank=16)
+    spec = GrammarSpec("json_schema", json.dumps(schema, separators=(",", ":")))
+    ids = chat_prompt_ids(stack, MESSAGES)
+    ref = offline.generate([ids], SamplingParams(temperature=0, max_tokens=200, structured=spec),
+                           adapters=[adapter])[0]  # fmt: skip
+    assert outs[0][0] == ref.outputs[0].text
