@@ -138,12 +138,18 @@ class DevicePool:
     @property
     def used_rows(self) -> int:
         """Rows held by resident adapters."""
-        return sum(r.rows for r in self._entries.values())
+        return sum(r.rows for r in self._snapshot())
 
     @property
     def used_bytes(self) -> int:
         """Bytes held by resident adapters."""
         return self.used_rows * self.row_bytes
+
+    def _snapshot(self) -> list[Resident]:
+        """The residents as a list taken in one step: the replica's event loop reads totals
+        (`/state`, `/metrics`) while the step thread reorders the LRU, and iterating the live
+        dict there raises mid-way."""
+        return list(self._entries.values())
 
     def get(self, key: str) -> Resident | None:
         """The resident entry for `key`, or None (does not touch LRU order)."""
@@ -158,7 +164,7 @@ class DevicePool:
 
     def evictable_rows(self) -> int:
         """Rows that could be freed by evicting unreferenced adapters."""
-        return sum(r.rows for r in self._entries.values() if r.refs == 0)
+        return sum(r.rows for r in self._snapshot() if r.refs == 0)
 
     def free_rows(self) -> int:
         """Rows not held by any adapter."""
@@ -188,7 +194,7 @@ class DevicePool:
 
     def references(self) -> int:
         """References held by running requests, all adapters together (0 when idle)."""
-        return sum(r.refs for r in self._entries.values())
+        return sum(r.refs for r in self._snapshot())
 
     def touch(self, key: str) -> None:
         """Mark `key` most recently used."""
