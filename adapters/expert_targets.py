@@ -10,10 +10,13 @@ Two layouts, one meaning (a per-expert low-rank delta on the expert MLP weights)
   (`experts.{e}.gate_proj|up_proj|down_proj`, Mixtral's `block_sparse_moe.experts.{e}.w1|w3|w2`),
   targeted with `target_modules`.
 The router (`mlp.gate`, [E, hidden]) is targeted either way (`mlp.gate.weight` as a parameter,
-or `gate` as a module): `lora_A` [r, hidden], `lora_B` [E, r].
+or `gate` as a module): `lora_A` [r, hidden], `lora_B` [E, r]. Qwen2-MoE's shared expert
+(`mlp.shared_expert.gate_proj|up_proj|down_proj`) and its gate (`mlp.shared_expert_gate`,
+[1, hidden]) are plain Linears PEFT targets as modules (what `all-linear` picks there).
 
 Target names in `ResolvedTargets`: `experts.gate_up_proj`, `experts.down_proj` (fused),
-`per_expert.gate_proj|up_proj|down_proj` (one target for all experts of a layer) and `router`.
+`per_expert.gate_proj|up_proj|down_proj` (one target for all experts of a layer), `router`,
+`shared_expert.gate_proj|up_proj|down_proj` and `shared_expert_gate`.
 """
 
 from __future__ import annotations
@@ -25,7 +28,11 @@ from dataclasses import dataclass
 FUSED_MODULES = ("experts.gate_up_proj", "experts.down_proj")
 PER_EXPERT_MODULES = ("per_expert.gate_proj", "per_expert.up_proj", "per_expert.down_proj")
 ROUTER_MODULE = "router"
-EXPERT_MODULES = FUSED_MODULES + PER_EXPERT_MODULES + (ROUTER_MODULE,)
+SHARED_MODULES = (
+    "shared_expert.gate_proj", "shared_expert.up_proj", "shared_expert.down_proj",
+    "shared_expert_gate",
+)  # fmt: skip
+EXPERT_MODULES = FUSED_MODULES + PER_EXPERT_MODULES + (ROUTER_MODULE,) + SHARED_MODULES
 
 _LEGACY = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 _ADAPTER = r"(?:\.[A-Za-z0-9_\-]{1,64})?"
@@ -39,6 +46,10 @@ _FUSED_NAME = re.compile(
 _PER_EXPERT_NAME = re.compile(
     _LAYER + r"(?P<block>mlp|block_sparse_moe)\.experts\.(?P<expert>0|[1-9][0-9]{0,5})\."
     r"(?P<proj>gate_proj|up_proj|down_proj|w1|w2|w3)\.lora_(?P<kind>[AB])" + _ADAPTER + r"\.weight"
+)
+_SHARED_NAME = re.compile(
+    _LAYER + r"mlp\.(?P<module>shared_expert\.(?:gate_proj|up_proj|down_proj)|shared_expert_gate)"
+    r"\.lora_(?P<kind>[AB])" + _ADAPTER + r"\.weight"
 )
 _ROUTER_NAME = re.compile(
     _LAYER + r"(?:mlp|block_sparse_moe)\.gate\.lora_(?P<kind>[AB])" + _ADAPTER + r"\.weight"
@@ -72,6 +83,7 @@ class MoeShape:
     num_experts: int
     sparse_layers: frozenset[int]
     block: str  # "block_sparse_moe" (Mixtral's legacy name) or "mlp"
+    shared_intermediate: int = 0  # Qwen2-MoE's shared expert (0: none)
 
 
 def moe_shape(hf_config: dict) -> MoeShape | None:
@@ -98,7 +110,10 @@ def moe_shape(hf_config: dict) -> MoeShape | None:
             i for i in range(layers) if i not in dense and (i + 1) % step == 0 and i >= first_dense
         ]
     block = "block_sparse_moe" if kind == "mixtral" else "mlp"
-    return MoeShape(hidden, inter, experts, frozenset(sparse), block)
+    shared = (
+        int(hf_config.get("shared_expert_intermediate_size") or 0) if kind == "qwen2_moe" else 0
+    )
+    return MoeShape(hidden, inter, experts, frozenset(sparse), block, shared)
 
 
 def expert_dims(shape: MoeShape, module: str) -> tuple[int, int]:
@@ -111,6 +126,10 @@ def expert_dims(shape: MoeShape, module: str) -> tuple[int, int]:
         "per_expert.up_proj": (h, i),
         "per_expert.down_proj": (i, h),
         ROUTER_MODULE: (h, shape.num_experts),
+        "shared_expert.gate_proj": (h, shape.shared_intermediate),
+        "shared_expert.up_proj": (h, shape.shared_intermediate),
+        "shared_expert.down_proj": (shape.shared_intermediate, h),
+        "shared_expert_gate": (h, 1),
     }[module]
 
 
@@ -149,6 +168,8 @@ def parse_expert_tensor_name(
         )
     if m := _ROUTER_NAME.fullmatch(name):
         return ExpertTensorName(int(m["layer"]), ROUTER_MODULE, m["kind"])
+    if m := _SHARED_NAME.fullmatch(name):
+        return ExpertTensorName(int(m["layer"]), m["module"], m["kind"])
     return None
 
 
@@ -189,6 +210,13 @@ def per_expert_keys(shape: MoeShape, layer: int, expert: int, proj: str) -> list
         f"model.layers.{layer}.mlp.experts.{expert}.{proj}",
         f"model.layers.{layer}.block_sparse_moe.experts.{expert}.{legacy}",
     ]
+
+
+def shared_keys(shape: MoeShape, layer: int) -> dict[str, str]:
+    """The shared expert's targets and their PEFT module keys in `layer` (none without one)."""
+    if not shape.shared_intermediate:
+        return {}
+    return {m: f"model.layers.{layer}.mlp.{m}" for m in SHARED_MODULES}
 
 
 def router_keys(layer: int) -> list[str]:

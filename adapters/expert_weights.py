@@ -26,20 +26,59 @@ class ExpertLoraModule:
     w2_b: torch.Tensor | None  # [E, hidden, r2]
     router_a: torch.Tensor | None  # [rr, hidden]
     router_b: torch.Tensor | None  # [E, rr]
+    shared13_a: torch.Tensor | None = None  # [rs, hidden] (Qwen2-MoE's shared expert)
+    shared13_b: torch.Tensor | None = None  # [2S, rs]
+    shared2_a: torch.Tensor | None = None  # [rs2, S]
+    shared2_b: torch.Tensor | None = None  # [hidden, rs2]
+    shared_gate_a: torch.Tensor | None = None  # [rg, hidden]
+    shared_gate_b: torch.Tensor | None = None  # [1, rg]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Its factors that are set."""
+        return [t for t in vars(self).values() if isinstance(t, torch.Tensor)]
 
     @property
     def rank(self) -> int:
         """The largest rank of its factor pairs."""
         ranks = [t.shape[-2] for t in (self.w13_a, self.w2_a) if t is not None]
-        if self.router_a is not None:
-            ranks.append(self.router_a.shape[0])
+        for t in (self.router_a, self.shared13_a, self.shared2_a, self.shared_gate_a):
+            if t is not None:
+                ranks.append(t.shape[0])
         return max(ranks, default=0)
 
     @property
     def nbytes(self) -> int:
         """Host bytes of its tensors."""
-        parts = (self.w13_a, self.w13_b, self.w2_a, self.w2_b, self.router_a, self.router_b)
-        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+def _shared(
+    parts: dict, pairs: dict, targets: ResolvedTargets, layer: int, shape: MoeShape
+) -> None:
+    """The shared expert's factors: gate/up as one pair with block-diagonal B, down, gate."""
+    s = shape.shared_intermediate
+
+    def scaled(module: str) -> tuple | None:
+        found = pairs.get((layer, module, None))
+        if found is None:
+            return None
+        factor = targets.get(layer, module).scale  # type: ignore[union-attr]
+        return found["A"].float(), found["B"].float() * factor
+
+    a_rows, b_cols = [], []
+    for half, proj in enumerate(("gate_proj", "up_proj")):
+        p = scaled(f"shared_expert.{proj}")
+        if p is not None:
+            b = torch.zeros(2 * s, p[1].shape[1])
+            b[half * s : (half + 1) * s] = p[1]
+            a_rows.append(p[0])
+            b_cols.append(b)
+    if a_rows:
+        parts["shared13_a"], parts["shared13_b"] = torch.cat(a_rows), torch.cat(b_cols, dim=1)
+    if (p := scaled("shared_expert.down_proj")) is not None:
+        parts["shared2_a"], parts["shared2_b"] = p
+    if (p := scaled("shared_expert_gate")) is not None:
+        parts["shared_gate_a"], parts["shared_gate_b"] = p
 
 
 def _fused(a: torch.Tensor, b: torch.Tensor, experts: int, scale: float) -> tuple:
@@ -62,6 +101,7 @@ def build_expert_modules(
         parts: dict[str, torch.Tensor | None] = dict.fromkeys(
             ("w13_a", "w13_b", "w2_a", "w2_b", "router_a", "router_b")
         )
+        _shared(parts, pairs, targets, layer, shape)
 
         def scale(module: str) -> float:
             return targets.get(layer, module).scale  # type: ignore[union-attr]  # noqa: B023

@@ -26,11 +26,13 @@ from .expert_targets import (
     EXPERT_MODULES,
     PER_EXPERT_MODULES,
     ROUTER_MODULE,
+    SHARED_MODULES,
     moe_shape,
     param_key,
     param_targets,
     per_expert_keys,
     router_keys,
+    shared_keys,
 )
 from .peft_format import (
     LORA_MODULES,
@@ -47,7 +49,7 @@ FORMAT_VERSION = 1
 _KNOWN_MODULES = LORA_MODULES + EXPERT_MODULES
 # Expert / router targets a `target_modules` pattern may match without the weights having them
 # (a transformers v5 base has no per-expert Linear): kept only where the tensors are present.
-OPTIONAL_MODULES = PER_EXPERT_MODULES + (ROUTER_MODULE,)
+OPTIONAL_MODULES = PER_EXPERT_MODULES + (ROUTER_MODULE,) + SHARED_MODULES
 MAX_RESOLVED_MODULES = 200_000
 
 
@@ -297,6 +299,9 @@ def _resolve_expert_targets(
             key = next((k for k in router_keys(layer) if matchers.targeted(k)), None)
             if key is not None:
                 modules[(layer, ROUTER_MODULE)] = _target(cfg, matchers, key)
+        for module, key in shared_keys(shape, layer).items():
+            if matchers.targeted(key):
+                modules[(layer, module)] = _target(cfg, matchers, key)
     if cfg.target_parameters and not any(m in EXPERT_MODULES for _, m in modules):
         raise AdapterFormatError(
             f"target_parameters {cfg.target_parameters!r} match no expert tensor of this base"

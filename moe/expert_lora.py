@@ -5,7 +5,7 @@ are sorted by (local expert, slot), so each expert's rows form one contiguous ru
 one segment per adapter; the expert's GEMM runs once over the whole run and each adapter
 segment adds its shrink/expand (`x A_e^T B_e^T`, scale folded into B) before the activation
 (gate/up) and after it (down). The router's delta is added to the routing logits per slot
-before top-k. Weights are per local expert slot: under expert parallelism each rank holds
+before top-k, and a shared expert's (Qwen2-MoE) to its gate/up, down and gate outputs. Weights are per local expert slot: under expert parallelism each rank holds
 only its experts' slices.
 """
 
@@ -29,6 +29,12 @@ class ExpertLoraWeights:
     w2_b: torch.Tensor | None  # [L, H, r] (scaled)
     router_a: torch.Tensor | None = None  # [r, H]
     router_b: torch.Tensor | None = None  # [E, r] (scaled)
+    shared13_a: torch.Tensor | None = None  # [r, H] the shared expert's gate/up
+    shared13_b: torch.Tensor | None = None  # [2S, r] (scaled)
+    shared2_a: torch.Tensor | None = None  # [r, S] its down
+    shared2_b: torch.Tensor | None = None  # [H, r] (scaled)
+    shared_gate_a: torch.Tensor | None = None  # [r, H] its sigmoid gate
+    shared_gate_b: torch.Tensor | None = None  # [1, r] (scaled)
 
 
 @dataclass(frozen=True)
@@ -43,17 +49,25 @@ class ExpertLoraBatch:
         return ExpertLoraBatch(self.token_slot[start:end], self.slots)
 
 
-def add_router_lora(logits: torch.Tensor, x: torch.Tensor, lora: ExpertLoraBatch) -> torch.Tensor:
-    """Routing logits [T, E] plus each token's adapter's router delta (in logits' dtype)."""
+def add_token_lora(
+    y: torch.Tensor, x: torch.Tensor, lora: ExpertLoraBatch, part: str
+) -> torch.Tensor:
+    """y [T, N] plus each token's adapter's `part` delta (`x A^T B^T`), in y's dtype: the
+    router (`router`) or the shared expert (`shared13`, `shared2`, `shared_gate`)."""
     for slot, w in enumerate(lora.slots):
-        if w is None or w.router_a is None:
+        a = None if w is None else getattr(w, f"{part}_a")
+        if a is None:
             continue
         idx = torch.nonzero(lora.token_slot == slot).squeeze(1)
         if idx.numel():
-            xs = x[idx].to(w.router_a.dtype)
-            delta = F.linear(F.linear(xs, w.router_a), w.router_b)
-            logits.index_add_(0, idx, delta.to(logits.dtype))
-    return logits
+            delta = F.linear(F.linear(x[idx].to(a.dtype), a), getattr(w, f"{part}_b"))
+            y.index_add_(0, idx, delta.to(y.dtype))
+    return y
+
+
+def add_router_lora(logits: torch.Tensor, x: torch.Tensor, lora: ExpertLoraBatch) -> torch.Tensor:
+    """Routing logits [T, E] plus each token's adapter's router delta (in logits' dtype)."""
+    return add_token_lora(logits, x, lora, "router")
 
 
 def _segment_delta(
@@ -155,4 +169,3 @@ def expert_rows_lora_torch(
     out = torch.empty_like(out_sorted)
     out[order] = out_sorted
     return out
-

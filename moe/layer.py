@@ -23,6 +23,7 @@ from loraplex.loader.quant.schemes import QuantScheme
 from loraplex.moe.expert_lora import (
     ExpertLoraBatch,
     add_router_lora,
+    add_token_lora,
     expert_rows_lora_torch,
     fused_experts_lora_torch,
 )
@@ -260,17 +261,28 @@ class MoEBlock(ExpertStorage, nn.Module):
             logits = add_router_lora(logits, x, lora)
         return select_experts(logits, self.spec.gating, self.e_score_correction_bias)
 
-    def shared(self, x: torch.Tensor) -> torch.Tensor | None:
-        """Shared-expert output for `x` (sigmoid-gated for Qwen2-MoE), None if there is none."""
+    def shared(self, x: torch.Tensor, lora: ExpertLoraBatch | None = None) -> torch.Tensor | None:
+        """Shared-expert output for `x` (sigmoid-gated for Qwen2-MoE), None if there is none;
+        with each token's adapter's shared-expert LoRA when `lora` has one."""
         if self.shared_w13 is None:
             return None
-        if "shared_w13" in self._stacks:  # quantized
+        quantized = "shared_w13" in self._stacks
+        if quantized:
             w13, w2 = self.stack("shared_w13"), self.stack("shared_w2")
-            out = w2.matmul(silu_and_mul(w13.matmul(x, 0)), 0)
+            gate_up = w13.matmul(x, 0)
         else:
-            out = F.linear(silu_and_mul(F.linear(x, self.shared_w13)), self.shared_w2)
+            gate_up = F.linear(x, self.shared_w13)
+        if lora is not None:
+            gate_up = add_token_lora(gate_up, x, lora, "shared13")
+        act = silu_and_mul(gate_up)
+        out = w2.matmul(act, 0) if quantized else F.linear(act, self.shared_w2)
+        if lora is not None:
+            out = add_token_lora(out, act, lora, "shared2")
         if self.shared_gate is not None:
-            out = torch.sigmoid(F.linear(x, self.shared_gate)) * out
+            gate = F.linear(x, self.shared_gate)
+            if lora is not None:
+                gate = add_token_lora(gate, x, lora, "shared_gate")
+            out = torch.sigmoid(gate) * out
         return out
 
     def _routed_local(self, x, weights, ids, lora: ExpertLoraBatch | None = None) -> torch.Tensor:
@@ -304,7 +316,7 @@ class MoEBlock(ExpertStorage, nn.Module):
             if self.load_recorder is not None:
                 self.load_recorder.record(self.layer_idx, ids)
             out = self._routed_local(x, weights, ids, lora)
-            shared = self.shared(x)
+            shared = self.shared(x, lora)
             return out if shared is None else out + shared
         bounds = self.ep.token_bounds(x.shape[0])
         start, end = bounds[self.ep.rank], bounds[self.ep.rank + 1]
@@ -327,7 +339,7 @@ class MoEBlock(ExpertStorage, nn.Module):
                 x_local, weights, ids, self.placement, rows_lora,
                 pair_offset=start * ids.shape[1], token_tags=lora_local.token_slot,
             )  # fmt: skip
-        shared = self.shared(x_local)
+        shared = self.shared(x_local, lora_local)
         if shared is not None:
             out = out + shared
         return self.ep.all_gather_tokens(out, bounds)

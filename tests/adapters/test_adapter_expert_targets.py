@@ -82,6 +82,17 @@ def test_per_expert_module_layout_loads_to_the_same_deltas(tmp_path, legacy):
             torch.testing.assert_close(da, db, atol=1e-6, rtol=1e-5)
 
 
+def test_qwen2_moe_all_linear_adapter_targets_the_shared_expert(tmp_path):
+    base = moe_base("qwen2_moe")
+    path = expert_adapter(base, tmp_path / "a", seed=2, target_modules="all-linear")
+    result = _validate(path, base.config.to_dict())
+    shared = {"shared_expert.gate_proj", "shared_expert.up_proj", "shared_expert.down_proj",
+              "shared_expert_gate"}  # fmt: skip
+    assert shared <= {m for _, m in result.targets.modules}
+    x = load_adapter_dir(path, base.config.to_dict()).experts[0]
+    assert x.shared13_b.shape == (2 * 48, 8) and x.shared_gate_b.shape == (1, 4)
+
+
 def _rewrite(path, fn) -> None:
     f = path / "adapter_model.safetensors"
     tensors = load_file(str(f))

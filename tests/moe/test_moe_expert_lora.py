@@ -105,9 +105,10 @@ def test_expert_and_router_lora_in_the_engine_match_peft(tmp_path, arch):
     hf = moe_base(arch)
     hf.save_pretrained(str(tmp_path / "base"))
     fused = expert_adapter(hf, tmp_path / "fused", seed=11, r=4, lora_alpha=8)
+    # Qwen2-MoE: `all-linear` also takes the shared expert and its gate (plain Linears)
     other = expert_adapter(hf, tmp_path / "other", seed=12, r=2, lora_alpha=4,
                            params=["mlp.experts.down_proj", "mlp.gate.weight"],
-                           target_modules=["v_proj"])  # fmt: skip
+                           target_modules="all-linear" if arch == "qwen2_moe" else ["v_proj"])  # fmt: skip
     experts = hf.config.to_dict().get("num_local_experts") or hf.config.num_experts
     per_expert = to_per_expert_layout(fused, tmp_path / "per", experts, legacy=arch == "mixtral")
     g = torch.Generator().manual_seed(2)

@@ -37,13 +37,9 @@ def local_weights(
         t = t.index_select(0, idx) if per_expert else t
         return t.to(device=device, dtype=dtype).contiguous()
 
+    per_expert = ("w13_a", "w13_b", "w2_a", "w2_b")
     return ExpertLoraWeights(
-        w13_a=cut(module.w13_a, True),
-        w13_b=cut(module.w13_b, True),
-        w2_a=cut(module.w2_a, True),
-        w2_b=cut(module.w2_b, True),
-        router_a=cut(module.router_a, False),
-        router_b=cut(module.router_b, False),
+        **{name: cut(t, name in per_expert) for name, t in vars(module).items()}
     )
 
 
@@ -108,12 +104,13 @@ class ExpertLoraStore:
     @property
     def nbytes(self) -> int:
         """Device bytes the resident adapters' expert/router factors take (outside the pool)."""
-        total = 0
-        for per_layer in self._weights.values():
-            for w in per_layer.values():
-                for t in (w.w13_a, w.w13_b, w.w2_a, w.w2_b, w.router_a, w.router_b):
-                    total += 0 if t is None else t.numel() * t.element_size()
-        return total
+        return sum(
+            t.numel() * t.element_size()
+            for per_layer in self._weights.values()
+            for w in per_layer.values()
+            for t in vars(w).values()
+            if isinstance(t, torch.Tensor)
+        )
 
     def __contains__(self, key: str) -> bool:
         return key in self._weights
