@@ -152,3 +152,39 @@ def test_triton_expert_lora_kernels_match_the_torch_path() -> None:
     for case, (err, delta) in errors.items():
         assert delta > 0.1, case  # the adapters really change the output
         assert err <= 1e-4, (case, err)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4", "fp8"])
+def test_expert_lora_over_quantized_experts_adds_to_the_dequantized_weights(kind):
+    """Quantized expert stacks (as a quantized deployment holds them) with expert LoRA: the
+    adapter's delta adds to what the codes mean (their dequantized weights)."""
+    from loraplex.loader.quant.schemes import QuantScheme, resolve_scheme
+    from loraplex.moe.layer import MoEBlock
+    from loraplex.moe.spec import MoESpec
+
+    g = torch.Generator().manual_seed(3)
+    h, i, e = 128, 128, 4
+    scheme = resolve_scheme(kind)
+    assert isinstance(scheme, QuantScheme)
+    block = MoEBlock(MoESpec(h, i, e, _gating()), quant=scheme)
+    block.load_weight("gate.weight", torch.randn(e, h, generator=g))
+    block.load_weight("experts.gate_up_proj", torch.randn(e, 2 * i, h, generator=g) * 0.1)
+    block.load_weight("experts.down_proj", torch.randn(e, h, i, generator=g) * 0.1)
+    w13, w2 = block.stack("w13"), block.stack("w2")
+    dense13 = torch.stack([w13.dequantize(x, torch.float32) for x in range(e)])
+    dense2 = torch.stack([w2.dequantize(x, torch.float32) for x in range(e)])
+    x = torch.randn(7, h, generator=g)
+    lora = ExpertLoraBatch(
+        torch.tensor([0, -1, 0, 1, 1, -1, 0]),
+        [_random_lora(g, e, h, i, 4, router=False), _random_lora(g, e, h, i, 2, router=False)],
+    )
+    weights, ids = softmax_topk(torch.randn(7, e, generator=g), 2, renormalize=True)
+    got = fused_experts_lora_torch(x, w13, w2, weights, ids, lora)
+    want = fused_experts_lora_torch(x, dense13, dense2, weights, ids, lora)
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+
+
+def _gating():
+    from loraplex.moe.gating import GatingConfig
+
+    return GatingConfig(top_k=2, renormalize=True)
