@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraplex.platform.engine.engine_loop import EngineLoop, PendingAdd
-from loraplex.platform.engine.ep_engine import build_engine
+from loraplex.platform.engine.ep_engine import EPEngine, build_engine
 from loraplex.platform.engine.metrics import CONTENT_TYPE_LATEST
 from loraplex.platform.engine.ports import ServedEngine
 from loraplex.platform.engine.wire_mapping import EventWriter, adapter_reference, sampling_params
@@ -246,14 +246,15 @@ def main(argv: list[str] | None = None) -> int:
             "`loraplex up` keeps one in its data dir)"
         )
     core = build_engine(config)
-    if config.ep_size > 1 and config.serves_adapters:
-        log.warning("expert parallelism: adapters are not served yet (base model only)")
-    elif config.serves_adapters:  # adapters come as AdapterRef objects (object storage)
+    if config.serves_adapters:  # adapters come as AdapterRef objects (object storage)
         from loraplex.loader.object_store import ObjectStore
         from loraplex.platform.engine.lora import LoraRuntime
 
+        leader = core.core if isinstance(core, EPEngine) else core  # EP: rank 0 fetches
         core.install_lora_runtime(
-            LoraRuntime.for_engine(core, object_store=ObjectStore(storage), allow_local_paths=False)
+            LoraRuntime.for_engine(
+                leader, object_store=ObjectStore(storage), allow_local_paths=False
+            )
         )
     try:
         app = create_app(core, settings.replica_secret)
