@@ -144,24 +144,24 @@ def test_compiled_grammar_is_cached_by_content(llm: LLM) -> None:
 
 def test_preemption_and_prefix_hits_keep_grammar_state(model_dir: str) -> None:
     """Tight KV: requests are preempted (recomputed) mid-document; outputs equal those of a
-    roomy engine, and a second pass over the same prompts hits the prefix cache."""
-    schemas = json_schemas()[1:5]
-    prompts = [f"one shared prefix for all, number {i}" for i in range(4)]
-    params = [schema_params(s, seed=i, temperature=0.0 if greedy_ok(s) else 0.7, max_tokens=110)
+    roomy engine, and a second pass over the same prompt hits the prefix cache."""
+    schemas = json_schemas()[1:4]
+    prompts = [f"one shared prefix for all, number {i}" for i in range(3)]
+    params = [schema_params(s, seed=i, temperature=0.0 if greedy_ok(s) else 0.7, max_tokens=70)
               for i, s in enumerate(schemas)]  # fmt: skip
-    roomy = LLM(model_dir, max_num_seqs=4, max_model_len=128)
+    roomy = LLM(model_dir, max_num_seqs=4, max_model_len=96)
     ref_outs = [o.outputs[0] for o in roomy.generate(prompts, params)]
     ref = [c.text for c in ref_outs]
-    tight = LLM(model_dir, max_num_seqs=4, max_model_len=128, block_size=8, num_gpu_blocks=16)
+    tight = LLM(model_dir, max_num_seqs=4, max_model_len=96, block_size=8, num_gpu_blocks=12)
     got = [o.outputs[0].text for o in tight.generate(prompts, params)]
     assert tight.core.scheduler.num_preemptions > 0
     assert got == ref
-    again = tight.generate(prompts[:2], params[:2])
-    assert [o.outputs[0].text for o in again] == ref[:2]
-    assert sum(o.num_cached_tokens for o in again) > 0
+    again = tight.generate(prompts[:1], params[:1])
+    assert again[0].outputs[0].text == ref[0]
+    assert again[0].num_cached_tokens > 0
     stopped = [(s, c.text) for s, c in zip(schemas, ref_outs, strict=True)
                if c.finish_reason == "stop"]  # fmt: skip
-    assert len(stopped) >= 3  # the others reached max_model_len mid-document
+    assert len(stopped) >= 2  # another may reach max_tokens mid-document
     for schema, text in stopped:
         jsonschema.validate(json.loads(text), schema)
 
