@@ -75,9 +75,9 @@ class ApiKeyCreate(_Strict):
 class Quantization(_Strict):
     """Weights quantization and KV-cache dtype of a deployment."""
 
-    weights: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "int4_sym", "awq", "gptq"] = (
-        "bf16"
-    )
+    weights: Literal[
+        "auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4", "int4_sym", "awq", "gptq"
+    ] = "auto"
     kv_cache: Literal["auto", "fp8"] = "auto"
 
 

@@ -43,9 +43,10 @@ def ensure_deployment(settings: Settings, base_model: str, model_dir: Path) -> L
             .limit(1)
         ).first()
         if found is None:
-            # The CPU engine computes in fp32; on a GPU, an admin creates a bf16 one.
+            # The device's native compute type: bf16 where the CPU (AVX512_BF16/AMX) or GPU
+            # computes it natively, fp32 elsewhere; the replica reports its choice on /state.
             spec = DeploymentSpec(
-                name=base_model, base_model=base_model, weight_quantization="fp32"
+                name=base_model, base_model=base_model, weight_quantization="auto"
             )
             found = create_deployment(session, settings, spec, actor="system")
         return LocalDeployment(

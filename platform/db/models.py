@@ -39,7 +39,20 @@ NAMING_CONVENTION = {
 }
 
 FAMILIES = ("dense", "moe")
-WEIGHT_QUANTIZATIONS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "int4_sym", "awq", "gptq")
+# "auto": the device's native compute type (bf16 where the CPU or GPU computes it natively,
+# else fp32), or the scheme a pre-quantized checkpoint fixes.
+WEIGHT_QUANTIZATIONS = (
+    "auto",
+    "fp32",
+    "bf16",
+    "fp16",
+    "fp8",
+    "int8",
+    "int4",
+    "int4_sym",
+    "awq",
+    "gptq",
+)
 KV_CACHE_DTYPES = ("auto", "fp8")
 VERSION_STATUSES = ("uploading", "validating", "ready", "failed", "deleting")
 JOB_STATUSES = ("queued", "running", "succeeded", "failed")

@@ -14,9 +14,11 @@ from typing import Any, Protocol
 from loraplex.platform.engine_spec.cli import ServerOptions, engine_args
 from loraplex.platform.engine_spec.config import EngineConfig
 from loraplex.platform.engine_spec.quantization import (
+    AUTO,
     QUANTIZED_WEIGHTS,
     QuantizationRefused,
     check_quantization,
+    checkpoint_choice,
 )
 from loraplex.platform.engine_spec.supported_models import (
     SERVED_KV_CACHE_DTYPES,
@@ -94,10 +96,17 @@ def engine_config_for_deployment(
         if not bucket:
             raise ValueError("give the bucket holding the base model (or a model location)")
         model = model_location(deployment.base_model, bucket)
+    dtype: dict[str, str] = {}
+    if quant == AUTO:
+        # The device's native compute type (EngineConfig.dtype "auto": bf16 on CPUs with
+        # AVX512_BF16/AMX and on GPUs, else fp32), or a pre-quantized checkpoint's scheme.
+        quant = checkpoint_choice(dict(getattr(deployment.base_model, "config", None) or {}))
+        dtype = {"dtype": "auto"} if quant is None else {}
     fields: dict[str, Any] = {
         "model": model,
         "model_id": deployment.base_model.name,
         "quantization": quant,
+        **dtype,
         "kv_cache_dtype": deployment.kv_cache_dtype,
         **({"dtype": "bfloat16"} if quant in QUANTIZED_WEIGHTS else {}),
         "max_loras": deployment.max_loras,

@@ -14,6 +14,7 @@ from loraplex.platform.engine_spec.prequantized import (
 )
 
 INT4_GROUP_SIZE = 128
+AUTO = "auto"  # weights: the device's native compute type, or the checkpoint's own scheme
 QUANTIZED_WEIGHTS = ("int8", "int4", "int4_sym", "fp8", *PREQUANTIZED_WEIGHTS)
 INT4_CHOICES = ("int4", "int4_sym")
 WEIGHT_DEVICES = ("cpu", "cuda")
@@ -108,6 +109,8 @@ def check_quantization(
         raise _unread(str(method), f" ({exc})") from exc
     if method is not None and fixed is None:
         raise _unread(method, "")
+    if weights == AUTO:
+        return  # the checkpoint's own scheme, or the device's native compute type
     if fixed is not None and weights != fixed and not (fixed == "int4" and weights in INT4_CHOICES):
         label = method if method == fixed else f"{method} {fixed}"
         raise QuantizationRefused(

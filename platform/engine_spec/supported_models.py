@@ -39,6 +39,7 @@ def served_architecture(hf_config: dict[str, Any]) -> str | None:
 
 
 SERVED_WEIGHT_QUANTIZATIONS: tuple[str, ...] = (
+    "auto",
     "fp32",
     "bf16",
     "fp16",
@@ -49,7 +50,8 @@ SERVED_WEIGHT_QUANTIZATIONS: tuple[str, ...] = (
     "awq",
     "gptq",
 )
-"""Deployment weight choices the engine implements: casts on load, int8 (W8A16), int4 (W4A16,
+"""Deployment weight choices the engine implements: `auto` (the device's native compute type,
+or a pre-quantized checkpoint's own scheme), casts on load, int8 (W8A16), int4 (W4A16,
 groups of 128, asymmetric; `int4_sym` symmetric) and fp8 (W8A8 e4m3) quantized on load; awq and
 gptq serve checkpoints stored in those 4-bit formats as they are (W4A16)."""
 

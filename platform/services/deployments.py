@@ -40,7 +40,7 @@ class DeploymentSpec:
 
     name: str
     base_model: str
-    weight_quantization: str = "bf16"
+    weight_quantization: str = "auto"
     kv_cache_dtype: str = "auto"
     max_loras: int | None = None
     max_lora_rank: int | None = None

@@ -153,3 +153,19 @@ def test_engine_spec_and_settings_import_without_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_auto_weights_compute_in_the_devices_native_type() -> None:
+    """`auto` (the default for deployments, and `up`'s): no cast on load, the engine's
+    dtype `auto` (bf16 where the CPU or GPU computes it natively, else fp32)."""
+    config = engine_config_for_deployment(_row(weight_quantization="auto"), bucket="lpx")
+    assert config.quantization is None and config.dtype == "auto"
+    from loraplex.platform.services.deployments import DeploymentSpec
+
+    assert DeploymentSpec(name="d", base_model="m").weight_quantization == "auto"
+
+
+def test_auto_weights_take_a_prequantized_checkpoints_own_scheme() -> None:
+    row = _row(weight_quantization="auto", config=dict(LLAMA_8B, quantization_config=CT_INT4))
+    config = engine_config_for_deployment(row, bucket="lpx")
+    assert config.quantization == "int4" and config.dtype == "bfloat16"
