@@ -263,6 +263,11 @@ def tool_plan(
         plan.mode, plan.name = "named", choice.function.name
     else:
         plan.mode = choice
+    strict = [t.function.name for t in tools if t.function.strict]
+    if plan.mode == "auto" and strict:
+        raise HttpError(400, f"Function {strict[0]!r} is strict, which is guaranteed only under "
+                        'tool_choice "required" or a named function (under "auto" the model '
+                        "writes its own format).", param="tools", code="unsupported_parameter")  # fmt: skip
     if plan.mode in ("auto", "required") and not tools:
         raise HttpError(400, f"tool_choice {plan.mode!r} needs `tools`.", param="tool_choice",
                         code="invalid_value")  # fmt: skip

@@ -108,10 +108,18 @@ def test_contradictions_are_400(assets: ModelAssets) -> None:
         {"logit_bias": {"x": 1}},
         {"logit_bias": {"1": 101}},
         {"guided_grammar": "root ::= ("},
+        # strict arguments are guaranteed only where the output is constrained
+        {"tools": [{**TOOL, "function": {**TOOL["function"], "strict": True}}]},
     ):
         with pytest.raises(HttpError) as info:
             chat_job(assets, **fields)
         assert info.value.status == 400, fields
+
+
+def test_strict_tools_are_served_where_constrained(assets: ModelAssets) -> None:
+    strict = {**TOOL, "function": {**TOOL["function"], "strict": True}}
+    job = chat_job(assets, tools=[strict], tool_choice="required")
+    assert job.sampling.structured is not None
 
 
 def test_required_schema_and_parse_back() -> None:
