@@ -39,13 +39,14 @@ pytestmark = pytest.mark.skipif(not fixed_order_available(), reason="no C compil
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[Path]]:
-    """A tiny dense Llama and four adapters over it."""
+    """A tiny dense Llama and four adapters over it (33 with the full flag: the needle's and
+    32 distinct neighbours)."""
     base = tmp_path_factory.mktemp("base")
     hf = save_tiny_model(base, "llama", seed=9)
     adapters = [
         make_adapter(hf, tmp_path_factory.mktemp(f"ad{i}"), seed=20 + i, r=4 + 4 * (i % 2),
                      lora_alpha=16, target_modules="all-linear")
-        for i in range(4)
+        for i in range(33 if FULL else 4)
     ]  # fmt: skip
     return str(base), adapters
 
@@ -145,6 +146,9 @@ def test_the_needle_never_moves_a_bit(world, dtype: str, seeded: bool, with_adap
         ("no chunked prefill", dict(enable_chunked_prefill=False, max_num_batched_tokens=128,
                                     max_model_len=128), dict(before=2, after=2)),
     ]  # fmt: skip
+    if FULL:  # 32 distinct adapters beside it, every slot in use
+        many = dict(before=16, after=16, hay_adapters=[str(a) for a in adapters[1:33]])
+        cases.append(("32 distinct neighbour adapters", dict(max_loras=33), many))
     for chunk in range(1, 17) if FULL else (3, 16):  # every chunk boundary of its prompt
         cases.append((f"prefill chunks of {chunk}", dict(max_num_batched_tokens=chunk,
                       max_num_seqs=1), {}))  # fmt: skip
