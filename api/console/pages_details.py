@@ -4,11 +4,12 @@ replicas' live state and cold starts, its audit trail of scale and option change
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from loraplex.platform.services import console_details as cd
 from loraplex.platform.services.operators import SignedIn
@@ -16,7 +17,7 @@ from loraplex.platform.services.operators import SignedIn
 from .auth import current_operator
 from .common import parse_uuid, transaction
 from .replicas import ReplicaView, replica_views
-from .views import render
+from .views import SECURITY_HEADERS, render
 
 router = APIRouter()
 
@@ -121,3 +122,28 @@ async def deployment_replicas_partial(
             d=data["deployment"],
         )  # fmt: skip
     )
+
+
+@router.get("/api/deployments/{deployment_id}/replicas")
+async def deployment_replicas_json(
+    request: Request, deployment_id: str, who: SignedIn = Depends(current_operator)
+) -> JSONResponse:
+    """The replicas' load now, as JSON: the deployment page samples it every 5 s and charts KV
+    use, queue and resident adapters over the time it is open (nothing is stored)."""
+    did = parse_uuid(deployment_id, "deployment")
+
+    def name() -> str:
+        with transaction(request) as session:
+            return cd.deployment_detail(session, did)["deployment"].name
+
+    live = await replica_views(request, await run_in_threadpool(name)) or []
+    states = [v.state for v in live if v.state is not None]
+    body = {
+        "t": int(time.time()),
+        "replicas": len(states),
+        "kv_pct": round(100 * max((s.kv_cache_usage for s in states), default=0.0), 2),
+        "waiting": sum(s.num_requests_waiting for s in states),
+        "running": sum(s.num_requests_running for s in states),
+        "resident": sum(len(s.resident_adapters) for s in states),
+    }
+    return JSONResponse(body, headers=SECURITY_HEADERS)

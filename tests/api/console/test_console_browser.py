@@ -249,6 +249,7 @@ def test_tenant_name_with_markup_shows_as_text(stack: Stack, owner_page: Any) ->
     assert owner_page.dialogs == []
 
 
+LIVE_SAMPLES = "window.lpCharts.live ? window.lpCharts.live.data[0].length : 0"
 PAGES = {
     "overview": "/console/",
     "tenants": "/console/tenants",
@@ -293,6 +294,16 @@ def test_charts_draw_lines_with_units_over_their_window(stack: Stack, owner_page
         "[window.lpCharts.usage.scales.x.min, window.lpCharts.usage.scales.x.max]"
     )
     assert x == doc["x_range"] and len(doc["t"]) == 30
+    owner_page.goto(f"/console/deployments/{_ids(stack)['deployment']}")  # load over time
+    samples = "window.lpCharts.live ? window.lpCharts.live.data[0].length : 0"
+    wait_until(lambda: owner_page.evaluate(samples) >= 2, timeout=20,
+               what="two samples of the deployment's load")  # fmt: skip
+    assert owner_page.evaluate("window.lpCharts.live.data[4].slice(-1)[0]") >= 1  # resident
+    low, high = owner_page.evaluate(
+        "[window.lpCharts.live.scales.x.min, window.lpCharts.live.scales.x.max]"
+    )
+    newest = owner_page.evaluate("window.lpCharts.live.data[0].slice(-1)[0]")
+    assert (low, high) == (newest - 600, newest)  # its window, not uPlot's padded guess
     time.sleep(0.5)
     assert failed == []
 
@@ -317,6 +328,9 @@ def test_every_page_screenshot_and_accessibility(stack: Stack, owner_page: Any) 
             lookup = f"/console/requests?id={rid}"
             wait_until(lambda u=lookup: owner_page.goto(u).status == 200,
                        timeout=20, what="the refused request in the log")  # fmt: skip
+        if name == "deployment":  # its load chart, two samples in
+            wait_until(lambda: owner_page.evaluate(LIVE_SAMPLES) >= 2, timeout=20,
+                       what="load samples")  # fmt: skip
         if name == "overview":
             wait_until(lambda: _chart_requests(owner_page) >= 0, timeout=30, what="charts")
         if name == "tenant":  # its usage chart counts the SDK requests made with its key
