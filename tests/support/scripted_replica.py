@@ -22,6 +22,7 @@ from loraplex.platform.embedded.process import listen_socket
 from loraplex.platform.wire import (
     WIRE_VERSION,
     WIRE_VERSION_HEADER,
+    AbortResult,
     DeltaEvent,
     FinishEvent,
     GenerateRequest,
@@ -64,12 +65,15 @@ class ScriptedReplica:
         fail: str | None = None,
         version: str = str(WIRE_VERSION),
         extra_field: bool = False,
+        computed_prompt_tokens: int = 0,
     ) -> None:
         """`version` is the wire version it claims; `extra_field` adds a field the wire does
         not know to each delta (both are protocol errors for the gateway)."""
         self.tokens, self.delay_s, self.fail = tokens, delay_s, fail
         self.headers = {WIRE_VERSION_HEADER: version}
         self.extra_field = extra_field
+        self.computed_prompt_tokens = computed_prompt_tokens
+        """What `/abort` says the engine had computed of the prompt."""
         self.state_doc = state or replica_state()
         self.state_delay_s = 0.0
         """Seconds `/state` takes to answer (a busy replica answers late, yet answers)."""
@@ -128,8 +132,12 @@ class ScriptedReplica:
         if (refused := self._refused(request)) is not None:
             return refused
         self.aborted.append(request.path_params["rid"])
-        return JSONResponse({"request_id": request.path_params["rid"], "aborted": True},
-                            headers=self.headers)  # fmt: skip
+        result = AbortResult(
+            request_id=request.path_params["rid"],
+            aborted=True,
+            computed_prompt_tokens=self.computed_prompt_tokens,
+        )
+        return JSONResponse(result.model_dump(), headers=self.headers)
 
     async def _state(self, request: Request) -> Response:
         if (refused := self._refused(request)) is not None:
