@@ -181,7 +181,8 @@ class Sampler:
 
     @staticmethod
     def _block_early_stop(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """Below `min_tokens`, EOS (unless ignored) and stop token ids cannot be sampled."""
+        """Below `min_tokens`, EOS (unless ignored) and stop token ids cannot be sampled,
+        unless they are all a structured-output grammar still allows (it has ended)."""
         v = logits.shape[-1]
         for i, r in enumerate(requests):
             p = r.sampling_params
@@ -190,7 +191,10 @@ class Sampler:
             banned = set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.eos_token_ids))
             ids = [t for t in banned if t < v]
             if ids:
+                kept = logits[i, ids].clone()
                 logits[i, ids] = float("-inf")
+                if r.grammar is not None and bool(torch.isneginf(logits[i]).all()):
+                    logits[i, ids] = kept
         return logits
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:

@@ -181,3 +181,12 @@ def test_mask_is_filled_while_the_forward_runs(llm: LLM) -> None:
     finally:
         handle.remove()
     assert seen and all(seen)
+
+
+def test_a_finished_grammar_may_end_below_min_tokens(llm: LLM) -> None:
+    """Once the grammar allows only EOS, min_tokens does not ban it (the mask wins): the
+    request stops with its valid output instead of being aborted."""
+    spec = GrammarSpec("choice", choices=("ok",))
+    p = SamplingParams(temperature=0.0, max_tokens=20, min_tokens=10, structured=spec)
+    c = llm.generate(["x"], p)[0].outputs[0]
+    assert (c.text, c.finish_reason) == ("ok", "stop")
