@@ -314,6 +314,11 @@ def _tools(body: Any, template_source: str, out: Constraints) -> ToolPlan:
     """The chat request's tool plan; a required or named choice sets the output constraint."""
     plan = tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls)
     if plan.mode == "auto":
+        if "tools" not in template_source:
+            raise HttpError(400, "This model's chat template does not show `tools` to the model, "
+                            'so it cannot choose to call them; use tool_choice "required" or a '
+                            "named function (the output is then constrained to the call).",
+                            param="tools", code="unsupported_parameter")  # fmt: skip
         plan.family = tool_call_family(template_source)
     if plan.constrained:
         if out.structured is not None:

@@ -161,3 +161,15 @@ def test_tool_stream_deltas() -> None:
     words = ToolStream(ToolPlan("auto", [Tool.model_validate(TOOL)], family="llama3_json"))
     assert words.deltas("Hello") == [{"content": "Hello"}]
     assert words.finish("stop") == ([], "stop")
+
+
+def test_tools_under_auto_need_a_template_that_shows_them(tmp_path) -> None:  # noqa: ANN001
+    """A template that never renders `tools` would drop them silently under `auto` (the model
+    could not know them): refused by name; required and named calls are still served (the
+    grammar guarantees them)."""
+    plain = ModelAssets.load(make_model_dir(tmp_path, None, 4096))
+    with pytest.raises(HttpError) as info:
+        chat_job(plain, tools=[TOOL])
+    assert info.value.code == "unsupported_parameter" and info.value.param == "tools"
+    assert chat_job(plain, tools=[TOOL], tool_choice="required").sampling.structured is not None
+    assert chat_job(plain, tools=[TOOL], tool_choice="none").tools.mode == "none"
