@@ -55,6 +55,9 @@ class LoraBatchMeta:
     # The native CPU kernel's per-step arguments (`kernels.lora_cpu.LoraStepArgs`), likewise
     # built once.
     native_step: object | None = None
+    # Set when a step's adapter has LoRA on MoE experts / router: those deltas run in the
+    # blocks' Python forward, so the step runs eager (a captured decode graph would skip them).
+    eager_only: bool = False
 
     @property
     def num_active(self) -> int:

@@ -108,10 +108,14 @@ class ModelRunner:
 
         Unless the graphs were captured with LoRA, a step with LoRA metadata is not padded.
         """
-        if self.lora_metadata is not None and not self.decode_graphs_have_lora:
+        if self.lora_metadata is not None and not self._lora_graphable():
             return n
         sizes = [b for b in self.decode_graphs if b >= n]
         return min(sizes) if sizes else n
+
+    def _lora_graphable(self) -> bool:
+        """Whether this step's LoRA can replay a captured graph (expert LoRA cannot)."""
+        return self.decode_graphs_have_lora and not getattr(self.lora_metadata, "eager_only", False)
 
     def prepare_decode_inputs(self, requests: list[Request], batch_size: int) -> None:
         """Copy this step's decode inputs into the static buffers; rows past the batch pad."""
@@ -195,7 +199,7 @@ class ModelRunner:
             b = self.decode_batch_size(len(scheduled))
             self.prepare_decode_inputs([s.request for s in scheduled], b)
             # Base-only graphs cannot serve adapters: eager then, unless captured with LoRA.
-            graphable = self.lora_metadata is None or self.decode_graphs_have_lora
+            graphable = self.lora_metadata is None or self._lora_graphable()
             graph = self.decode_graphs.get(b) if graphable else None
             logits = graph() if graph is not None else self.run_decode_step(b)
             return self._sample(scheduled, logits[: len(scheduled)], {})

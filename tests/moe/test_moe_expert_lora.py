@@ -188,3 +188,30 @@ def _gating():
     from loraplex.moe.gating import GatingConfig
 
     return GatingConfig(top_k=2, renormalize=True)
+
+
+def test_steps_with_expert_lora_never_replay_a_captured_decode_graph(tmp_path):
+    """A captured decode graph replays without running the blocks' Python forward, so expert
+    LoRA would be skipped: such steps run eager (base and attention-only steps may replay)."""
+    import types
+
+    from support.expert_adapters import expert_adapter, moe_base
+
+    from loraplex.platform.engine import LLM, SamplingParams
+
+    hf = moe_base("qwen3_moe")
+    hf.save_pretrained(str(tmp_path / "base"))
+    adapter = str(expert_adapter(hf, tmp_path / "a", seed=3))
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    args = dict(max_loras=2, block_size=4, max_num_batched_tokens=16, max_num_seqs=4,
+                max_lora_rank=8)  # fmt: skip
+    want = LLM(str(tmp_path / "base"), **args).generate([[5, 6, 7]], params, adapters=[adapter])
+    llm = LLM(str(tmp_path / "base"), **args)
+    runner = llm.core.runner
+    replays = []
+    runner.decode_graphs = {b: lambda b=b: replays.append(b) for b in (1, 2, 4)}
+    runner.decode_graphs_have_lora = True
+    got = llm.generate([[5, 6, 7]], params, adapters=[adapter])
+    assert replays == [] and got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
+    runner.lora_metadata = types.SimpleNamespace(eager_only=False)
+    assert runner._lora_graphable()  # attention-only LoRA steps still replay graphs

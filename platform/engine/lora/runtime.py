@@ -177,6 +177,8 @@ class LoraRuntime:
             max_slices=pool.max_slices,
             device=self.device,
         )
+        if self.experts is not None:  # expert LoRA runs in the blocks' forward: eager steps
+            meta.eager_only = any(g.key in self.experts for g in meta.groups)
         self._last_layout, self._last_meta = layout, meta
         return meta
 
