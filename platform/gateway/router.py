@@ -197,6 +197,7 @@ class Router:
         client: ReplicaClient,
         *,
         state_ttl_s: float = 0.2,
+        max_stale_s: float = 2.0,
         down_cooldown_s: float = 2.0,
         metrics: GatewayMetrics | None = None,
     ) -> None:
@@ -206,7 +207,9 @@ class Router:
         self.prefixes = PrefixIndex()
         self._state_ttl = state_ttl_s
         self._cooldown = down_cooldown_s
+        self._max_stale = max_stale_s
         self._states: dict[str, tuple[float, ReplicaLoad]] = {}
+        self._refreshing: dict[str, asyncio.Task[ReplicaLoad | None]] = {}
         self._down_until: dict[str, float] = {}
         self.inflight: dict[str, int] = {}
 
@@ -217,27 +220,51 @@ class Router:
         self.prefixes.forget(replica.replica_id)
 
     async def _load(self, replica: ReplicaInfo) -> ReplicaLoad | None:
+        """The replica's load: its state while fresh (`state_ttl_s`); past that, the last
+        state at once while one refresh (shared by every request that needs it) runs behind
+        it, for up to `max_stale_s`; with nothing usable cached, that one refresh awaited."""
         now = time.monotonic()
-        if self._down_until.get(replica.replica_id, 0.0) > now:
+        rid = replica.replica_id
+        if self._down_until.get(rid, 0.0) > now:
             return None
-        cached = self._states.get(replica.replica_id)
+        cached = self._states.get(rid)
         if cached and cached[0] > now:
             return cached[1]
+        task = self._refreshing.get(rid)
+        if task is None:
+            task = asyncio.ensure_future(self._refresh(replica, cached))
+            self._refreshing[rid] = task
+            task.add_done_callback(lambda t, rid=rid: self._refresh_done(rid, t))
+        if cached is not None and cached[0] + self._max_stale > now:
+            return cached[1]
+        return await asyncio.shield(task)
+
+    def _refresh_done(self, rid: str, task: asyncio.Task[ReplicaLoad | None]) -> None:
+        if self._refreshing.get(rid) is task:
+            del self._refreshing[rid]
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("replica %s: reading its state failed: %r", rid, task.exception())
+
+    async def _refresh(
+        self, replica: ReplicaInfo, cached: tuple[float, ReplicaLoad] | None
+    ) -> ReplicaLoad | None:
+        """Read the replica's `/state` once and keep it (or mark the replica down)."""
         try:
             load = ReplicaLoad.from_state(await self.client.state(replica.url))
         except ReplicaSlow:
             # Busy, not dead: a loaded replica answers /state late. Route on what it said
-            # last (its queue only grew); dropping it would turn load into 503s.
-            if cached is not None:
-                self._states[replica.replica_id] = (now + self._state_ttl, cached[1])
-                return cached[1]
-            self.mark_down(replica)
-            return None
+            # last (its queue only grew), or, knowing nothing yet, on a full one's load: it
+            # is queued on, never dropped (dropping it turned load into 503s).
+            known = cached[1] if cached is not None else ReplicaLoad(kv_usage=1.0)
+            if cached is None:
+                known.prefix_caching = False  # its model id and block size are unknown
+            self._states[replica.replica_id] = (time.monotonic() + self._state_ttl, known)
+            return known
         except ReplicaUnavailable as exc:
             log.warning("replica %s skipped for %gs: %s", replica.replica_id, self._cooldown, exc)
             self.mark_down(replica)
             return None
-        self._states[replica.replica_id] = (now + self._state_ttl, load)
+        self._states[replica.replica_id] = (time.monotonic() + self._state_ttl, load)
         return load
 
     async def group(self, deployment: str) -> list[str]:

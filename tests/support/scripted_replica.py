@@ -75,6 +75,7 @@ class ScriptedReplica:
         self.computed_prompt_tokens = computed_prompt_tokens
         """What `/abort` says the engine had computed of the prompt."""
         self.state_doc = state or replica_state()
+        self.state_calls = 0
         self.state_delay_s = 0.0
         """Seconds `/state` takes to answer (a busy replica answers late, yet answers)."""
         self.requests: list[GenerateRequest] = []
@@ -142,6 +143,7 @@ class ScriptedReplica:
     async def _state(self, request: Request) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
+        self.state_calls += 1
         if self.state_delay_s:
             await asyncio.sleep(self.state_delay_s)
         return Response(self.state_doc.model_dump_json(), media_type="application/json",

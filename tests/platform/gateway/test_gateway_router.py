@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 import uuid
 
 import httpx
@@ -239,3 +240,45 @@ def test_a_busy_replica_stays_a_candidate_on_its_last_state(redis_url: str) -> N
     assert [c.replica.replica_id for c in first] == ["busy"]
     assert [c.replica.replica_id for c in later] == ["busy"]
     assert later[0].load.running == 3
+
+
+def test_a_burst_reads_each_replicas_state_once(redis_url: str) -> None:
+    """50 requests arriving together while nothing is cached share one /state call."""
+    with ScriptedReplica([1]) as replica:
+
+        async def body(router: Router, dep: str):
+            replica.state_delay_s = 0.3
+            return await asyncio.gather(
+                *(router.candidates(dep, None, PromptKeys(_req(), None)) for _ in range(50))
+            )
+
+        results = asyncio.run(_with_router(redis_url, [("r", replica.url)], body))
+    assert all([c.replica.replica_id for c in found] == ["r"] for found in results)
+    assert replica.state_calls == 1
+
+
+def test_a_stale_state_routes_at_once_and_is_refreshed_behind(redis_url: str) -> None:
+    """Past its TTL, a replica's last state still routes the request at once (no wait on
+    /state in its time to first token); one refresh runs behind it for the next request."""
+    with ScriptedReplica([1], state=replica_state(num_requests_running=2)) as replica:
+
+        async def body(router: Router, dep: str):
+            router._state_ttl = 0.05
+            await router.candidates(dep, None, PromptKeys(_req(), None))
+            await asyncio.sleep(0.1)  # stale now
+            replica.state_delay_s = 0.5
+            replica.state_doc = replica_state(num_requests_running=7)
+            began = time.monotonic()
+            stale = await asyncio.gather(
+                *(router.candidates(dep, None, PromptKeys(_req(), None)) for _ in range(10))
+            )
+            took = time.monotonic() - began
+            await asyncio.sleep(0.8)  # the refresh lands
+            fresh = await router.candidates(dep, None, PromptKeys(_req(), None))
+            return stale, took, fresh
+
+        stale, took, fresh = asyncio.run(_with_router(redis_url, [("r", replica.url)], body))
+    assert took < 0.3, took
+    assert all(found[0].load.running == 2 for found in stale)
+    assert fresh[0].load.running == 7
+    assert replica.state_calls == 2
