@@ -205,8 +205,8 @@ def test_steps_with_expert_lora_never_replay_a_captured_decode_graph(tmp_path):
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     args = dict(max_loras=2, block_size=4, max_num_batched_tokens=16, max_num_seqs=4,
                 max_lora_rank=8)  # fmt: skip
-    want = LLM(str(tmp_path / "base"), **args).generate([[5, 6, 7]], params, adapters=[adapter])
     llm = LLM(str(tmp_path / "base"), **args)
+    want = llm.generate([[5, 6, 7]], params, adapters=[adapter])
     runner = llm.core.runner
     replays = []
     runner.decode_graphs = {b: lambda b=b: replays.append(b) for b in (1, 2, 4)}
