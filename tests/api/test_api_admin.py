@@ -104,6 +104,11 @@ def test_deployments(
     assert deployment["max_lora_rank"] == 8 and deployment["base_model"] == base_model
     listed = client.get("/admin/v1/deployments", headers=admin_headers).json()["data"]
     assert deployment["id"] in {d["id"] for d in listed}
+    # Without a choice: `auto`, the device's native compute type (stored, shown, served).
+    plain = {"name": "auto-dep", "base_model": base_model}
+    resp = client.post("/admin/v1/deployments", headers=admin_headers, json=plain)
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["quantization"] == {"weights": "auto", "kv_cache": "auto"}
     # Quantized choices are stored and shown; one that cannot serve this base model (int4:
     # the tiny model's hidden size 64 is not a multiple of the group size 128) is refused at
     # creation, saying why and what would work.

@@ -49,7 +49,7 @@ def _tables(url: str) -> set[str]:
 def test_upgrade_builds_every_table_and_downgrade_removes_them(empty_db_url: str) -> None:
     assert migrate.current_revision(empty_db_url) is None
     migrate.upgrade(empty_db_url)
-    assert migrate.current_revision(empty_db_url) == "0014"
+    assert migrate.current_revision(empty_db_url) == "0015"
     assert _tables(empty_db_url) >= TABLES
     migrate.downgrade(empty_db_url, "base")
     assert migrate.current_revision(empty_db_url) is None
@@ -91,7 +91,7 @@ def test_alembic_command_line_upgrades_with_env_url(empty_db_url: str) -> None:
     ]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert migrate.current_revision(empty_db_url) == "0014"
+    assert migrate.current_revision(empty_db_url) == "0015"
 
 
 def test_constraints_hold(empty_db_url: str) -> None:
