@@ -16,6 +16,7 @@ from loraplex.platform.services.operators import SignedIn
 
 from .auth import current_operator
 from .common import parse_uuid, transaction
+from .pages_tenants import usage_chart
 from .replicas import ReplicaView, replica_views
 from .views import SECURITY_HEADERS, render
 
@@ -47,6 +48,9 @@ async def adapter_page(
         if view.state is not None and keys & set(view.state.resident_adapters)
     ]
     a = data["adapter"]
+    by_day = [{"day": u["day"], "model": label, "requests": u[key]}
+              for u in data["usage"] for label, key in (("requests", "requests"), ("failed", "errors"))]  # fmt: skip
+    data["chart"] = usage_chart(by_day)
     return await run_in_threadpool(
         lambda: render(
             request,

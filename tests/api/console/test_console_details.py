@@ -120,6 +120,8 @@ def test_adapter_page_versions_report_and_latency(
     assert "rank 16 is over max_lora_rank 8" in text
     assert "250 ms" in text  # TTFT p50 of 100..400
     assert '<td class="num">4</td><td class="num">0</td><td class="num">20</td>' in text
+    days = "0, " * 29 + "4"  # its chart: 4 requests today, none before
+    assert "{&#34;label&#34;: &#34;requests&#34;, &#34;values&#34;: [" + days + "]}" in text
     assert owner.get(f"/console/adapters/{uuid.uuid4()}").status_code == 404
 
 
