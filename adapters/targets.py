@@ -308,10 +308,22 @@ def _resolve_expert_targets(
         )
 
 
-def keep_present(targets: ResolvedTargets, present: set[tuple[int, str]]) -> ResolvedTargets:
-    """Drop optional expert/router targets (module layout) the weights have no tensors for."""
+def keep_present(
+    targets: ResolvedTargets, present: set[tuple[int, str]], params: list[str] | None = None
+) -> ResolvedTargets:
+    """Drop optional expert/router targets (module layout) the weights have no tensors for; a
+    router that `params` (the config's `target_parameters`) names stays required."""
+    entries = params or []
+
+    def required(layer: int, module: str) -> bool:
+        return module == ROUTER_MODULE and ROUTER_MODULE in param_targets(entries, layer)
+
     return ResolvedTargets(
-        {k: t for k, t in targets.modules.items() if k[1] not in OPTIONAL_MODULES or k in present}
+        {
+            k: t
+            for k, t in targets.modules.items()
+            if k[1] not in OPTIONAL_MODULES or k in present or required(*k)
+        }
     )
 
 

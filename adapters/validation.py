@@ -190,7 +190,7 @@ def check_tensors(
             raise AdapterValidationError(
                 f"{path} has lora_{found.pop()} but no lora_{missing}", "missing_pair"
             )
-    targets = keep_present(targets, present)
+    targets = keep_present(targets, present, config.target_parameters)
     for layer, module in sorted(targets.modules):
         paths = (
             target_paths(layer, module, shape)  # type: ignore[arg-type]

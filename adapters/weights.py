@@ -18,7 +18,12 @@ from safetensors.torch import load as load_safetensors
 from loraplex.adapters.expert_targets import EXPERT_MODULES, moe_shape
 from loraplex.adapters.expert_tensors import classify
 from loraplex.adapters.expert_weights import ExpertLoraModule, build_expert_modules
-from loraplex.adapters.peft_format import AdapterFormatError, module_dims, parse_lora_tensor_name
+from loraplex.adapters.peft_format import (
+    AdapterFormatError,
+    module_dims,
+    parse_adapter_config,
+    parse_lora_tensor_name,
+)
 from loraplex.adapters.targets import ResolvedTargets, keep_present, resolve_config_targets
 
 CONFIG_FILE = "adapter_config.json"
@@ -134,8 +139,10 @@ def load_adapter(
     directory) they are resolved here, on RE2, from the config. `key` defaults to the sha256
     of both files. Raises AdapterFormatError on any mismatch.
     """
+    params: list[str] = []  # a replica's stored targets were checked at validation
     if targets is None:
         targets = resolve_config_targets(config_bytes, hf_config)
+        params = parse_adapter_config(config_bytes).target_parameters
     dims = module_dims(hf_config)
     num_layers = int(hf_config["num_hidden_layers"])
     try:
@@ -146,7 +153,7 @@ def load_adapter(
         raise AdapterFormatError(f"{WEIGHTS_FILE} holds no tensors")
 
     experts, present = _expert_pairs(tensors, targets, hf_config)
-    targets = keep_present(targets, present)
+    targets = keep_present(targets, present, params)
     found = _collect(tensors)
     modules: dict[tuple[int, str], ModuleLora] = {}
     for (layer, module), parts in sorted(found.items()):

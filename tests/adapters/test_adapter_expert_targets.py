@@ -120,6 +120,12 @@ def test_refusals_name_what_is_wrong(tmp_path):
     _rewrite(path, lambda t: {k: v for k, v in t.items() if "layers.1.mlp.gate.lora_B" not in k})
     with pytest.raises(AdapterValidationError, match="lora_A but no lora_B"):
         _validate(path, cfg)
+    path = expert_adapter(base, tmp_path / "b2", seed=3)  # target_parameters names the router
+    _rewrite(path, lambda t: {k: v for k, v in t.items() if "layers.1.mlp.gate.lora" not in k})
+    with pytest.raises(AdapterValidationError, match="layers.1.router but the weights have no"):
+        _validate(path, cfg)
+    with pytest.raises(AdapterFormatError, match="layer 1 router is targeted but"):
+        load_adapter_dir(path, cfg)
     path = expert_adapter(base, tmp_path / "c", seed=3, params=["mlp.experts.down_proj"])
     raw = json.loads((path / "adapter_config.json").read_text())
     assert raw["target_parameters"] == ["mlp.experts.down_proj"]
