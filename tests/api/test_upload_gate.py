@@ -17,9 +17,8 @@ def test_spool_space_is_reserved_and_given_back() -> None:
     a, b = uuid.uuid4(), uuid.uuid4()
     with gate.receiving(a, 60):
         assert gate.in_flight(a) == 1 and gate.in_flight(b) == 0
-        with pytest.raises(HttpError) as info:
-            with gate.receiving(b, 41):
-                pass
+        with pytest.raises(HttpError) as info, gate.receiving(b, 41):
+            pass
         assert info.value.status == 503 and info.value.code == "upload_capacity"
         with gate.receiving(b, 40):
             assert gate.in_flight(b) == 1
