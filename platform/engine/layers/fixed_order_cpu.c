@@ -5,7 +5,9 @@
  * alignment. A dot product of length K keeps 16 lane sums (lane l takes k = l, l + 16, ...,
  * in order, with a fused multiply-add each), then adds the lanes in one fixed pairwise tree.
  * The library is built with -fno-associative-math and -ffp-contract=off, so the compiler may
- * vectorise across the independent lanes but never reorder a lane's own sums.
+ * vectorise across the independent lanes but never reorder a lane's own sums. With AVX-512
+ * the full 4-row blocks run as vector FMAs on the same lanes, then the same tree (`dot_4x4`);
+ * any other row runs the portable lanes: both give the same bits (a test holds them equal).
  *
  * dtype: 0 = fp32, 1 = bf16 (x, w, bias and y share it). Math is fp32, y rounded once.
  */
@@ -79,9 +81,9 @@ static inline void dot_4x4(const float *xf, int64_t K, const float *w, int64_t w
     for (int r = 0; r < ROWS; r++)
         for (int c = 0; c < NCOL; c++) out[c][r] = tree16_vec(a[r][c]);
 }
-#define HAVE_DOT_4X2 1
+#define HAVE_DOT_4X4 1
 #else
-#define HAVE_DOT_4X2 0
+#define HAVE_DOT_4X4 0
 #endif
 
 /* y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) for M rows; w is [N, K] contiguous. Returns 0,
@@ -108,8 +110,8 @@ int fixed_order_linear(const void *x, int64_t x_stride, const void *w, const voi
             for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
                 const int R = M - m0 < ROWS ? (int)(M - m0) : ROWS;
                 int64_t n = n0;
-                if (HAVE_DOT_4X2 && R == ROWS && K % LANES == 0) {
-#if HAVE_DOT_4X2
+                if (HAVE_DOT_4X4 && R == ROWS && K % LANES == 0) {
+#if HAVE_DOT_4X4
                     for (; n + NCOL <= n1; n += NCOL) {
                         float out[NCOL][ROWS];
                         dot_4x4(xf + m0 * K, K, wf + (n - n0) * K, K, out);

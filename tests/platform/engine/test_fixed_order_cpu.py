@@ -1,0 +1,55 @@
+"""The deterministic mode's fixed-order kernels (issue 23): a row's projection and RMSNorm are
+the same bits alone, in a block of four (the AVX-512 path where the CPU has it), or anywhere in
+a batch, and close to the fp32 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loraplex.platform.engine.layers.fixed_order_cpu import (
+    fixed_order_available,
+    fixed_order_linear,
+    fixed_order_rmsnorm,
+)
+
+pytestmark = pytest.mark.skipif(not fixed_order_available(), reason="no C compiler here")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [256, 300, 7])
+def test_a_row_is_the_same_bits_alone_or_in_any_batch(dtype: torch.dtype, k: int) -> None:
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(70, k, generator=g).to(dtype)
+    w = torch.randn(133, k, generator=g).to(dtype)
+    b = torch.randn(133, generator=g).to(dtype)
+    full = fixed_order_linear(x, w, b)
+    want = x.float() @ w.float().T + b.float()
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    assert ((full.float() - want).abs() <= tol * (1 + want.abs())).all()
+    for lo, hi in [(0, 1), (3, 4), (5, 9), (2, 7), (10, 70), (69, 70)]:
+        assert torch.equal(fixed_order_linear(x[lo:hi], w, b), full[lo:hi]), (lo, hi)
+    assert torch.equal(fixed_order_linear(x.view(7, 10, k), w, b).view(70, -1), full)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_rows_alone_or_together(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(33, 200, generator=g).to(dtype)
+    w = torch.randn(200, generator=g).to(dtype)
+    full = fixed_order_rmsnorm(x, w, 1e-6)
+    h = x.float()
+    want = w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert ((full.float() - want.float()).abs() <= tol * (1 + want.float().abs())).all()
+    for i in (0, 16, 32):
+        assert torch.equal(fixed_order_rmsnorm(x[i : i + 1], w, 1e-6), full[i : i + 1])
+
+
+def test_mismatched_dtypes_are_refused() -> None:
+    with pytest.raises(ValueError, match="one dtype"):
+        fixed_order_linear(torch.ones(2, 4), torch.ones(3, 4, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="fp32/bf16 CPU"):
+        fixed_order_linear(
+            torch.ones(2, 4, dtype=torch.float16), torch.ones(3, 4, dtype=torch.float16)
+        )
