@@ -26,6 +26,7 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -258,10 +259,13 @@ def run(
     key: str,
     args: argparse.Namespace,
     replica: tuple[str, str] | None = None,
+    offline: Callable[[list[str], list[int]], float] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Warm up, then the adapter workload and the base-model baseline; returns both summaries.
 
-    With `replica` (its URL and secret), the gateway's per-chunk overhead over it as well."""
+    With `replica` (its URL and secret), the gateway's per-chunk overhead over it as well; with
+    `offline` (prompts, output tokens -> tokens/s of the same engine in-process), the base
+    run's served throughput over the engine's own (`serve.base.served_over_offline`)."""
     names = [n for n in (args.adapters or "").split(",") if n] or None
     adapters, base = discover(url, key, args.num_adapters, names)
     console.print(f"adapters: {', '.join(adapters)} over base model {base}")
@@ -278,6 +282,11 @@ def run(
         errors = [o.error for o in outcomes if not o.ok]
         if errors:
             console.print(f"[yellow]{label}: {len(errors)} failed requests, e.g. {errors[0]}[/]")
+        if label == "serve.base" and offline is not None and not errors:
+            with console.status("offline: the same engine and workload in-process…"):
+                tps = offline([s.prompt for s in specs], [o.tokens for o in outcomes])
+            results[label]["offline_output_tps"] = tps
+            results[label]["served_over_offline"] = results[label]["output_tps"] / tps
     if replica is not None and args.overhead_runs > 0:
         from loraplex.platform.bench._gateway_overhead import measure
 
@@ -307,8 +316,14 @@ def main(argv: list[str]) -> int:
             replica = (args.replica_url.rstrip("/"), secret)
         print_results(run(args.url.rstrip("/"), args.api_key, args, replica))
         return 0
+    from loraplex.platform.bench._serve_offline import offline_output_tps
     from loraplex.platform.bench.serve_stack import local_stack
 
-    with local_stack(args.num_adapters) as (url, key, replica_url, secret):
-        print_results(run(url, key, args, (replica_url, secret)))
+    with local_stack(args.num_adapters) as info:
+        url, key, replica_url, secret = info
+
+        def offline(prompts: list[str], tokens: list[int]) -> float:
+            return offline_output_tps(info.engine_config, info.model_dir, prompts, tokens)
+
+        print_results(run(url, key, args, (replica_url, secret), offline))
     return 0

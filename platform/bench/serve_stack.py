@@ -86,6 +86,7 @@ class StackInfo(tuple):
     admin_key: str
     model_dir: Path
     replica_pid: int | None
+    engine_config: Any  # the replica's EngineConfig
 
 
 @contextlib.contextmanager
@@ -193,4 +194,5 @@ def local_stack(
         info.admin_key = settings.admin_key or ""
         info.model_dir = model_dir
         info.replica_pid = replica.pid
+        info.engine_config = engine_config
         yield info
