@@ -72,6 +72,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         if gw is not None and owned:
             await gw.close()
+            app.state.gateway = None  # closed: a later start builds a new one
 
 
 router = APIRouter(lifespan=_lifespan, tags=["openai"])
