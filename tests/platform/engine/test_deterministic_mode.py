@@ -232,3 +232,26 @@ def test_state_reports_the_mode(world) -> None:
     assert "--deterministic" in argv
     assert parse_engine_args(argv)[0].deterministic is True
     assert not [a for a in engine_args(off.core.config) if "deterministic" in a]  # the default
+
+
+@pytest.mark.parametrize("with_adapter", [False, True], ids=["base", "adapter"])
+def test_the_modes_logits_are_the_models(world, with_adapter: bool) -> None:
+    """Invariant and right: the needle's fp32 logits, its prompt in chunks of 5 beside
+    neighbours, match transformers (peft with the adapter) to 1e-4."""
+    import copy
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base, adapters = world
+    ad = str(adapters[0]) if with_adapter else None
+    llm = _llm(base, "float32", max_num_batched_tokens=5, max_num_seqs=3)
+    tokens, bits, _ = _run(llm, ad, seeded=False, before=1, after=1)
+    got = torch.stack([b.view(torch.float32) for b in bits])
+    hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    model = PeftModel.from_pretrained(copy.deepcopy(hf), ad).eval() if ad else hf
+    seq = NEEDLE + tokens
+    with torch.no_grad():
+        want = model(torch.tensor([seq[:-1]])).logits[0, len(NEEDLE) - 1 :].float()
+    assert got.shape == want.shape
+    assert (got - want).abs().max().item() < 1e-4
