@@ -1,6 +1,6 @@
 """`loraplex bench determinism`: what the deterministic mode costs, and what it buys.
 
-On the demo model (dtype auto), two engines, the mode on and off, run in lockstep over the same
+On the demo model (`--dtype`, default auto), two engines, the mode on and off, run in lockstep over the same
 work (one step of each in turn, each timed on its own steps; the median of `--repeats` passes):
 - determinism.decode_b1_ratio, determinism.decode_b32_ratio: decode tok/s with the mode over
   without, one request and `--batch` (32) requests of `--max-tokens` tokens (target for b32:
@@ -24,11 +24,11 @@ from typing import Any
 from loraplex.platform.bench.lockstep import lockstep_times
 
 
-def _engines(model: Path) -> dict[str, Any]:
+def _engines(model: Path, dtype: str) -> dict[str, Any]:
     from loraplex.platform.engine.engine_core import EngineCore
     from loraplex.platform.engine_spec.config import EngineConfig
 
-    common = dict(model=str(model), dtype="auto", max_loras=0, enable_prefix_caching=False)
+    common = dict(model=str(model), dtype=dtype, max_loras=0, enable_prefix_caching=False)
     return {
         "off": EngineCore(EngineConfig(**common)),  # type: ignore[arg-type]
         "on": EngineCore(EngineConfig(**common, deterministic=True)),  # type: ignore[arg-type]
@@ -97,13 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--identical", type=int, default=200, help="copies of the one request")
     ap.add_argument("--per-step", type=int, default=3, help="copies joining each step")
+    ap.add_argument("--dtype", default="auto", help="compute dtype of both engines")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (the test's smoke run)")
     args = ap.parse_args(argv)
     if args.quick:
         args.batch, args.prompt_len, args.max_tokens, args.repeats = 4, 16, 4, 1
         args.identical, args.per_step = 12, 3
     with tempfile.TemporaryDirectory() as name:
-        engines = _engines(make_demo_model(Path(name) / "demo"))
+        engines = _engines(make_demo_model(Path(name) / "demo"), args.dtype)
         results = ratios(engines, args.batch, args.prompt_len, args.max_tokens, args.repeats)
         for mode, engine in engines.items():
             count = distinct_outputs(engine, args.identical, args.per_step, args.max_tokens)

@@ -1,15 +1,17 @@
 """The deterministic mode: switch a loaded model onto batch-invariant kernels, or refuse.
 
 With `EngineConfig.deterministic` every reduction whose order could follow the batch runs in
-one fixed order (`layers/fixed_order_cpu.c`: projections, the LM head, RMSNorm;
-`layers/fixed_order_attention.py`: each query token alone through the native decode kernel;
-the native LoRA kernel is per token already). Everything else a forward does is elementwise
-or a gather. Configurations the mode does not cover yet are refused here, naming what is
+one fixed order (`layers/fixed_order_cpu.c`: projections, the LM head, RMSNorm, and the gated
+MLP's SiLU, whose vectorised torch loop treats a row's tail apart when a batch splits it
+between threads; `layers/fixed_order_attention.py`: each query token alone through the native
+decode kernel; the native LoRA kernel is per token already). What is left is elementwise
+(residual adds; rotary cos/sin, found row-invariant up to 3,000 positions a step) and gathers. Configurations the mode does not cover yet are refused here, naming what is
 missing, rather than served with a promise they would break.
 """
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
@@ -19,11 +21,13 @@ from loraplex.platform.engine.layers.attention import Attention
 from loraplex.platform.engine.layers.fixed_order_cpu import (
     fixed_order_available,
     fixed_order_linear,
+    fixed_order_silu_mul,
 )
 from loraplex.platform.engine.layers.linear import Linear
 from loraplex.platform.engine.layers.norm import RMSNorm
 from loraplex.platform.engine.layers.onednn_weights import dense
 from loraplex.platform.engine.layers.paged_attention_cpu import LIBRARY as ATTENTION_LIBRARY
+from loraplex.platform.engine.models.decoder import DenseMLP
 from loraplex.platform.engine_spec.config import EngineConfig
 
 DTYPES = (torch.float32, torch.bfloat16)
@@ -44,6 +48,12 @@ class FixedOrderHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> logits [N, V] in the weight's dtype."""
         return fixed_order_linear(hidden, dense(self.head.weight))
+
+
+def _fixed_order_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A gated MLP's forward (`models.decoder` MLP: down(silu(gate) * up)) with the fixed-order
+    SiLU; installed per instance by `make_batch_invariant`."""
+    return self.down_proj(fixed_order_silu_mul(self.gate_up_proj(x)))
 
 
 def refusal(config: EngineConfig, hf_config: dict[str, Any], dtype: torch.dtype) -> str | None:
@@ -83,6 +93,8 @@ def make_batch_invariant(
             module.fixed_order = True
         elif isinstance(module, RMSNorm | Attention):
             module.fixed_order = True
+        elif isinstance(module, DenseMLP):
+            module.forward = types.MethodType(_fixed_order_mlp_forward, module)
     head = getattr(model, "lm_head", None)
     if head is None:
         raise DeterministicModeUnsupported(f"{type(model).__name__} has no lm_head to fix")

@@ -176,3 +176,31 @@ int fixed_order_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y,
     }
     return failed ? -1 : 0;
 }
+
+/* y[m, i] = silu(x[m, i]) * x[m, I + i] (gate, then up, side by side in x), every element by the
+ * same scalar code (libm's expf, never a vector variant), so no element's bits depend on which
+ * thread or loop tail computes it. bf16: silu rounded to bf16, then the product, as the
+ * reference's two ops. */
+void fixed_order_silu_mul(const void *x, int64_t x_stride, void *y, int64_t y_stride, int64_t M,
+                          int64_t I, int dtype) {
+#pragma omp parallel for schedule(static) if (M > 1)
+    for (int64_t m = 0; m < M; m++) {
+        for (int64_t i = 0; i < I; i++) {
+            float g, u;
+            if (dtype == 0) {
+                g = ((const float *)x)[m * x_stride + i];
+                u = ((const float *)x)[m * x_stride + I + i];
+            } else {
+                g = bf16_to_f32(((const uint16_t *)x)[m * x_stride + i]);
+                u = bf16_to_f32(((const uint16_t *)x)[m * x_stride + I + i]);
+            }
+            float s = g / (1.0f + expf(-g));
+            if (dtype == 0) {
+                ((float *)y)[m * y_stride + i] = s * u;
+            } else {
+                s = bf16_to_f32(f32_to_bf16(s));
+                ((uint16_t *)y)[m * y_stride + i] = f32_to_bf16(s * u);
+            }
+        }
+    }
+}

@@ -25,11 +25,13 @@ DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 LINEAR_ARGS = [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, ctypes.c_int]
 RMSNORM_ARGS = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, ctypes.c_float, ctypes.c_int]
+SILU_MUL_ARGS = [_PTR, _I64, _PTR, _I64, _I64, _I64, ctypes.c_int]
 LIBRARY = NativeLibrary(
     SOURCE,
     {
         "fixed_order_linear": (LINEAR_ARGS, ctypes.c_int),
         "fixed_order_rmsnorm": (RMSNORM_ARGS, ctypes.c_int),
+        "fixed_order_silu_mul": (SILU_MUL_ARGS, None),
     },
     EXTRA_FLAGS,
 )
@@ -85,3 +87,19 @@ def fixed_order_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> to
         if rc:
             raise MemoryError("fixed-order RMSNorm could not allocate its scratch rows")
     return y.reshape(x.shape)
+
+
+def fixed_order_silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """`silu(gate) * up` for x = cat(gate, up) [..., 2I] -> [..., I], every element by the same
+    scalar code (torch's vectorised SiLU computes a row's tail differently when a batch splits
+    it between threads)."""
+    kernel = LIBRARY.get("fixed_order_silu_mul")
+    i2 = x.shape[-1]
+    if i2 % 2:
+        raise ValueError(f"silu_mul needs an even last dimension (gate, up), got {i2}")
+    x2 = _rows(x, i2, "fixed_order_silu_mul")
+    y = torch.empty(x2.shape[0], i2 // 2, dtype=x.dtype)
+    if x2.shape[0]:
+        kernel(x2.data_ptr(), x2.stride(0), y.data_ptr(), y.stride(0), x2.shape[0], i2 // 2,
+               DTYPE_CODES[x.dtype])  # fmt: skip
+    return y.reshape(*x.shape[:-1], i2 // 2)

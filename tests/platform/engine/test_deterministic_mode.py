@@ -42,7 +42,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[Path]]:
     """A tiny dense Llama and four adapters over it (33 with the full flag: the needle's and
     32 distinct neighbours)."""
     base = tmp_path_factory.mktemp("base")
-    hf = save_tiny_model(base, "llama", seed=9)
+    hf = save_tiny_model(base, "llama", seed=9, vocab_size=1000)  # a vocabulary past one vector pass
     adapters = [
         make_adapter(hf, tmp_path_factory.mktemp(f"ad{i}"), seed=20 + i, r=4 + 4 * (i % 2),
                      lora_alpha=16, target_modules="all-linear")
@@ -65,11 +65,12 @@ def _hay(i: int) -> list[int]:
     return torch.randint(3, 120, (3 + (i * 7) % 23,), generator=g).tolist()
 
 
-def _needle_params(seeded: bool) -> SamplingParams:
-    if seeded:
-        return SamplingParams(max_tokens=NEEDLE_TOKENS, temperature=0.9, seed=42, logprobs=3,
-                              ignore_eos=True)  # fmt: skip
-    return SamplingParams(max_tokens=NEEDLE_TOKENS, temperature=0.0, logprobs=3, ignore_eos=True)
+def _needle_params(seeded: bool, plp: bool = True) -> SamplingParams:
+    """Greedy or seeded, with logprobs, and prompt logprobs unless `plp` is False (a request
+    that wants them skips the prefix cache)."""
+    extra = dict(temperature=0.9, seed=42) if seeded else dict(temperature=0.0)
+    return SamplingParams(max_tokens=NEEDLE_TOKENS, logprobs=3, ignore_eos=True,
+                          prompt_logprobs=2 if plp else None, **extra)  # fmt: skip
 
 
 def _run(
@@ -81,6 +82,7 @@ def _run(
     after: int = 0,
     hay_adapters: list[object | None] | None = None,
     late: int = 0,
+    plp: bool = True,
 ) -> tuple[list[int], list[torch.Tensor], object]:
     """The needle among `before` + `after` haystack requests (added before and after it; the
     first `late` of them join once the others are decoding), stepped to the end: the needle's
@@ -93,7 +95,8 @@ def _run(
     queued = hay[:late]
     for rid, prompt, ad in hay[late : late + before]:
         core.add_request(prompt, hay_params, rid, adapter=ad)
-    needle = core.add_request(NEEDLE, _needle_params(seeded), "needle", adapter=needle_adapter)
+    params = _needle_params(seeded, plp)
+    needle = core.add_request(NEEDLE, params, "needle", adapter=needle_adapter)
     for rid, prompt, ad in hay[late + before :]:
         core.add_request(prompt, hay_params, rid, adapter=ad)
     steps = 0
@@ -107,9 +110,24 @@ def _run(
     return list(needle.output_token_ids), bits, needle
 
 
+def _logprobs(needle: object) -> list:
+    """The needle's sampled and prompt logprobs as exact float bit patterns."""
+    import struct
+
+    def bits(entries: list) -> list:
+        return [None if e is None else sorted((k, struct.pack("<d", v)) for k, v in e.items())
+                for e in entries]  # fmt: skip
+
+    return [bits(needle.logprobs), bits(needle.prompt_logprobs)]
+
+
 def _same(got: tuple, want: tuple, what: str) -> None:
-    tokens, bits, _ = got
+    tokens, bits, needle = got
     assert tokens == want[0], f"{what}: tokens {tokens} != {want[0]}"
+    sampled, prompt = _logprobs(needle)
+    want_sampled, want_prompt = _logprobs(want[2])
+    assert sampled == want_sampled, f"{what}: sampled logprobs differ"
+    assert prompt == want_prompt, f"{what}: prompt logprobs differ"
     assert len(bits) == len(want[1]) == NEEDLE_TOKENS, what
     for i, (g, w) in enumerate(zip(bits, want[1], strict=True)):
         differing = int((g != w).sum())
@@ -157,11 +175,14 @@ def test_the_needle_never_moves_a_bit(world, dtype: str, seeded: bool, with_adap
     for what, engine_kw, run_kw in cases:
         _same(_run(_llm(base, dtype, **engine_kw), ad, seeded=seeded, **run_kw), want, what)
 
+    assert len(want[2].prompt_logprobs) == len(NEEDLE)
+    cold = _run(_llm(base, dtype), ad, seeded=seeded, plp=False)  # no prompt logprobs: cached
     warm = _llm(base, dtype)  # the same engine again: prefix cache warm, adapter resident
-    _run(warm, ad, seeded=seeded)
-    again = _run(warm, ad, seeded=seeded, before=2, after=1)
+    _run(warm, ad, seeded=seeded, plp=False)
+    again = _run(warm, ad, seeded=seeded, before=2, after=1, plp=False)
     assert again[2].num_cached_tokens > 0
-    _same(again, want, "prefix cache warm, adapter resident")
+    _same(again, cold, "prefix cache warm, adapter resident")
+    _same(cold, (want[0], want[1], cold[2]), "with and without prompt logprobs")
 
     tight = _llm(base, dtype, num_gpu_blocks=14, max_model_len=32)  # preempted, recomputed
     got = _run(tight, ad, seeded=seeded, before=3, after=3)

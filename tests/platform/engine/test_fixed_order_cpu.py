@@ -53,3 +53,22 @@ def test_mismatched_dtypes_are_refused() -> None:
         fixed_order_linear(
             torch.ones(2, 4, dtype=torch.float16), torch.ones(3, 4, dtype=torch.float16)
         )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_deterministic_mlp_row_is_the_same_bits_in_any_batch(tmp_path, dtype: str) -> None:
+    """The gated MLP of a deterministic engine (intermediate 688: torch's fp32 SiLU splits such
+    rows between threads at batch sizes past 48 and changes their bits): a row alone equals
+    the same row in batches of 1..120."""
+    from loraplex.platform.engine import LLM
+    from loraplex.platform.testing.models import save_tiny_model
+
+    save_tiny_model(tmp_path, "llama", seed=2, intermediate_size=688)
+    llm = LLM(str(tmp_path), dtype=dtype, deterministic=True, max_loras=0)
+    mlp = llm.core.model.model.layers[0].mlp
+    x = torch.randn(120, 64, generator=torch.Generator().manual_seed(4)).to(llm.core.dtype)
+    with torch.inference_mode():
+        full = mlp(x)
+        changed = [n for n in range(1, 121) if not torch.equal(mlp(x[:n]), full[:n])]
+        alone = [i for i in range(0, 120, 7) if not torch.equal(mlp(x[i : i + 1]), full[i : i + 1])]
+    assert not changed and not alone, (changed[:5], alone[:5])
