@@ -35,8 +35,11 @@ _SHARED_INPUT = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}
 
 
 def libraries_installed() -> bool:
-    """Whether AutoAWQ and AutoGPTQ are installed (found without importing them)."""
-    return all(importlib.util.find_spec(p) is not None for p in ("awq", "auto_gptq"))
+    """Whether AutoAWQ and AutoGPTQ are installed (found without importing them; a package
+    `library_module` already put in place as a bare namespace has no spec to find)."""
+    return all(
+        p in sys.modules or importlib.util.find_spec(p) is not None for p in ("awq", "auto_gptq")
+    )
 
 
 def library_module(dotted: str) -> types.ModuleType:
