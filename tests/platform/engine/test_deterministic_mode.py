@@ -42,7 +42,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[Path]]:
     """A tiny dense Llama and four adapters over it (33 with the full flag: the needle's and
     32 distinct neighbours)."""
     base = tmp_path_factory.mktemp("base")
-    hf = save_tiny_model(base, "llama", seed=9, vocab_size=1000)  # a vocabulary past one vector pass
+    hf = save_tiny_model(
+        base, "llama", seed=9, vocab_size=1000
+    )  # a vocabulary past one vector pass
     adapters = [
         make_adapter(hf, tmp_path_factory.mktemp(f"ad{i}"), seed=20 + i, r=4 + 4 * (i % 2),
                      lora_alpha=16, target_modules="all-linear")
