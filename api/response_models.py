@@ -104,6 +104,7 @@ class DeploymentOut(_Out):
     expert_parallel_size: int
     share_prefix_cache: bool
     cold_start_wait_s: float
+    deterministic: bool
     created_at: str | None
 
 

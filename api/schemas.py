@@ -100,6 +100,7 @@ class DeploymentCreate(_Strict):
     expert_parallel_size: int = Field(default=1, ge=1, le=1024)
     share_prefix_cache: bool = False
     cold_start_wait_s: float = Field(default=120.0, ge=0, le=3600)
+    deterministic: bool = False  # batch-invariant kernels (EngineConfig.deterministic)
 
 
 class PresignedUploadCreate(_Strict):
@@ -189,6 +190,7 @@ def deployment_view(d: Deployment) -> dict[str, Any]:
         "expert_parallel_size": d.expert_parallel_size,
         "share_prefix_cache": d.share_prefix_cache,
         "cold_start_wait_s": d.cold_start_wait_s,
+        "deterministic": bool(d.deterministic),
         "created_at": _ts(d.created_at),
     }
 

@@ -175,6 +175,7 @@ async def create_deployment(
         expert_parallel_size=body.expert_parallel_size,
         share_prefix_cache=body.share_prefix_cache,
         cold_start_wait_s=body.cold_start_wait_s,
+        deterministic=body.deterministic,
     )
 
     def handler() -> dict[str, Any]:

@@ -24,6 +24,28 @@ def _opt(default: Any, help: str, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, **extra})
 
 
+def deterministic_gap(
+    quantization: str | None,
+    kv_cache_dtype: str,
+    ep_size: int = 1,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> str | None:
+    """What of these choices the deterministic mode does not cover yet, None when it covers
+    them all (the one rule: `EngineConfig` and the control plane both ask it)."""
+    if not device.startswith("cpu"):
+        return f"device {device} (the GPU kernels' single-tile configuration is not built)"
+    if quantization not in (None, "auto", "fp32", "bf16"):
+        return f"quantization {quantization} (quantized GEMMs are not batch-invariant)"
+    if kv_cache_dtype != "auto":
+        return f"kv_cache_dtype {kv_cache_dtype}"
+    if dtype == "float16" and quantization is None:
+        return "dtype float16 (fp32 and bf16 only)"
+    if ep_size > 1:
+        return "expert parallelism"
+    return None
+
+
 @dataclass
 class EngineConfig:
     """Settings of one engine: model, KV cache sizing, batching, caching, LoRA slots, expert
@@ -148,17 +170,9 @@ class EngineConfig:
         of it, as far as the configuration alone tells; the engine checks the model too)."""
         if not self.deterministic:
             return None
-        if not self.device.startswith("cpu"):
-            return f"device {self.device} (the GPU kernels' single-tile configuration is not built)"
-        if self.quantization not in (None, "fp32", "bf16"):
-            return f"quantization {self.quantization} (quantized GEMMs are not batch-invariant)"
-        if self.kv_cache_dtype != "auto":
-            return f"kv_cache_dtype {self.kv_cache_dtype}"
-        if self.dtype == "float16" and self.quantization is None:
-            return "dtype float16 (fp32 and bf16 only)"
-        if self.ep_size > 1:
-            return "expert parallelism"
-        return None
+        return deterministic_gap(
+            self.quantization, self.kv_cache_dtype, self.ep_size, self.device, self.dtype
+        )
 
     def adapter_rank_rows(self) -> int:
         """Rank rows of device adapter memory when no byte budget is given: the rows budget,

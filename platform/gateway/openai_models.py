@@ -136,6 +136,7 @@ class ModelDeployment(_Out):
 
     name: str
     quantization: ModelQuantization
+    deterministic: bool = False
 
 
 class ModelObject(_Out):

@@ -14,6 +14,7 @@ from loraplex.platform.db.models import (
     WEIGHT_QUANTIZATIONS,
     Deployment,
 )
+from loraplex.platform.engine_spec.config import deterministic_gap
 from loraplex.platform.engine_spec.quantization import QuantizationRefused, check_quantization
 from loraplex.platform.engine_spec.supported_models import (
     SERVED_KV_CACHE_DTYPES,
@@ -48,6 +49,7 @@ class DeploymentSpec:
     expert_parallel_size: int = 1
     share_prefix_cache: bool = False
     cold_start_wait_s: float = 120.0
+    deterministic: bool = False
 
 
 def _check_range(value: int, what: str, low: int, high: int) -> int:
@@ -114,6 +116,15 @@ def create_deployment(
             code="invalid_value",
             param="expert_parallel_size",
         )
+    if spec.deterministic:
+        # The device is the launcher's to check (engine_config_for_deployment refuses a GPU).
+        why = deterministic_gap(spec.weight_quantization, spec.kv_cache_dtype, ep)
+        if why is not None:
+            raise InvalidInput(
+                f"the deterministic mode does not cover {why} yet",
+                code="unsupported_option",
+                param="deterministic",
+            )
     wait = spec.cold_start_wait_s
     if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= 3600:
         raise InvalidInput(
@@ -135,6 +146,7 @@ def create_deployment(
             expert_parallel_size=ep,
             share_prefix_cache=bool(spec.share_prefix_cache),
             cold_start_wait_s=float(spec.cold_start_wait_s),
+            deterministic=bool(spec.deterministic),
         )
         .on_conflict_do_nothing()
         .returning(Deployment.id)

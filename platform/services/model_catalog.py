@@ -44,6 +44,7 @@ def deployments_by_base(session: Session) -> dict[uuid.UUID, list[dict[str, Any]
             {
                 "name": d.name,
                 "quantization": {"weights": d.weight_quantization, "kv_cache": d.kv_cache_dtype},
+                "deterministic": bool(d.deterministic),
             }
         )
     return out

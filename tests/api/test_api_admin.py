@@ -104,6 +104,18 @@ def test_deployments(
     assert deployment["max_lora_rank"] == 8 and deployment["base_model"] == base_model
     listed = client.get("/admin/v1/deployments", headers=admin_headers).json()["data"]
     assert deployment["id"] in {d["id"] for d in listed}
+    # The deterministic mode is a deployment option: stored and shown; a configuration it does
+    # not cover (int8 weights) is refused at creation, naming what.
+    det = {"name": "det-dep", "base_model": base_model, "deterministic": True,
+           "quantization": {"weights": "fp32"}}  # fmt: skip
+    resp = client.post("/admin/v1/deployments", headers=admin_headers, json=det)
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["deterministic"] is True and deployment["deterministic"] is False
+    bad = {**det, "name": "det-int8", "quantization": {"weights": "int8"}}
+    resp = client.post("/admin/v1/deployments", headers=admin_headers, json=bad)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == "deterministic"
+    assert "int8" in resp.json()["error"]["message"]
     # Without a choice: `auto`, the device's native compute type (stored, shown, served).
     plain = {"name": "auto-dep", "base_model": base_model}
     resp = client.post("/admin/v1/deployments", headers=admin_headers, json=plain)

@@ -219,7 +219,11 @@ def test_models_listing(stack: Stack) -> None:
     assert stack.base in ids
     base = next(m for m in models.data if m.id == stack.base)
     assert base.model_extra["deployments"] == [
-        {"name": stack.deployment, "quantization": {"weights": "fp32", "kv_cache": "auto"}}
+        {
+            "name": stack.deployment,
+            "quantization": {"weights": "fp32", "kv_cache": "auto"},
+            "deterministic": False,  # the deployment option, shown to callers
+        }
     ]
     one = stack.client().models.retrieve(stack.base)
     assert one.id == stack.base
