@@ -128,7 +128,13 @@ def test_a_prequantized_deployment_serves_an_adapter_through_the_gateway(
         assert state["weight_quantization"] == method
         assert 0 < state["weight_bytes"] == offline.core.weight_bytes
         models = {m.id: m for m in client.models.list().data}
-        want = [{"name": body["name"], "quantization": {"weights": method, "kv_cache": "auto"}}]
+        want = [
+            {
+                "name": body["name"],
+                "quantization": {"weights": method, "kv_cache": "auto"},
+                "deterministic": False,
+            }
+        ]
         assert models[f"ad-{method}"].model_extra["deployments"] == want
     finally:
         if replica is not None:

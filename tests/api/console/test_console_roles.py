@@ -9,10 +9,10 @@ import uuid
 from typing import Any
 
 import pytest
-from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from support.console import make_operator, page_csrf, sign_in
+from support.route_table import endpoints
 
 from loraplex.platform.db.models import AuditLog
 from loraplex.platform.db.session import make_sessionmaker
@@ -27,24 +27,11 @@ NOT_WRITES = {
 }
 
 
-def _flat(routes: list[Any], prefix: str = "") -> list[tuple[str, set[str]]]:
-    """(path, methods) of every endpoint, walking included routers (which FastAPI may keep
-    nested, each with its own prefix)."""
-    out: list[tuple[str, set[str]]] = []
-    for route in routes:
-        inner = getattr(route, "original_router", None)
-        if inner is not None:
-            out += _flat(inner.routes, prefix + route.include_context.prefix)
-        elif isinstance(route, APIRoute):
-            out.append((prefix + route.path, set(route.methods)))
-    return out
-
-
 def mutating_routes(app: Any) -> list[str]:
     """Paths of the console's POST/PUT/PATCH/DELETE routes, path parameters left in."""
     return sorted(
         path
-        for path, methods in _flat(app.routes)
+        for path, methods in endpoints(app.routes)
         if path.startswith("/console/")
         and methods & {"POST", "PUT", "PATCH", "DELETE"}
         and path not in NOT_WRITES

@@ -16,8 +16,9 @@ from loraplex.platform.tokenizing.detokenizer import ByteDecodable
 N_TOKENS = 8192
 
 
-class CountingDecoder:
-    """A tokenizer whose `decode` counts the tokens it is handed."""
+class WindowOnly:
+    """A tokenizer seen only through `decode` (no byte table): the windowed path. Counts the
+    tokens it is handed to decode."""
 
     def __init__(self, tok: ModelTokenizer) -> None:
         self.tok = tok
@@ -26,6 +27,10 @@ class CountingDecoder:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         self.decoded_tokens += len(ids)
         return self.tok.decode(ids, skip_special_tokens)
+
+
+class CountingDecoder(WindowOnly):
+    """The whole tokenizer (its byte table too), decode calls counted."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.tok, name)
@@ -84,18 +89,6 @@ def test_stop_string_after_garbage_still_cuts(tok: ModelTokenizer) -> None:
             break
     assert stopped
     assert d.take_new_text(True) == tok.decode([cont] * 50) + "hello "
-
-
-class WindowOnly:
-    """A tokenizer seen only through `decode` (no byte table): the windowed path."""
-
-    def __init__(self, tok: ModelTokenizer) -> None:
-        self.tok = tok
-        self.decoded_tokens = 0
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        self.decoded_tokens += len(ids)
-        return self.tok.decode(ids, skip_special_tokens)
 
 
 def test_windowed_path_is_bounded_too(tok: ModelTokenizer) -> None:
