@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraplex.platform.http_errors import REQUEST_ID_HEADER, current_request_id, error_response
+from loraplex.platform.services.names import has_control_characters
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +67,6 @@ def install_backend_down_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DataError, _bad_value)
 
 
-def _has_control(text: str) -> bool:
-    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
-
-
 class ControlCharacterGuard:
     """Refuse a request whose path names something with a control character (NUL among
     them) with 400 `invalid_name`, at the edge, before any route or query sees it. The
@@ -83,7 +80,7 @@ class ControlCharacterGuard:
         if (
             scope["type"] == "http"
             and not scope["path"].startswith(self.skip_prefixes)
-            and _has_control(scope["path"])
+            and has_control_characters(scope["path"])
         ):
             response = error_response(
                 400,

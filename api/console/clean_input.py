@@ -4,22 +4,20 @@ before anything reaches PostgreSQL (which refuses NUL with a 500 otherwise)."""
 
 from __future__ import annotations
 
-import re
-
 from fastapi import Request
 
 from loraplex.platform.services.errors import InvalidInput
+from loraplex.platform.services.names import CONTROL_CHARACTERS
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Secrets are never stored as text nor searched: only NUL is refused in them.
 _SECRET_FIELDS = frozenset({"password", "admin_key", "csrf_token"})
 _FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 
 def _check(field: str, value: str) -> None:
-    bad = "\x00" in value if field in _SECRET_FIELDS else bool(_CONTROL.search(value))
-    if bad or _CONTROL.search(field):
-        shown = _CONTROL.sub("?", field)[:64]
+    bad = "\x00" in value if field in _SECRET_FIELDS else bool(CONTROL_CHARACTERS.search(value))
+    if bad or CONTROL_CHARACTERS.search(field):
+        shown = CONTROL_CHARACTERS.sub("?", field)[:64]
         raise InvalidInput(
             f"The field `{shown}` contains a control character; remove it and try again.",
             code="invalid_characters",

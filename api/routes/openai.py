@@ -39,6 +39,7 @@ from loraplex.platform.gateway.service import Gateway
 from loraplex.platform.gateway.streaming import bounded_relay
 from loraplex.platform.services import model_catalog
 from loraplex.platform.services.api_keys import use_api_key
+from loraplex.platform.services.names import has_control_characters
 from loraplex.platform.services.upload_limits import limits_view_for
 from loraplex.platform.services.usage_report import usage_report_for
 
@@ -202,7 +203,7 @@ async def _parsed_body(gw: Gateway, request: Request, kind: str, adapter: str | 
 def _check_model_name(model: str) -> None:
     """A model name with control characters (NUL among them) names nothing: refuse it here,
     before it reaches a query."""
-    if any(ord(c) < 0x20 or c == "\x7f" for c in model):
+    if has_control_characters(model):
         raise HttpError(
             400,
             "`model` contains a control character.",

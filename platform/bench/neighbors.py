@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 
+from loraplex.platform.bench.serve import pct
 from loraplex.platform.bench.serve_stack import StackInfo, local_stack
 from loraplex.platform.settings import Settings
 
@@ -44,14 +45,6 @@ ATTACKS = (
     "uploads",
     "leave_early",
 )
-
-
-def pct(values: list[float], q: float) -> float:
-    """The q-th percentile (nearest rank); NaN for no values."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
 def pin(pid: int, cores: set[int]) -> None:

@@ -7,6 +7,13 @@ import re
 from .errors import InvalidInput
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
+"""C0 controls and DEL, NUL among them: never in a name or id (PostgreSQL refuses NUL in text)."""
+
+
+def has_control_characters(text: str) -> bool:
+    """Whether `text` holds a control character (the edge refuses names and ids with one)."""
+    return CONTROL_CHARACTERS.search(text) is not None
 
 
 def check_name(value: object, what: str, max_length: int) -> str:
