@@ -5,6 +5,7 @@ replicas' live state and cold starts, its audit trail of scale and option change
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -69,6 +70,14 @@ async def adapter_page(
     )
 
 
+def _deployment(request: Request, did: uuid.UUID) -> dict[str, Any]:
+    """One deployment's detail (a worker thread's job: it queries the database)."""
+    with transaction(request) as session:
+        data = cd.deployment_detail(session, did)
+        data["name"] = data["deployment"].name
+        return data
+
+
 @router.get("/deployments/{deployment_id}", response_class=HTMLResponse)
 async def deployment_page(
     request: Request, deployment_id: str, who: SignedIn = Depends(current_operator)
@@ -76,13 +85,7 @@ async def deployment_page(
     """One deployment: its replicas now and its history of changes."""
     did = parse_uuid(deployment_id, "deployment")
 
-    def load() -> dict[str, Any]:
-        with transaction(request) as session:
-            data = cd.deployment_detail(session, did)
-            data["name"] = data["deployment"].name
-            return data
-
-    data = await run_in_threadpool(load)
+    data = await run_in_threadpool(_deployment, request, did)
     gw = getattr(request.app.state, "gateway", None)
     live = await replica_views(request, data["name"])
     starting = await gw.registry.starting(data["name"]) if gw is not None else 0
@@ -108,13 +111,7 @@ async def deployment_replicas_partial(
     """The deployment's replicas table alone (htmx polls it)."""
     did = parse_uuid(deployment_id, "deployment")
 
-    def load() -> dict[str, Any]:
-        with transaction(request) as session:
-            data = cd.deployment_detail(session, did)
-            data["name"] = data["deployment"].name
-            return data
-
-    data = await run_in_threadpool(load)
+    data = await run_in_threadpool(_deployment, request, did)
     live = await replica_views(request, data["name"])
     return await run_in_threadpool(
         lambda: render(
