@@ -19,6 +19,7 @@ from .console import install_console
 from .errors import BodyLimitMiddleware, ControlCharacterGuard, install_backend_down_handlers
 from .openapi import install_openapi, operation_id
 from .request_logging import RequestLogMiddleware, request_log_writer
+from .route_warmup import warm_routes
 from .routes import adapters, admin, health, openai
 
 JSON_BODY_LIMIT = 1 << 20
@@ -73,6 +74,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(openai.router)
     install_console(app)  # after the error handlers: its HTML pages wrap the JSON one
     install_openapi(app)
+    warm_routes(app)  # before the freeze: the built state lives as long as the app
     # Everything loaded so far lives as long as the process: out of the collector's sight, a
     # full collection scans only what requests allocate (pauses that land on the event loop
     # shrink from ~100 ms to a few ms; see platform/loop_watch.py).
