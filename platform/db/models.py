@@ -150,6 +150,10 @@ class Deployment(Base):
         CheckConstraint("replicas >= 0", name="replicas"),
         CheckConstraint("expert_parallel_size >= 1", name="ep_size"),
         CheckConstraint("cold_start_wait_s >= 0", name="cold_start_wait"),
+        CheckConstraint(
+            "routing_weight IS NULL OR (routing_weight >= 0 AND routing_weight <= 1000)",
+            name="routing_weight",
+        ),
     )
 
     id: Mapped[uuid.UUID] = _uuid_pk()
@@ -169,6 +173,10 @@ class Deployment(Base):
     cold_start_wait_s: Mapped[float] = mapped_column(Float, server_default="120")
     # Replicas run the deterministic mode (batch-invariant kernels; engine_spec maps it).
     deterministic: Mapped[bool] = mapped_column(Boolean, server_default="false")
+    # Its share of the traffic routed to its base model (gateway/router.py); NULL: by capacity.
+    routing_weight: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Whether a request may pick it by name (the `X-Loraplex-Deployment` header).
+    nameable: Mapped[bool] = mapped_column(Boolean, server_default="false")
     created_at: Mapped[datetime] = _created()
 
     base_model: Mapped[BaseModel] = relationship(lazy="joined")

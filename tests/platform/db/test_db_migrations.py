@@ -42,6 +42,20 @@ TABLES = {
 }
 
 
+def _head() -> str:
+    """The one head of the migration chain (two heads would mean two unordered migrations)."""
+    from alembic.script import ScriptDirectory
+
+    heads = ScriptDirectory.from_config(migrate.alembic_config("postgresql://unused")).get_heads()
+    assert len(heads) == 1, f"the migration chain has {len(heads)} heads: {heads}"
+    return heads[0]
+
+
+def test_the_chain_is_one_line_of_numbered_files() -> None:
+    numbers = sorted(p.name[:4] for p in (ROOT / "migrations" / "versions").glob("0*.py"))
+    assert _head() == numbers[-1]
+
+
 def _tables(url: str) -> set[str]:
     return set(inspect(get_engine(url)).get_table_names())
 
@@ -49,7 +63,7 @@ def _tables(url: str) -> set[str]:
 def test_upgrade_builds_every_table_and_downgrade_removes_them(empty_db_url: str) -> None:
     assert migrate.current_revision(empty_db_url) is None
     migrate.upgrade(empty_db_url)
-    assert migrate.current_revision(empty_db_url) == "0015"
+    assert migrate.current_revision(empty_db_url) == _head()
     assert _tables(empty_db_url) >= TABLES
     migrate.downgrade(empty_db_url, "base")
     assert migrate.current_revision(empty_db_url) is None
@@ -91,7 +105,7 @@ def test_alembic_command_line_upgrades_with_env_url(empty_db_url: str) -> None:
     ]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert migrate.current_revision(empty_db_url) == "0015"
+    assert migrate.current_revision(empty_db_url) == _head()
 
 
 def test_constraints_hold(empty_db_url: str) -> None:
