@@ -62,6 +62,8 @@ class ObjectInfo:
     size: int
     sha256: str | None
     """Hex sha256 recorded in the object's user metadata (`x-amz-meta-sha256`), if any."""
+    etag: str | None = None
+    """The object's ETag: changes whenever the object is written again (the node cache's check)."""
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -187,7 +189,8 @@ class ObjectStore:
             resp = self.client.head_object(Bucket=self.bucket, Key=key)
             meta = {k.lower(): v for k, v in (resp.get("Metadata") or {}).items()}
             sha = meta.get("sha256")
-            return ObjectInfo(key, int(resp["ContentLength"]), sha.lower() if sha else None)
+            size, etag = int(resp["ContentLength"]), resp.get("ETag")
+            return ObjectInfo(key, size, sha.lower() if sha else None, etag)
 
         return self._with_retries(f"HEAD {key}", call)  # type: ignore[return-value]
 
@@ -220,7 +223,7 @@ class ObjectStore:
             size = int(total) if total.isdigit() else declared
             meta = {k.lower(): v for k, v in (resp.get("Metadata") or {}).items()}
             sha = meta.get("sha256")
-            return data, ObjectInfo(key, size, sha.lower() if sha else None)
+            return data, ObjectInfo(key, size, sha.lower() if sha else None, resp.get("ETag"))
 
         got = self._with_retries(f"GET {key} bytes=0-{n - 1}", call)
         if got is None:

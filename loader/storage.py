@@ -43,12 +43,20 @@ class StorageConfig:
     concurrency: int = DEFAULT_CONCURRENCY
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    local_cache_dir: str | None = None
+    """A node-local directory that keeps whole weight files read once (`node_cache.py`)."""
+    local_cache_max_bytes: int | None = None
+    """The node cache's size limit; the least recently used files go first (None: no limit)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.chunk_bytes < 1:
             raise ValueError(
                 f"concurrency and chunk_bytes must be >= 1, got {self.concurrency}, "
                 f"{self.chunk_bytes}"
+            )
+        if self.local_cache_max_bytes is not None and self.local_cache_max_bytes < 1:
+            raise ValueError(
+                f"local_cache_max_bytes must be >= 1, got {self.local_cache_max_bytes}"
             )
 
     def credentials(self) -> dict[str, str]:

@@ -35,6 +35,7 @@ from loraplex.loader.load_plan import (
     row_chooser,
     selector,
 )
+from loraplex.loader.node_cache import CachedStore, NodeCache
 from loraplex.loader.object_store import ObjectInfo, ObjectStore
 from loraplex.loader.quantize import Quantizer
 from loraplex.loader.range_plan import ByteRange, plan_pieces
@@ -144,7 +145,7 @@ class StreamLoader:
 
     def __init__(
         self,
-        store: ObjectStore,
+        store: ObjectStore | CachedStore,
         config: StreamConfig | None = None,
         timeline: Timeline | None = None,
     ) -> None:
@@ -413,6 +414,11 @@ class _Run:
 def open_loader(
     storage: StorageConfig, *, progress: bool = False, timeline: Timeline | None = None
 ) -> StreamLoader:
-    """A streaming loader for the object store and knobs of `storage`."""
+    """A streaming loader for the object store and knobs of `storage` (through the node-local
+    cache when `storage.local_cache_dir` names one)."""
     store = ObjectStore(storage, max_pool_connections=max(16, 2 * storage.concurrency))
-    return StreamLoader(store, StreamConfig.from_storage(storage, progress=progress), timeline)
+    source: ObjectStore | CachedStore = store
+    if storage.local_cache_dir:
+        cache = NodeCache(storage.local_cache_dir, storage.local_cache_max_bytes)
+        source = CachedStore(store, cache)
+    return StreamLoader(source, StreamConfig.from_storage(storage, progress=progress), timeline)

@@ -104,6 +104,9 @@ class Settings(BaseSettings):
     # Weight loader: concurrent ranged GETs and their size (see loraplex.loader.storage).
     loader_concurrency: int = DEFAULT_CONCURRENCY
     loader_chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    # A node-local directory keeping weight files once read (loraplex.loader.node_cache).
+    weights_cache_dir: str | None = None
+    weights_cache_max_bytes: int | None = None
 
     # Gateway (OpenAI-compatible inference). Redis holds rate limits, the replica registry
     # and the model-resolution cache generation; unset -> `broker_url` (also Redis).
@@ -149,6 +152,8 @@ class Settings(BaseSettings):
             region=self.s3_region,
             concurrency=self.loader_concurrency,
             chunk_bytes=self.loader_chunk_bytes,
+            local_cache_dir=self.weights_cache_dir,
+            local_cache_max_bytes=self.weights_cache_max_bytes,
         )
 
     def gateway_redis_url(self) -> str | None:
