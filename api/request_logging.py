@@ -1,6 +1,8 @@
-"""Records every tenant request under `/v1/` that ends with status >= 400 in the request log
-(`services/request_log.py`), outside the routes: the status, request id and error code come
-from the answer itself, the detail the tenant was not shown from the error handler."""
+"""Records every tenant request under `/v1/` that ends with status >= 400, or whose 200 stream
+carries an error event, in the request log (`services/request_log.py`), outside the routes:
+the status, request id and error code come from the answer itself, the detail the tenant was
+not shown from the error handler (or the gateway, for a stream), and where the request went
+from the `Route` the gateway fills while it serves it."""
 
 from __future__ import annotations
 
@@ -15,12 +17,21 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from loraplex.platform.errors import GENERIC_MESSAGE
 from loraplex.platform.http_errors import ERROR_DETAIL_KEY, REQUEST_ID_HEADER
 from loraplex.platform.services.api_keys import hash_key
-from loraplex.platform.services.request_log import Entry, RequestLogWriter
+from loraplex.platform.services.request_log import (
+    Entry,
+    RequestLogWriter,
+    Route,
+    close_route,
+    open_route,
+)
 from loraplex.platform.settings import Settings
 
 PREFIX = "/v1/"
 _BODY_PEEK = 16_384  # an error body is small; more than this is not parsed
 _TOKEN_CAP = 512
+# An SSE error event starts a frame so: JSON in a data line escapes the quotes of any text the
+# model wrote, so generated text cannot look like one.
+_SSE_ERROR = b'data: {"error":'
 
 
 def request_log_writer(
@@ -50,6 +61,13 @@ def _error_of(body: bytes) -> tuple[str | None, str | None]:
         return None, None
 
 
+def _event_of(chunk: bytes) -> bytes:
+    """The JSON of the first SSE error event in `chunk` (frames are sent whole)."""
+    start = chunk.index(_SSE_ERROR) + len(b"data: ")
+    end = chunk.find(b"\n", start)
+    return chunk[start : end if end >= 0 else len(chunk)][:_BODY_PEEK]
+
+
 class RequestLogMiddleware:
     """Pure ASGI (streams pass through untouched); writes happen after the answer is sent,
     batched, in a worker thread, one flush at a time per process."""
@@ -64,7 +82,7 @@ class RequestLogMiddleware:
             await self.app(scope, receive, send)
             return
         began = time.monotonic()
-        seen: dict = {"status": 0, "rid": "", "body": b""}
+        seen: dict = {"status": 0, "rid": "", "body": b"", "sse": False, "event": b""}
 
         async def watch(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -72,14 +90,17 @@ class RequestLogMiddleware:
                 for name, value in message.get("headers", []):
                     if name == REQUEST_ID_HEADER.encode():
                         seen["rid"] = value.decode("latin-1")
-            elif (
-                message["type"] == "http.response.body"
-                and seen["status"] >= 400
-                and len(seen["body"]) < _BODY_PEEK
-            ):
-                seen["body"] += message.get("body", b"")[:_BODY_PEEK]
+                    elif name == b"content-type":
+                        seen["sse"] = value.startswith(b"text/event-stream")
+            elif message["type"] == "http.response.body":
+                chunk = message.get("body", b"")
+                if seen["status"] >= 400 and len(seen["body"]) < _BODY_PEEK:
+                    seen["body"] += chunk[:_BODY_PEEK]
+                elif seen["sse"] and not seen["event"] and _SSE_ERROR in chunk:
+                    seen["event"] = _event_of(chunk)
             await send(message)
 
+        route, token = open_route()
         crashed: BaseException | None = None
         try:
             await self.app(scope, receive, watch)
@@ -87,17 +108,25 @@ class RequestLogMiddleware:
             crashed = exc
             raise
         finally:
+            close_route(token)
             status = 500 if crashed is not None and seen["status"] < 400 else seen["status"]
-            if status >= 400:
-                self._add(scope, status, seen, began, crashed)
+            if status >= 400 or seen["event"]:
+                self._add(scope, status, seen, began, crashed, route)
         await self._flush()
 
     def _add(
-        self, scope: Scope, status: int, seen: dict, began: float, crashed: BaseException | None
+        self,
+        scope: Scope,
+        status: int,
+        seen: dict,
+        began: float,
+        crashed: BaseException | None,
+        route: Route,
     ) -> None:
         assert self.writer is not None
-        code, message = _error_of(seen["body"])
-        detail = scope.get(ERROR_DETAIL_KEY)
+        in_stream = status < 400
+        code, message = _error_of(seen["event"] if in_stream else seen["body"])
+        detail = route.stream_detail if in_stream else scope.get(ERROR_DETAIL_KEY)
         if crashed is not None:
             code, message = code or "internal_error", message or GENERIC_MESSAGE
             detail = detail or f"{type(crashed).__name__}: {crashed}"
@@ -113,6 +142,8 @@ class RequestLogMiddleware:
                 message=message if isinstance(message, str) else None,
                 detail=detail if isinstance(detail, str) else None,
                 key_hash=_bearer(scope),
+                route=route,
+                in_stream=in_stream,
             )
         )
 

@@ -393,9 +393,10 @@ class ConsoleSession(Base):
 
 
 class RequestLog(Base):
-    """A tenant request the API refused or failed (status >= 400): what the console's charts
-    count as refusals, and what an operator finds by the request id a tenant reports (kept for
-    `Settings.request_log_retention_days`; `detail` is what the tenant was not shown)."""
+    """A tenant request the API refused or failed (status >= 400, or an error event inside a
+    200 stream): what the console's charts count as refusals, and what an operator finds by
+    the request id a tenant reports (kept for `Settings.request_log_retention_days`; `detail`
+    is what the tenant was not shown)."""
 
     __tablename__ = "request_log"
     __table_args__ = (Index(None, "created_at", postgresql_include=["status", "path"]),)
@@ -412,3 +413,11 @@ class RequestLog(Base):
     message: Mapped[str | None] = mapped_column(Text)
     detail: Mapped[str | None] = mapped_column(Text)
     latency_ms: Mapped[int] = mapped_column(Integer)
+    # What the gateway routed it to (migration 0017): the deployment, the adapter and version
+    # asked for, the replica(s) tried; `in_stream`: an error event after a 200 stream began.
+    deployment: Mapped[str | None] = mapped_column(String(128))
+    adapter_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    adapter: Mapped[str | None] = mapped_column(String(128))
+    adapter_version: Mapped[int | None] = mapped_column(Integer)
+    replica: Mapped[str | None] = mapped_column(String(256))
+    in_stream: Mapped[bool] = mapped_column(Boolean, server_default="false")

@@ -26,6 +26,7 @@ from loraplex.platform.gateway.router import Dispatch
 from loraplex.platform.gateway.service import Gateway
 from loraplex.platform.gateway.streaming import spawn
 from loraplex.platform.gateway.usage import Usage
+from loraplex.platform.services import request_log
 from loraplex.platform.tokenizing import TemplateRenderError
 from loraplex.platform.wire import AdapterRef, FinishEvent, GenerateRequest, SamplingOptions
 
@@ -267,6 +268,7 @@ async def _choice_events(gw: Gateway, job: Job, index: int) -> AsyncGenerator[Ch
                 )
             yield choice_event(index, event)
     finally:
+        request_log.note_route(job.resolved, [d.replica for d in where])
         if not finished and where:
             spawn(_abort(gw, job, where[-1], metered=first))
         await events.aclose()

@@ -25,6 +25,7 @@ from typing import Any
 
 from loraplex.platform.errors import GENERIC_MESSAGE, LoraplexError
 from loraplex.platform.http_errors import current_request_id, with_request_id
+from loraplex.platform.services import request_log
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ def sse_error(message: str, type: str = "server_error", code: str | None = None)
 def stream_error(exc: BaseException) -> bytes:
     """The error event for a failure after the stream began: a 4xx error's own message; for
     anything else the generic message with the request id, the details logged."""
+    request_log.note_stream_error(exc)
     if isinstance(exc, LoraplexError) and exc.status < 500:
         return sse_error(exc.message, type=exc.type, code=exc.code)
     rid = current_request_id()

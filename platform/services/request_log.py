@@ -1,9 +1,12 @@
-"""The request log: tenant requests the API refused or failed (status >= 400), written in
-batches off the event loop, kept for a retention period, found again by request id.
+"""The request log: tenant requests the API refused or failed (status >= 400, or an error
+event inside a stream that had answered 200), written in batches off the event loop, kept for
+a retention period, found again by request id.
 
-The console's charts count these refusals as requests and errors (requests that fail after
+The console's charts count the refusals as requests and errors (requests that fail after
 admission are usage rows with `failed`); its request lookup shows an entry with the detail the
-tenant was not shown."""
+tenant was not shown and where the gateway sent it. The gateway tells the log where it sent a
+request through `note_route` / `note_stream_error`: they fill the `Route` the API's middleware
+made current for that request (a context variable; the request's tasks share it)."""
 
 from __future__ import annotations
 
@@ -12,14 +15,17 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Sequence
+from contextvars import ContextVar, Token
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from loraplex.platform.db.models import ApiKey, RequestLog, Tenant
+from loraplex.platform.errors import LoraplexError
 
 log = logging.getLogger("loraplex.request_log")
 
@@ -43,6 +49,75 @@ class Entry:
     message: str | None = None
     detail: str | None = None
     key_hash: str | None = None  # sha256 of the bearer token: tenant and key found at flush
+    route: Route | None = None  # where the gateway sent it (None: it never got that far)
+    in_stream: bool = False  # an error event after the stream had answered 200
+
+
+class Resolved(Protocol):
+    """What the log reads of the gateway's resolved model (`gateway.resolve.ResolvedModel`)."""
+
+    deployment_name: str
+    adapter_id: uuid.UUID | None
+    adapter_name: str | None
+    adapter_version: int | None
+
+
+class Tried(Protocol):
+    """What the log reads of a replica the gateway sent the request to (`ReplicaInfo`)."""
+
+    replica_id: str
+    deployment: str
+
+
+@dataclass
+class Route:
+    """Where the gateway sent one request: its deployment, the adapter version asked for, the
+    replicas tried (in order), and the detail of an error sent inside its stream."""
+
+    deployment: str | None = None
+    adapter_id: uuid.UUID | None = None
+    adapter: str | None = None
+    adapter_version: int | None = None
+    replicas: list[str] = field(default_factory=list)
+    stream_detail: str | None = None
+
+
+_ROUTE: ContextVar[Route | None] = ContextVar("loraplex_request_route", default=None)
+
+
+def open_route() -> tuple[Route, Token[Route | None]]:
+    """Make a fresh `Route` current for the request being served (the API's middleware)."""
+    route = Route()
+    return route, _ROUTE.set(route)
+
+
+def close_route(token: Token[Route | None]) -> None:
+    """Undo `open_route` once the request is answered."""
+    _ROUTE.reset(token)
+
+
+def note_route(resolved: Resolved, replicas: Sequence[Tried]) -> None:
+    """The gateway routed the current request: its resolved model and the replicas tried, in
+    order (the last one's deployment is the one that served it)."""
+    route = _ROUTE.get()
+    if route is None:
+        return
+    route.deployment = replicas[-1].deployment if replicas else resolved.deployment_name
+    route.adapter_id, route.adapter = resolved.adapter_id, resolved.adapter_name
+    route.adapter_version = resolved.adapter_version
+    route.replicas += [r.replica_id for r in replicas if r.replica_id not in route.replicas]
+
+
+def note_stream_error(exc: BaseException) -> None:
+    """The current request's stream ends with an error event for `exc`: keep what the tenant
+    is not shown (the error's detail, or the exception itself)."""
+    route = _ROUTE.get()
+    if route is None:
+        return
+    if isinstance(exc, LoraplexError):
+        route.stream_detail = str(exc.detail) if exc.detail else exc.message
+    else:
+        route.stream_detail = f"{type(exc).__name__}: {exc}"
 
 
 def _cap(text: str | None) -> str | None:
@@ -124,6 +199,7 @@ def write(session: Session, entries: list[Entry]) -> int:
     values: list[dict[str, Any]] = []
     for e in entries:
         key_id, tenant_id = keys.get(e.key_hash or "", (None, None))
+        r = e.route or Route()
         values.append(
             {
                 "request_id": e.request_id[:128],
@@ -137,6 +213,12 @@ def write(session: Session, entries: list[Entry]) -> int:
                 "message": _cap(e.message),
                 "detail": _cap(e.detail),
                 "latency_ms": e.latency_ms,
+                "deployment": r.deployment and r.deployment[:128],
+                "adapter_id": r.adapter_id,
+                "adapter": r.adapter and r.adapter[:128],
+                "adapter_version": r.adapter_version,
+                "replica": ", ".join(r.replicas)[:256] or None,
+                "in_stream": e.in_stream,
             }
         )
     session.execute(insert(RequestLog), values)
