@@ -1,7 +1,8 @@
 """Router gating: turn router logits into (weights, expert ids) per token.
 
 Two families: softmax top-k (Mixtral, Qwen2/3-MoE), optionally renormalised over the
-chosen k; and DeepSeek-V3's sigmoid scoring, where a per-expert correction bias picks
+chosen k, or limited to the best expert groups (DeepSeek-V2's `group_limited_greedy`, a group
+scored by its best expert); and DeepSeek-V3's sigmoid scoring, where a per-expert correction bias picks
 the experts (grouped top-k) while the unbiased scores weight them.
 """
 
@@ -46,6 +47,32 @@ def softmax_topk(
     return weights, ids
 
 
+def group_mask(scores: torch.Tensor, n_group: int, topk_group: int, per_group_k: int):
+    """[T, E] bool: the experts of each token's `topk_group` best groups, a group scored by the
+    sum of its `per_group_k` best scores."""
+    num_tokens, num_experts = scores.shape
+    if num_experts % n_group:
+        raise ValueError(f"{num_experts} experts do not split into {n_group} groups")
+    per_group = num_experts // n_group
+    grouped = scores.view(num_tokens, n_group, per_group)
+    group_scores = grouped.topk(min(per_group_k, per_group), dim=-1).values.sum(dim=-1)
+    best_groups = torch.topk(group_scores, topk_group, dim=-1).indices
+    mask = torch.zeros_like(group_scores, dtype=torch.bool)
+    mask.scatter_(1, best_groups, True)
+    return mask.unsqueeze(-1).expand(-1, -1, per_group).reshape(num_tokens, num_experts)
+
+
+def grouped_softmax_topk(
+    logits: torch.Tensor, top_k: int, n_group: int, topk_group: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V2's group-limited greedy: softmax scores, only the `topk_group` groups with
+    the best single expert eligible; weights are the chosen experts' scores (no renormalising)."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    eligible = group_mask(probs, n_group, topk_group, 1)
+    ids = torch.topk(probs.masked_fill(~eligible, float("-inf")), top_k, dim=-1).indices
+    return probs.gather(1, ids), ids
+
+
 def grouped_topk(
     logits: torch.Tensor,
     top_k: int,
@@ -61,20 +88,9 @@ def grouped_topk(
     groups stay eligible. Weights come from the *unbiased* scores of the chosen experts,
     renormalised (optional) and multiplied by `routed_scaling_factor`.
     """
-    num_tokens, num_experts = logits.shape
-    if num_experts % n_group:
-        raise ValueError(f"{num_experts} experts do not split into {n_group} groups")
     scores = torch.sigmoid(logits.float())
     choice = scores if correction_bias is None else scores + correction_bias.float()
-    per_group = num_experts // n_group
-    grouped = choice.view(num_tokens, n_group, per_group)
-    group_scores = grouped.topk(min(2, per_group), dim=-1).values.sum(dim=-1)
-    best_groups = torch.topk(group_scores, topk_group, dim=-1).indices
-    group_mask = torch.zeros_like(group_scores, dtype=torch.bool)
-    group_mask.scatter_(1, best_groups, True)
-    expert_mask = (
-        group_mask.unsqueeze(-1).expand(-1, -1, per_group).reshape(num_tokens, num_experts)
-    )
+    expert_mask = group_mask(choice, n_group, topk_group, 2)
     masked = choice.masked_fill(~expert_mask, float("-inf"))
     ids = torch.topk(masked, top_k, dim=-1).indices
     weights = scores.gather(1, ids)
@@ -92,9 +108,14 @@ def select_experts(
     if cfg.top_k > logits.shape[1]:
         raise ValueError(f"top_k={cfg.top_k} exceeds the {logits.shape[1]} experts")
     if cfg.scoring == "softmax":
-        if correction_bias is not None or cfg.n_group != 1:
-            raise ValueError("softmax gating takes no correction bias nor expert groups")
-        weights, ids = softmax_topk(logits, cfg.top_k, cfg.renormalize)
+        if correction_bias is not None:
+            raise ValueError("softmax gating takes no correction bias")
+        if cfg.n_group != 1:
+            if cfg.renormalize:
+                raise ValueError("group-limited softmax gating does not renormalise")
+            weights, ids = grouped_softmax_topk(logits, cfg.top_k, cfg.n_group, cfg.topk_group)
+        else:
+            weights, ids = softmax_topk(logits, cfg.top_k, cfg.renormalize)
         if cfg.routed_scaling_factor != 1.0:
             weights = weights * cfg.routed_scaling_factor
         return weights, ids

@@ -82,7 +82,7 @@ class MoEBlock(ExpertStorage, nn.Module):
         h, i, e = spec.hidden_size, spec.intermediate_size, spec.num_experts
         kw = {"dtype": dtype, "device": device}
         # DeepSeek-V3 keeps its router in fp32 whatever the model dtype (as transformers does).
-        gate_dtype = torch.float32 if spec.gating.scoring == "sigmoid" else dtype
+        gate_dtype = torch.float32 if self._router_fp32 else dtype
         self.gate_weight = nn.Parameter(
             torch.empty(e, h, dtype=gate_dtype, device=device), requires_grad=False
         )
@@ -113,6 +113,11 @@ class MoEBlock(ExpertStorage, nn.Module):
         )
 
         self._missing = self._all_pieces()
+
+    @property
+    def _router_fp32(self) -> bool:
+        """DeepSeek routers (and any sigmoid router) score in fp32, as transformers does."""
+        return self.spec.router_fp32 or self.spec.gating.scoring == "sigmoid"
 
     def _all_pieces(self) -> set[tuple]:
         """Every piece of every parameter a checkpoint must fill (for completeness checks)."""
@@ -253,7 +258,7 @@ class MoEBlock(ExpertStorage, nn.Module):
         self, x: torch.Tensor, lora: ExpertLoraBatch | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits (+ each token's router LoRA) -> (weights [T, k] fp32, ids [T, k])."""
-        if self.spec.gating.scoring == "sigmoid":
+        if self._router_fp32:
             logits = F.linear(x.float(), self.gate_weight.float())
         else:
             logits = F.linear(x, self.gate_weight)

@@ -1,6 +1,6 @@
 """MoE block shape and routing read from a HuggingFace `config.json` dict.
 
-One `MoESpec` describes a sparse block of Mixtral, Qwen2-MoE, Qwen3-MoE or DeepSeek-V3;
+One `MoESpec` describes a sparse block of Mixtral, Qwen2-MoE, Qwen3-MoE or DeepSeek-V2/V3;
 defaults follow the transformers config classes so a sparse config.json still works.
 """
 
@@ -22,6 +22,7 @@ class MoESpec:
     shared_intermediate_size: int = 0  # 0 = no shared expert
     shared_gated: bool = False  # Qwen2-MoE: shared output scaled by sigmoid(gate(x))
     correction_bias: bool = False  # DeepSeek-V3 e_score_correction_bias
+    router_fp32: bool = False  # DeepSeek keeps the router weight and logits in fp32
     hidden_act: str = "silu"
 
     def __post_init__(self) -> None:
@@ -40,6 +41,7 @@ def _model_type(config: dict) -> str:
         "MixtralForCausalLM": "mixtral",
         "Qwen2MoeForCausalLM": "qwen2_moe",
         "Qwen3MoeForCausalLM": "qwen3_moe",
+        "DeepseekV2ForCausalLM": "deepseek_v2",
         "DeepseekV3ForCausalLM": "deepseek_v3",
     }.get(arch, "")
 
@@ -78,6 +80,27 @@ def moe_spec_from_config(config: dict) -> MoESpec:
             shared_gated=shared > 0,
             hidden_act=act,
         )
+    if kind == "deepseek_v2":
+        moe_inter = int(config["moe_intermediate_size"])
+        method = str(config.get("topk_method") or "greedy")
+        if method not in ("greedy", "group_limited_greedy"):
+            raise ValueError(f"DeepSeek-V2 topk_method {method!r} is not served")
+        grouped = method == "group_limited_greedy"
+        return MoESpec(
+            hidden_size=hidden,
+            intermediate_size=moe_inter,
+            num_experts=_num_experts(config, 64),
+            gating=GatingConfig(
+                top_k=int(config["num_experts_per_tok"]),
+                renormalize=False,  # transformers' DeepSeek-V2 router never renormalises
+                n_group=int(config["n_group"]) if grouped else 1,
+                topk_group=int(config["topk_group"]) if grouped else 1,
+                routed_scaling_factor=float(config.get("routed_scaling_factor", 1.0)),
+            ),
+            shared_intermediate_size=moe_inter * int(config.get("n_shared_experts") or 0),
+            router_fp32=True,
+            hidden_act=act,
+        )
     if kind == "deepseek_v3":
         num = _num_experts(config, 256)
         moe_inter = int(config["moe_intermediate_size"])
@@ -95,6 +118,7 @@ def moe_spec_from_config(config: dict) -> MoESpec:
             ),
             shared_intermediate_size=moe_inter * int(config.get("n_shared_experts", 1)),
             correction_bias=True,
+            router_fp32=True,
             hidden_act=act,
         )
     raise ValueError(f"no MoE block layout known for model type {kind!r}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -23,10 +25,19 @@ def kv_cache_torch_dtype(choice: str, model_dtype: torch.dtype) -> torch.dtype:
     raise ValueError(f"unknown KV cache dtype {choice!r}; expected auto or fp8")
 
 
+def cache_shape(attn: Attention, num_blocks: int, block_size: int) -> tuple[int, ...]:
+    """A layer's cache tensor shape: its own (`cache_shape`: MLA's latent rows) or K and V
+    [2, num_blocks, block_size, Hkv, D]."""
+    own = getattr(attn, "cache_shape", None)
+    if own is not None:
+        return tuple(own(num_blocks, block_size))
+    return (2, num_blocks, block_size, attn.num_kv_heads, attn.head_dim)
+
+
 def kv_cache_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one block of `block_size` tokens takes across all layers (K and V)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return sum(2 * block_size * a.num_kv_heads * a.head_dim * elem for a in attention_layers(model))
+    return sum(math.prod(cache_shape(a, 1, block_size)) * elem for a in attention_layers(model))
 
 
 def num_blocks_for_budget(
@@ -50,9 +61,7 @@ def allocate_kv_cache(
         raise ValueError("num_blocks and block_size must be positive")
     caches = []
     for attn in attention_layers(model):
-        cache = torch.zeros(
-            2, num_blocks, block_size, attn.num_kv_heads, attn.head_dim, dtype=dtype, device=device
-        )
+        cache = torch.zeros(cache_shape(attn, num_blocks, block_size), dtype=dtype, device=device)
         attn.kv_cache = cache
         attn.kv_scales = attn.kv_scales.per_head(attn.num_kv_heads, device)
         caches.append(cache)

@@ -1,6 +1,7 @@
 """Model architectures; importing this package registers the built-in ones."""
 
 from loraplex.platform.engine.models import (  # noqa: F401  (registration)
+    deepseek,
     llama,
     mixtral,
     qwen2,

@@ -1,0 +1,129 @@
+"""Multi-head latent attention (MLA) over a paged cache of the compressed latent.
+
+Each token's cache row is its normalised KV latent `c` [kv_lora_rank] followed by its rotated
+shared key `k_pe` [rope_dim]: one row for all heads, `kv_lora_rank + rope_dim` values instead
+of `heads * (qk_head_dim + v_head_dim)` for the expanded K/V. Attention never expands it: the
+up-projection is absorbed into the query and the output (`q_nope W_UK` scores against `c`, the
+attended `c` goes through `W_UV`), which is exact algebra, so the block tables, prefix cache and
+chunked prefill work on latent rows like on any other KV block. This is the torch path (CPU,
+and GPUs without a kernel for it).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from loraplex.platform.engine.forward_context import get_forward_context
+from loraplex.platform.engine.layers.attention import Attention
+from loraplex.platform.engine.layers.attention_metadata import AttentionMetadata
+from loraplex.platform.engine.layers.paged_attention_torch import is_fp8_cache
+
+
+class MLAAttention(Attention):
+    """Paged attention over latent rows; `kv_cache` is [num_blocks, block_size, latent + rope]
+    (`cache_shape`), bound by `allocate_kv_cache` like every attention layer's cache."""
+
+    def __init__(
+        self, num_heads: int, kv_lora_rank: int, rope_dim: int, scale: float, layer_idx: int
+    ) -> None:
+        super().__init__(num_heads, 1, kv_lora_rank + rope_dim, scale, layer_idx)
+        self.kv_lora_rank = kv_lora_rank
+        self.rope_dim = rope_dim
+
+    def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        """One latent row per token (the KV cache allocator asks each layer for its shape)."""
+        return (num_blocks, block_size, self.kv_lora_rank + self.rope_dim)
+
+    def forward_latent(
+        self,
+        q_lat: torch.Tensor,
+        q_pe: torch.Tensor,
+        latent: torch.Tensor,
+        k_pe: torch.Tensor,
+    ) -> torch.Tensor:
+        """q_lat [T, H, C] (q_nope through W_UK), q_pe [T, H, R], this step's latent [T, C] and
+        rotated k_pe [T, R] -> attended latent [T, H, C] (to go through W_UV)."""
+        md = get_forward_context().attn
+        if md is None:
+            raise RuntimeError("the forward context carries no attention metadata")
+        cache = self.kv_cache
+        if cache is None:
+            raise RuntimeError(
+                f"attention layer {self.layer_idx} has no KV cache: call allocate_kv_cache first"
+            )
+        if self.fixed_order:
+            raise NotImplementedError("the deterministic mode does not cover MLA attention yet")
+        if is_fp8_cache(cache):
+            raise NotImplementedError("an fp8 KV cache is not served for MLA models yet")
+        write_latent(cache, torch.cat((latent, k_pe), dim=-1), md.slot_mapping)
+        q = torch.cat((q_lat, q_pe), dim=-1)
+        return latent_attention(q, cache, md, self.scale, self.kv_lora_rank)
+
+
+def write_latent(cache: torch.Tensor, rows: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store rows [T, C + R] at their slots of cache [N, bs, C + R]; slot -1 is skipped."""
+    flat = cache.view(-1, cache.shape[-1])
+    valid = slot_mapping >= 0
+    flat[slot_mapping[valid]] = rows[valid].to(cache.dtype)
+
+
+def _gather(cache: torch.Tensor, tables: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """Latent rows [S, num_blocks * bs, C + R] of each sequence, through its block table."""
+    s = tables.shape[0]
+    ids = tables[:, :num_blocks].reshape(-1).long()
+    return cache.index_select(0, ids).view(s, num_blocks * cache.shape[1], cache.shape[2])
+
+
+def _attend(q: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor, scale: float, c: int):
+    """q [B, H, n, C+R] over rows [B, L, C+R] (keys: the whole row; values: its latent part)."""
+    k = rows[:, None].to(q.dtype)
+    return F.scaled_dot_product_attention(
+        q, k, k[..., :c], attn_mask=mask, scale=scale, enable_gqa=q.shape[1] > 1
+    )
+
+
+def latent_attention(
+    q: torch.Tensor, cache: torch.Tensor, md: AttentionMetadata, scale: float, c: int
+) -> torch.Tensor:
+    """q [T, H, C+R] of a mixed batch (rows already written) -> attended latent [T, H, C].
+
+    Decode rows (one query token) run as one batched masked attention; prefill chunks one
+    sequence at a time with the causal mask offset by what the cache held before the step.
+    """
+    out = q.new_zeros(q.shape[0], q.shape[1], c)
+    bs = cache.shape[1]
+    starts = md.query_start_loc.tolist()
+    ctx, lens = md.context_lens.tolist(), md.seq_lens.tolist()
+    decodes = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
+    if decodes:
+        seq_idx = torch.tensor(decodes, dtype=torch.long, device=q.device)
+        tok_idx = torch.tensor([starts[i] for i in decodes], dtype=torch.long, device=q.device)
+        num_blocks = -(-max(lens[i] for i in decodes) // bs)
+        rows = _gather(cache, md.block_tables[seq_idx], num_blocks)
+        key_pos = torch.arange(rows.shape[1], device=q.device)
+        mask = key_pos[None, :] < md.seq_lens[seq_idx, None].to(key_pos.dtype)  # [Sd, L]
+        qd = q[tok_idx][:, :, None, :]  # [Sd, H, 1, C+R]
+        out[tok_idx] = _attend(qd, rows, mask[:, None, None, :], scale, c)[:, :, 0, :]
+    for i in range(len(lens)):
+        a, b = starts[i], starts[i + 1]
+        if b - a <= 1:
+            continue
+        rows = _gather(cache, md.block_tables[i : i + 1], -(-lens[i] // bs))[:, : lens[i]]
+        q_pos = torch.arange(b - a, device=q.device) + ctx[i]
+        mask = torch.arange(lens[i], device=q.device)[None, :] <= q_pos[:, None]  # [n, L]
+        qp = q[a:b].transpose(0, 1)[None]  # [1, H, n, C+R]
+        out[a:b] = _attend(qp, rows, mask, scale, c)[0].transpose(0, 1)
+    return out
+
+
+def latent_bytes_per_token(kv_lora_rank: int, rope_dim: int, element_size: int) -> int:
+    """Cache bytes one token takes in one MLA layer (the latent row)."""
+    return (kv_lora_rank + rope_dim) * element_size
+
+
+def expanded_bytes_per_token(
+    num_heads: int, qk_head_dim: int, v_head_dim: int, element_size: int
+) -> int:
+    """Cache bytes one token would take in one layer with K and V expanded per head."""
+    return num_heads * (qk_head_dim + v_head_dim) * element_size
