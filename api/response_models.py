@@ -105,6 +105,8 @@ class DeploymentOut(_Out):
     share_prefix_cache: bool
     cold_start_wait_s: float
     deterministic: bool
+    routing_weight: float | None
+    nameable: bool
     created_at: str | None
 
 

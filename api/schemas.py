@@ -81,11 +81,14 @@ class Quantization(_Strict):
     kv_cache: Literal["auto", "fp8"] = "auto"
 
 
-class DeploymentScale(_Strict):
-    """`PATCH /admin/v1/deployments/{id}`: the new replica count (range checked by the
-    deployments service: 400 naming `replicas`)."""
+class DeploymentPatch(_Strict):
+    """`PATCH /admin/v1/deployments/{id}`: any of the replica count, the routing weight (null:
+    by capacity) and whether requests may name it (ranges checked by the deployments
+    service: 400 naming the field)."""
 
-    replicas: StrictInt
+    replicas: StrictInt | None = None
+    routing_weight: float | None = None
+    nameable: bool | None = None
 
 
 class DeploymentCreate(_Strict):
@@ -101,6 +104,9 @@ class DeploymentCreate(_Strict):
     share_prefix_cache: bool = False
     cold_start_wait_s: float = Field(default=120.0, ge=0, le=3600)
     deterministic: bool = False  # batch-invariant kernels (EngineConfig.deterministic)
+    # Share of its base model's routed traffic (null: by capacity); see gateway/router.py.
+    routing_weight: float | None = Field(default=None, ge=0, le=1000)
+    nameable: bool = False  # requests may pick it with the X-Loraplex-Deployment header
 
 
 class PresignedUploadCreate(_Strict):
@@ -191,6 +197,8 @@ def deployment_view(d: Deployment) -> dict[str, Any]:
         "share_prefix_cache": d.share_prefix_cache,
         "cold_start_wait_s": d.cold_start_wait_s,
         "deterministic": bool(d.deterministic),
+        "routing_weight": d.routing_weight,
+        "nameable": bool(d.nameable),
         "created_at": _ts(d.created_at),
     }
 

@@ -14,7 +14,7 @@ from loraplex.platform.db.models import Deployment
 from loraplex.platform.db.session import session_scope
 from loraplex.platform.errors import HttpError
 from loraplex.platform.services import api_keys, base_models, deployments, tenants
-from loraplex.platform.services.errors import NotFound
+from loraplex.platform.services.errors import InvalidInput, NotFound
 from loraplex.platform.settings import Settings
 
 from .. import idempotent
@@ -34,7 +34,7 @@ from ..schemas import (
     ApiKeyCreate,
     BaseModelRegister,
     DeploymentCreate,
-    DeploymentScale,
+    DeploymentPatch,
     TenantCreate,
     TenantUpdate,
     api_key_view,
@@ -176,6 +176,8 @@ async def create_deployment(
         share_prefix_cache=body.share_prefix_cache,
         cold_start_wait_s=body.cold_start_wait_s,
         deterministic=body.deterministic,
+        routing_weight=body.routing_weight,
+        nameable=body.nameable,
     )
 
     def handler() -> dict[str, Any]:
@@ -201,16 +203,35 @@ def list_deployments(session: Session = Depends(get_db)) -> dict[str, Any]:
     return _listing([deployment_view(d) for d in deployments.list_deployments(session)])
 
 
-@router.patch("/deployments/{deployment_id}")
-def scale_deployment(
+@router.patch("/deployments/{deployment_id}", response_model=DeploymentOut)
+def patch_deployment(
     deployment_id: str,
-    body: DeploymentScale,
+    body: DeploymentPatch,
     session: Session = Depends(get_db),
     actor: str = Depends(require_admin),
 ) -> dict[str, Any]:
-    """Change a deployment's replica count (0 stops serving it)."""
+    """Change a deployment's replica count (0 stops serving it), its routing weight among
+    the deployments of its base model, or whether requests may name it."""
     did = _uuid(deployment_id, "deployment")
-    return deployment_view(deployments.set_replicas(session, did, body.replicas, actor=actor))
+    given = body.model_fields_set
+    if not given:
+        raise InvalidInput(
+            "nothing to change: give replicas, routing_weight or nameable",
+            code="invalid_value",
+        )
+    for field in ("replicas", "nameable"):
+        if field in given and getattr(body, field) is None:
+            raise InvalidInput(f"{field} cannot be null", code="invalid_value", param=field)
+    dep = None
+    if body.replicas is not None:
+        dep = deployments.set_replicas(session, did, body.replicas, actor=actor)
+    if "routing_weight" in given or "nameable" in given:
+        routing: dict[str, Any] = {"nameable": body.nameable}
+        if "routing_weight" in given:
+            routing["routing_weight"] = body.routing_weight
+        dep = deployments.set_routing(session, did, actor=actor, **routing)
+    assert dep is not None
+    return deployment_view(dep)
 
 
 @router.get("/deployments/{deployment_id}/replicas", response_model=DeploymentReplicasOut)

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway import completion, responses
+from loraplex.platform.gateway.deployment_choice import DEPLOYMENT_HEADER
 from loraplex.platform.gateway.errors import model_not_found
 from loraplex.platform.gateway.openai_models import (
     ChatCompletion,
@@ -34,7 +35,7 @@ from loraplex.platform.gateway.openai_models import (
 )
 from loraplex.platform.gateway.openai_schemas import parse_chat_request, parse_completion_request
 from loraplex.platform.gateway.ratelimit import TenantLimits, tenant_limits
-from loraplex.platform.gateway.resolve import NoDeployment
+from loraplex.platform.gateway.resolve import NoDeployment, with_named_deployment
 from loraplex.platform.gateway.service import Gateway
 from loraplex.platform.gateway.streaming import bounded_relay
 from loraplex.platform.services import model_catalog
@@ -251,6 +252,7 @@ async def _run(request: Request, kind: str, adapter: str | None) -> Response:
     model = adapter if adapter is not None else parsed.model
     _check_model_name(model)
     resolved = await gw.resolver.resolve(gw.session_factory, tenant_id, model)
+    resolved = with_named_deployment(resolved, request.headers.get(DEPLOYMENT_HEADER))
     assets = await gw.model_assets(resolved)
     build = completion.build_chat_job if kind == "chat" else completion.build_text_job
     job = await gw.text.run(

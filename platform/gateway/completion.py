@@ -55,6 +55,7 @@ class Job:
     started: float = field(default_factory=time.monotonic)
     limit: RateLimitResult | None = None
     tools: ToolPlan | None = None  # chat: how tool calls are read from the output
+    served_by: str | None = None  # the deployment whose replica answered (usage names it)
 
 
 def _max_tokens(requested: int | None, prompt_len: int, ctx: int, default: int, param: str) -> int:
@@ -248,6 +249,7 @@ async def _choice_events(gw: Gateway, job: Job, index: int) -> AsyncGenerator[Ch
         job.resolved.adapter_key,
         where.append,
         cold_start_wait_s=job.resolved.cold_start_wait_s,
+        routes=job.resolved.deployment_routes or None,
     )
     finished = False
     first = True
@@ -255,9 +257,8 @@ async def _choice_events(gw: Gateway, job: Job, index: int) -> AsyncGenerator[Ch
         async for event in events:
             if first:
                 first = False
-                gw.router.metrics.ttft.labels(job.resolved.deployment_name).observe(
-                    time.monotonic() - job.started
-                )
+                job.served_by = where[-1].replica.deployment
+                gw.router.metrics.ttft.labels(job.served_by).observe(time.monotonic() - job.started)
             if isinstance(event, FinishEvent):
                 finished = True
                 log.debug(
@@ -281,6 +282,7 @@ async def _abort(gw: Gateway, job: Job, dispatch: Dispatch, metered: bool) -> No
     computed = await gw.client.abort(dispatch.replica.url, dispatch.request_id)
     if not metered or computed <= 0:
         return
+    job.served_by = job.served_by or dispatch.replica.deployment
     gw.usage.record(
         Usage(
             tenant_id=job.tenant_id,
@@ -290,7 +292,7 @@ async def _abort(gw: Gateway, job: Job, dispatch: Dispatch, metered: bool) -> No
             cached_tokens=0,
             latency_ms=int((time.monotonic() - job.started) * 1000),
             api_key_id=job.api_key_id,
-            deployment_id=job.resolved.deployment_id,
+            deployment_id=_served_deployment(job),
             adapter_version_id=job.resolved.adapter_version_id,
         )
     )
@@ -385,6 +387,14 @@ def release_job(gw: Gateway, job: Job) -> None:
         spawn(gw.limiter.refund(str(job.tenant_id), job.limit, 0))
 
 
+def _served_deployment(job: Job) -> uuid.UUID:
+    """The id of the deployment that answered (the resolved one when none did)."""
+    for route in job.resolved.deployment_routes:
+        if route.name == job.served_by:
+            return route.id
+    return job.resolved.deployment_id
+
+
 def _usage(job: Job, tally: Tally) -> Usage:
     ttft_ms, itl_ms = tally.latencies(job.started)
     return Usage(
@@ -395,7 +405,7 @@ def _usage(job: Job, tally: Tally) -> Usage:
         cached_tokens=tally.cached_tokens,
         latency_ms=int((time.monotonic() - job.started) * 1000),
         api_key_id=job.api_key_id,
-        deployment_id=job.resolved.deployment_id,
+        deployment_id=_served_deployment(job),
         adapter_version_id=job.resolved.adapter_version_id,
         ttft_ms=ttft_ms,
         itl_ms=itl_ms,

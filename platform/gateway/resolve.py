@@ -20,6 +20,7 @@ adapter is callable the moment it is ready.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import threading
@@ -35,6 +36,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from loraplex.adapters.identity import adapter_ref_key
 from loraplex.platform.db.models import Adapter, AdapterVersion, BaseModel, Deployment
 from loraplex.platform.errors import HttpError
+from loraplex.platform.gateway.deployment_choice import DEPLOYMENT_HEADER, DeploymentRoute
 from loraplex.platform.gateway.errors import model_not_found
 from loraplex.platform.gateway.replicas import DEFAULT_PREFIX
 from loraplex.platform.services.resolution_events import GEN_KEY
@@ -84,6 +86,8 @@ class ResolvedModel:
     cold_start_wait_s: float = 0.0
     # Every deployment of the base model, oldest first (`deployment_name` is the first).
     deployment_names: tuple[str, ...] = ()
+    # The same deployments with the operator's routing weights (`deployment_choice.py`).
+    deployment_routes: tuple[DeploymentRoute, ...] = ()
 
     @property
     def adapter_key(self) -> str | None:
@@ -163,8 +167,51 @@ def _resolved(session: Session, model: str, base: BaseModel, **adapter: Any) -> 
         share_prefix_cache=bool(dep.share_prefix_cache),
         cold_start_wait_s=max(float(d.cold_start_wait_s) for d in deps),
         deployment_names=tuple(d.name for d in deps),
+        deployment_routes=tuple(
+            DeploymentRoute(
+                name=d.name,
+                id=d.id,
+                weight=d.routing_weight,
+                nameable=bool(d.nameable),
+                cold_start_wait_s=float(d.cold_start_wait_s),
+            )
+            for d in deps
+        ),
         base_created=int(base.created_at.timestamp()),
         **adapter,
+    )
+
+
+def with_named_deployment(resolved: ResolvedModel, name: str | None) -> ResolvedModel:
+    """`resolved` routed to the one deployment a request names (the `X-Loraplex-Deployment`
+    header), which must serve its base model and be one the operator made nameable; the
+    request is metered to it. Unchanged when no deployment is named."""
+    if name is None:
+        return resolved
+    route = next((r for r in resolved.deployment_routes if r.name == name), None)
+    if route is None:
+        raise HttpError(
+            404,
+            f"No deployment named `{name}` serves the model `{resolved.model}` "
+            f"(the {DEPLOYMENT_HEADER} header).",
+            code="deployment_not_found",
+            type="invalid_request_error",
+        )
+    if not route.nameable:
+        raise HttpError(
+            403,
+            f"The deployment `{name}` cannot be chosen by requests; "
+            f"leave out the {DEPLOYMENT_HEADER} header to be routed.",
+            code="deployment_not_nameable",
+            type="permission_error",
+        )
+    return dataclasses.replace(
+        resolved,
+        deployment_id=route.id,
+        deployment_name=route.name,
+        cold_start_wait_s=route.cold_start_wait_s,
+        deployment_names=(route.name,),
+        deployment_routes=(route,),
     )
 
 

@@ -18,7 +18,9 @@ its replacement): resolution publishes them as a group under the oldest's name
 (`resolve.publish_group`), and the router takes the live replicas of every deployment in the
 group as candidates, scored alike: traffic follows capacity (more replicas, shorter queues
 take more), an oldest deployment scaled to zero does not answer 503 while another has
-replicas, and a switch from one deployment to another drops no request.
+replicas, and a switch from one deployment to another drops no request. The gateway passes
+the group it resolved (`routes`, with the operator's weights: `deployment_choice.py`); the
+Redis group serves callers that pass none.
 
 Cold starts: when a deployment has no live replica but some are starting (announced by their
 heartbeat, not healthy yet), a request waits up to the deployment's `cold_start_wait_s` for
@@ -33,12 +35,14 @@ import contextlib
 import dataclasses
 import json
 import logging
+import random
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from loraplex.platform.errors import GENERIC_MESSAGE, LoraplexError
+from loraplex.platform.gateway.deployment_choice import DeploymentRoute, order_by_weight
 from loraplex.platform.gateway.errors import no_replica, still_starting
 from loraplex.platform.gateway.metrics import GatewayMetrics
 from loraplex.platform.gateway.replica_client import ReplicaClient, ReplicaSlow, ReplicaUnavailable
@@ -200,8 +204,10 @@ class Router:
         max_stale_s: float = 2.0,
         down_cooldown_s: float = 2.0,
         metrics: GatewayMetrics | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.registry = registry
+        self._rng = rng or random.Random()
         self.client = client
         self.metrics = metrics or GatewayMetrics()
         self.prefixes = PrefixIndex()
@@ -267,30 +273,41 @@ class Router:
         self._states[replica.replica_id] = (time.monotonic() + self._state_ttl, load)
         return load
 
-    async def group(self, deployment: str) -> list[str]:
-        """The deployments serving `deployment`'s base model (itself first); itself alone when
-        no resolution has published a group."""
-        raw = await self.registry._redis.get(group_key(self.registry._prefix, deployment))
-        names = [str(n) for n in json.loads(raw)] if raw else []
+    async def group(
+        self, deployment: str, routes: Sequence[DeploymentRoute] | None = None
+    ) -> list[str]:
+        """The deployments serving `deployment`'s base model (itself first): `routes` when
+        given, else the group a resolution published; itself alone when there is none."""
+        if routes is not None:
+            names = [r.name for r in routes]
+        else:
+            raw = await self.registry._redis.get(group_key(self.registry._prefix, deployment))
+            names = [str(n) for n in json.loads(raw)] if raw else []
         return [deployment, *(n for n in names if n != deployment)]
 
-    async def _live(self, deployment: str) -> list[ReplicaInfo]:
+    async def _live(
+        self, deployment: str, routes: Sequence[DeploymentRoute] | None
+    ) -> list[ReplicaInfo]:
         """Live replicas of every deployment in `deployment`'s group."""
-        found = await asyncio.gather(*(self.registry.live(d) for d in await self.group(deployment)))
+        names = await self.group(deployment, routes)
+        found = await asyncio.gather(*(self.registry.live(d) for d in names))
         return [r for replicas in found for r in replicas]
 
-    async def _starting(self, deployment: str) -> int:
+    async def _starting(self, deployment: str, routes: Sequence[DeploymentRoute] | None) -> int:
         """Starting replicas of every deployment in `deployment`'s group."""
-        counts = await asyncio.gather(
-            *(self.registry.starting(d) for d in await self.group(deployment))
-        )
-        return sum(counts)
+        names = await self.group(deployment, routes)
+        return sum(await asyncio.gather(*(self.registry.starting(d) for d in names)))
 
     async def candidates(
-        self, deployment: str, adapter_key: str | None, prompt: PromptKeys
+        self,
+        deployment: str,
+        adapter_key: str | None,
+        prompt: PromptKeys,
+        routes: Sequence[DeploymentRoute] | None = None,
     ) -> list[Scored]:
-        """Live, answering replicas of `deployment` and its group, best first."""
-        replicas = await self._live(deployment)
+        """Live, answering replicas of `deployment` and its group, best first (after the
+        operator's weights, when `routes` carry any)."""
+        replicas = await self._live(deployment, routes)
         loads = await asyncio.gather(*(self._load(r) for r in replicas))
         pairs = []
         for r, lo in zip(replicas, loads, strict=True):
@@ -323,26 +340,33 @@ class Router:
                 )
             )
         scored.sort(key=lambda s: s.score, reverse=True)
-        return scored
+        if routes is None:
+            return scored
+        return order_by_weight(scored, lambda s: s.replica.deployment, routes, self._rng)
 
     async def wait_for_ready(
-        self, deployment: str, adapter_key: str | None, prompt: PromptKeys, bound_s: float
+        self,
+        deployment: str,
+        adapter_key: str | None,
+        prompt: PromptKeys,
+        bound_s: float,
+        routes: Sequence[DeploymentRoute] | None = None,
     ) -> list[Scored]:
         """Candidates once a starting replica of `deployment` is ready, waiting up to
         `bound_s`; [] at once when none is starting. Raises 503 (`replicas_starting`, with
         Retry-After) when the bound passes first."""
-        if bound_s <= 0 or await self._starting(deployment) == 0:
+        if bound_s <= 0 or await self._starting(deployment, routes) == 0:
             return []
         began = time.monotonic()
         pause = COLD_START_POLL_S[0]
         while True:
             await asyncio.sleep(min(pause, max(0.0, began + bound_s - time.monotonic())))
-            pool = await self.candidates(deployment, adapter_key, prompt)
+            pool = await self.candidates(deployment, adapter_key, prompt, routes)
             waited = time.monotonic() - began
             if pool:
                 self.metrics.cold_start_wait.labels(deployment, "ready").observe(waited)
                 return pool
-            if waited >= bound_s or await self._starting(deployment) == 0:
+            if waited >= bound_s or await self._starting(deployment, routes) == 0:
                 outcome = "timeout" if waited >= bound_s else "gone"
                 self.metrics.cold_start_wait.labels(deployment, outcome).observe(waited)
                 if outcome == "gone":  # the starting replica died: nothing is coming
@@ -358,11 +382,13 @@ class Router:
         adapter_key: str | None,
         on_dispatch: Callable[[Dispatch], None] | None = None,
         cold_start_wait_s: float = 0.0,
+        routes: Sequence[DeploymentRoute] | None = None,
     ) -> AsyncIterator[DeltaEvent | FinishEvent]:
         """Stream `req` from the best replica; retry on the next one until a token arrives.
 
         `on_dispatch` is told where each attempt runs (for aborts) and what the router
-        predicted it has cached. With no live replica but some starting, waits up to
+        predicted it has cached. `routes`: the deployments of the base model, with the
+        operator's weights (else the published group). With no live replica but some starting, waits up to
         `cold_start_wait_s` for one (see the module docstring). Raises 503 when no replica can
         take it, `ReplicaLost` when one dies mid-stream.
         """
@@ -372,11 +398,13 @@ class Router:
         for attempt in range(4):
             pool = [
                 c
-                for c in await self.candidates(deployment, adapter_key, prompt)
+                for c in await self.candidates(deployment, adapter_key, prompt, routes)
                 if c.replica.replica_id not in tried
             ]
             if not pool and attempt == 0:
-                pool = await self.wait_for_ready(deployment, adapter_key, prompt, cold_start_wait_s)
+                pool = await self.wait_for_ready(
+                    deployment, adapter_key, prompt, cold_start_wait_s, routes
+                )
             if not pool:
                 break
             best = pool[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
@@ -50,6 +51,8 @@ class DeploymentSpec:
     share_prefix_cache: bool = False
     cold_start_wait_s: float = 120.0
     deterministic: bool = False
+    routing_weight: float | None = None  # share of its base model's traffic; None: by capacity
+    nameable: bool = False  # a request may pick it with the X-Loraplex-Deployment header
 
 
 def _check_range(value: int, what: str, low: int, high: int) -> int:
@@ -60,6 +63,20 @@ def _check_range(value: int, what: str, low: int, high: int) -> int:
             param=what,
         )
     return value
+
+
+def _check_weight(weight: float | None) -> float | None:
+    """A routing weight: None (route by capacity) or a number in 0..1000 (0: takes routed
+    traffic only while no weighted deployment of its base model has a live replica)."""
+    if weight is None:
+        return None
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 <= weight <= 1000:
+        raise InvalidInput(
+            f"routing_weight must be null or a number in 0..1000, got {weight!r}",
+            code="invalid_value",
+            param="routing_weight",
+        )
+    return float(weight)
 
 
 def create_deployment(
@@ -132,6 +149,7 @@ def create_deployment(
             code="invalid_value",
             param="cold_start_wait_s",
         )
+    weight = _check_weight(spec.routing_weight)
     stmt = (
         insert(Deployment)
         .values(
@@ -147,6 +165,8 @@ def create_deployment(
             share_prefix_cache=bool(spec.share_prefix_cache),
             cold_start_wait_s=float(spec.cold_start_wait_s),
             deterministic=bool(spec.deterministic),
+            routing_weight=weight,
+            nameable=bool(spec.nameable),
         )
         .on_conflict_do_nothing()
         .returning(Deployment.id)
@@ -200,6 +220,45 @@ def set_replicas(
         resource_type="deployment",
         resource_id=dep.id,
         detail={"name": dep.name, "replicas_before": before, "replicas": count},
+    )
+    return dep
+
+
+_UNCHANGED: Any = object()
+
+
+def set_routing(
+    session: Session,
+    deployment_id: uuid.UUID,
+    *,
+    routing_weight: float | None = _UNCHANGED,
+    nameable: bool | None = None,
+    actor: str = audit.ADMIN_ACTOR,
+) -> Deployment:
+    """Change how the gateway routes to a deployment: its weight among the deployments of its
+    base model (None: by capacity) and whether requests may name it; one audited update."""
+    locked = select(Deployment).where(Deployment.id == deployment_id)
+    dep = session.scalars(locked.with_for_update(of=Deployment)).one_or_none()
+    if dep is None:
+        raise NotFound(f"no deployment with id {deployment_id}", code="deployment_not_found")
+    before = {"routing_weight": dep.routing_weight, "nameable": dep.nameable}
+    if routing_weight is not _UNCHANGED:
+        dep.routing_weight = _check_weight(routing_weight)
+    if nameable is not None:
+        dep.nameable = bool(nameable)
+    session.flush()
+    audit.record(
+        session,
+        actor=actor,
+        action="deployment.routing",
+        resource_type="deployment",
+        resource_id=dep.id,
+        detail={
+            "name": dep.name,
+            "before": before,
+            "routing_weight": dep.routing_weight,
+            "nameable": dep.nameable,
+        },
     )
     return dep
 
