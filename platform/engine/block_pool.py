@@ -76,6 +76,16 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self._free[block.block_id] = block
 
+    def free_unused(self, blocks: list[KVBlock]) -> None:
+        """Give back blocks that were reserved but hold nothing worth keeping (a rejected
+        speculative lookahead): they go to the head of the free queue, to be taken first."""
+        for block in reversed(blocks):
+            if block.ref_cnt != 1 or block.block_hash is not None:
+                raise RuntimeError(f"KV block {block.block_id} is shared or cached, not unused")
+            block.ref_cnt = 0
+            self._free[block.block_id] = block
+            self._free.move_to_end(block.block_id, last=False)
+
     def cache_block(self, block: KVBlock, block_hash: bytes) -> None:
         """Index a full block by its content hash; a hash already indexed keeps its first block."""
         if not self.enable_caching or block.block_hash is not None:

@@ -21,7 +21,7 @@ from loraplex.platform.engine.cold_start import finish_cold_start
 from loraplex.platform.engine.decode_graphs import recapture_decode_graphs, setup_decode_graphs
 from loraplex.platform.engine.kv_cache import kv_cache_bytes_per_block, kv_cache_torch_dtype
 from loraplex.platform.engine.metrics import EngineMetrics
-from loraplex.platform.engine.model_runner import ModelRunner
+from loraplex.platform.engine.model_runner import ModelRunner, ModelRunnerOutput
 from loraplex.platform.engine.model_source import load_engine_model
 from loraplex.platform.engine.outputs import RequestDelta
 from loraplex.platform.engine.ports import LoraRuntimeProtocol
@@ -29,6 +29,8 @@ from loraplex.platform.engine.prefix_cache import KVCacheManager
 from loraplex.platform.engine.request import Request, RequestStatus
 from loraplex.platform.engine.sampling_params import SamplingParams
 from loraplex.platform.engine.scheduler import Scheduler, SchedulerOutput
+from loraplex.platform.engine.speculative.config import SpecConfig
+from loraplex.platform.engine.speculative.speculator import Speculator
 from loraplex.platform.engine.structured.bitmask import MaskFiller
 from loraplex.platform.engine.structured.compiler import GrammarCompiler
 from loraplex.platform.engine.structured.state import GrammarError, GrammarState
@@ -115,6 +117,7 @@ class EngineCore:
         self.decode_graphs = setup_decode_graphs(self.runner, config, self.timeline)
         finish_cold_start(self.timeline, self.metrics.registry, loaded.name)
         self.lora_runtime: LoraRuntimeProtocol | None = None
+        self.speculator: Speculator | None = None
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._aborted: list[Request] = []
         self.last_num_scheduled_tokens = 0
@@ -153,6 +156,19 @@ class EngineCore:
         if self.decode_graphs is not None:  # recapture so adapter decode steps replay too
             self.decode_graphs = recapture_decode_graphs(self.runner, self.config, self.timeline)
         self.scheduler.policy = runtime.admission_policy
+
+    def enable_speculation(self, spec: SpecConfig | None) -> None:
+        """Turn speculative decoding on with `spec` (None: off) for the steps to come."""
+        if spec is None:
+            self.speculator = None
+            return
+        cfg = self.config
+        self.speculator = Speculator(
+            spec,
+            self.kv,
+            cfg.max_num_batched_tokens,
+            int(cfg.max_model_len),  # type: ignore[arg-type]
+        )
 
     def add_request(
         self,
@@ -262,31 +278,59 @@ class EngineCore:
             self._update_gauges()
             return deltas
         prev_times = {s.request.request_id: s.request.last_token_time for s in sched.scheduled}
+        before = {s.request.request_id: s.request.num_output_tokens for s in sched.scheduled}
+        spec = self.speculator
+        drafted = spec.plan(sched) if spec is not None else 0
         if self.before_forward is not None:
             self.before_forward(sched)
+        started = time.perf_counter()
         result = self.runner.execute(sched)
+        if spec is not None:
+            spec.observe_step(sched.num_tokens + drafted, time.perf_counter() - started)
         for rid, entries in result.prompt_logprobs.items():
             self.scheduler.requests[rid].prompt_logprobs.extend(entries)
-        finished = {r.request_id for r in self.scheduler.update(sched, result.sampled)}
+        finished = {
+            r.request_id for r in self.scheduler.update(sched, result.sampled, result.accepted)
+        }
+        if spec is not None:
+            spec.settle(sched, self._emitted(result))
         now = time.monotonic()
         for s in sched.scheduled:
             r = s.request
-            token = result.sampled.get(r.request_id)
-            if token is None:
+            if result.sampled.get(r.request_id) is None:
                 continue
-            lp = result.logprobs.get(r.request_id)
-            if lp is not None:
-                r.logprobs.append(lp)
-            self._advance_grammar(r, token, finished)
-            self._observe_token(r, prev_times[r.request_id], now)
-            detok = self._detok.get(r.request_id)
-            if detok is not None and detok.add(token) and r.request_id not in finished:
-                self.scheduler.finish_request(r.request_id, RequestStatus.FINISHED_STOPPED)
-            elif detok is not None and detok.stopped:
-                r.status = RequestStatus.FINISHED_STOPPED
-            deltas.append(self._delta(r, token, lp))
+            tokens = r.output_token_ids[before[r.request_id] :]
+            lps = self._step_logprobs(r.request_id, result)[: len(tokens)]
+            r.logprobs.extend(lps)
+            kept: list[int] = []
+            for token in tokens:
+                kept.append(token)
+                self._advance_grammar(r, token, finished)
+                detok = self._detok.get(r.request_id)
+                if detok is not None and detok.add(token) and r.request_id not in finished:
+                    self.scheduler.finish_request(r.request_id, RequestStatus.FINISHED_STOPPED)
+                    break
+                if detok is not None and detok.stopped:
+                    r.status = RequestStatus.FINISHED_STOPPED
+                    break
+            self._observe_tokens(r, len(kept), prev_times[r.request_id], now)
+            deltas.append(self._delta(r, kept, lps[: len(kept)]))
         self._update_gauges()
         return deltas
+
+    @staticmethod
+    def _emitted(result: ModelRunnerOutput) -> dict[str, list[int]]:
+        """Per drafting request, every token its verification emitted (sampled + accepted)."""
+        out: dict[str, list[int]] = {}
+        for rid, token in result.sampled.items():
+            if token is not None:
+                out[rid] = [token, *result.accepted.get(rid, [])]
+        return out
+
+    @staticmethod
+    def _step_logprobs(rid: str, result: ModelRunnerOutput) -> list[dict[int, float]]:
+        lp = result.logprobs.get(rid)
+        return [] if lp is None else [lp, *result.accepted_logprobs.get(rid, [])]
 
     def _advance_grammar(self, r: Request, token: int, finished: set[str]) -> None:
         """Feed an accepted output token to the request's matcher; a refusal (only possible
@@ -303,15 +347,15 @@ class EngineCore:
             else:
                 r.status = RequestStatus.FINISHED_ABORTED
 
-    def _delta(self, r: Request, token: int, lp: dict[int, float] | None) -> RequestDelta:
+    def _delta(self, r: Request, tokens: list[int], lps: list[dict[int, float]]) -> RequestDelta:
         if r.is_finished:
-            return self._final_delta(r, [token], [lp] if lp is not None else [])
+            return self._final_delta(r, tokens, lps)
         detok = self._detok.get(r.request_id)
         return RequestDelta(
             r.request_id,
-            [token],
+            tokens,
             detok.take_new_text(False) if detok else "",
-            [lp] if lp is not None else [],
+            lps,
             self._prompt_lps_once(r),
             num_prompt_tokens=r.num_prompt_tokens,
             num_cached_tokens=r.num_cached_tokens,
@@ -319,6 +363,8 @@ class EngineCore:
 
     def _final_delta(self, r: Request, tokens: list[int], lps: list) -> RequestDelta:
         detok = self._detok.pop(r.request_id, None)
+        if self.speculator is not None:
+            self.speculator.finished(r)
         m = self.metrics
         m.finished.labels(model_name=m.model_name, finished_reason=r.status.finish_reason).inc()
         if r.finished_time is None:
@@ -338,14 +384,16 @@ class EngineCore:
 
     @staticmethod
     def _prompt_lps_once(r: Request) -> list | None:
+        # A request never drafts while its prompt logprobs are pending, so its first delta
+        # holds one token.
         if r.sampling_params.prompt_logprobs is None or r.num_output_tokens != 1:
             return None
         return list(r.prompt_logprobs)
 
-    def _observe_token(self, r: Request, prev: float | None, now: float) -> None:
+    def _observe_tokens(self, r: Request, n: int, prev: float | None, now: float) -> None:
         m = self.metrics
-        m.label(m.generation_tokens).inc()
-        if r.num_output_tokens == 1:
+        m.label(m.generation_tokens).inc(n)
+        if r.num_output_tokens <= n:
             m.label(m.ttft).observe(now - r.arrival_time)
             m.label(m.prompt_tokens).inc(r.num_prompt_tokens)
             if r.scheduled_time is not None:

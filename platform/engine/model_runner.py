@@ -23,6 +23,7 @@ from loraplex.platform.engine.layers.attention_metadata import AttentionMetadata
 from loraplex.platform.engine.request import Request
 from loraplex.platform.engine.sampler import Sampler, topn_logprobs
 from loraplex.platform.engine.scheduler import ScheduledRequest, SchedulerOutput
+from loraplex.platform.engine.speculative.verify import verify
 from loraplex.platform.engine.structured.bitmask import MaskFiller
 
 if TYPE_CHECKING:
@@ -32,11 +33,14 @@ if TYPE_CHECKING:
 @dataclass
 class ModelRunnerOutput:
     """Per request id: the sampled token (None for a mid-prompt chunk), its logprobs dict,
-    and the prompt-logprob entries this step produced."""
+    and the prompt-logprob entries this step produced; for a request that drafted, the tokens
+    verified after the sampled one (`accepted`) and their logprobs."""
 
     sampled: dict[str, int | None] = field(default_factory=dict)
     logprobs: dict[str, dict[int, float]] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[dict[int, float] | None]] = field(default_factory=dict)
+    accepted: dict[str, list[int]] = field(default_factory=dict)
+    accepted_logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)
 
 
 def group_by_adapter(scheduled: list[ScheduledRequest]) -> list[ScheduledRequest]:
@@ -192,9 +196,9 @@ class ModelRunner:
 
     def _execute(self, scheduled: list[ScheduledRequest]) -> ModelRunnerOutput:
         self._prepare_lora(scheduled)
-        decode_only = all(s.num_tokens == 1 and s.samples for s in scheduled) and not any(
-            s.request.wants_prompt_logprobs for s in scheduled
-        )
+        decode_only = all(
+            s.num_tokens == 1 and s.samples and not s.request.spec_token_ids for s in scheduled
+        ) and not any(s.request.wants_prompt_logprobs for s in scheduled)
         if decode_only and len(scheduled) <= self.max_num_seqs:
             b = self.decode_batch_size(len(scheduled))
             self.prepare_decode_inputs([s.request for s in scheduled], b)
@@ -211,7 +215,8 @@ class ModelRunner:
             self.lora_metadata = None
             return
         self.lora_metadata = runtime.prepare_step(
-            [s.request for s in scheduled], [s.num_tokens for s in scheduled]
+            [s.request for s in scheduled],
+            [s.num_tokens + len(s.request.spec_token_ids) for s in scheduled],
         )
 
     def _execute_mixed(self, scheduled: list[ScheduledRequest]) -> ModelRunnerOutput:
@@ -226,16 +231,18 @@ class ModelRunner:
         tables = torch.zeros(len(scheduled), self.max_blocks_per_seq, dtype=torch.int32)
         for i, s in enumerate(scheduled):
             r, start, end = s.request, s.start, s.start + s.num_tokens
-            ids += r.token_slice(start, end)
-            pos += range(start, end)
+            drafts = r.spec_token_ids  # run after the known tokens, verified in `_sample`
+            ids += r.token_slice(start, end) + drafts
+            end_all = end + len(drafts)
+            pos += range(start, end_all)
             blocks = r.block_ids
-            slots += [blocks[p // bs] * bs + p % bs for p in range(start, end)]
+            slots += [blocks[p // bs] * bs + p % bs for p in range(start, end_all)]
             tables[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-            qsl.append(qsl[-1] + s.num_tokens)
-            seq_lens.append(end)
+            qsl.append(qsl[-1] + s.num_tokens + len(drafts))
+            seq_lens.append(end_all)
             ctx_lens.append(start)
             if s.samples:
-                sample_rows.append(qsl[-1] - 1)
+                sample_rows += range(qsl[-1] - 1 - len(drafts), qsl[-1])
             if r.wants_prompt_logprobs:
                 last = min(end, r.num_prompt_tokens - 1)  # positions predicting prompt tokens
                 first = max(start, len(r.prompt_logprobs) - 1, 0)
@@ -248,9 +255,9 @@ class ModelRunner:
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(dev),
             context_lens=torch.tensor(ctx_lens, dtype=torch.int32).to(dev),
             block_tables=tables.to(dev),
-            max_query_len=max(s.num_tokens for s in scheduled),
+            max_query_len=max(qsl[i + 1] - qsl[i] for i in range(len(scheduled))),
             max_seq_len=max(seq_lens),
-            is_decode_only=all(s.num_tokens == 1 for s in scheduled),
+            is_decode_only=all(qsl[i + 1] - qsl[i] == 1 for i in range(len(scheduled))),
         )
         with forward_context(ForwardContext(attn=md, lora=self.lora_metadata)):
             hidden = self.model(
@@ -300,9 +307,30 @@ class ModelRunner:
             return result
         requests = [s.request for s in sampling]
         mask = self.mask_filler.join() if self.mask_filler is not None else None
+        if any(r.spec_token_ids for r in requests):
+            return self._verify(requests, logits, mask, result)
         sampled = self.sampler(logits, requests, mask)
         for r, tok, lp in zip(requests, sampled.token_ids, sampled.logprobs, strict=True):
             result.sampled[r.request_id] = tok
             if lp is not None:
                 result.logprobs[r.request_id] = lp
+        return result
+
+    def _verify(
+        self,
+        requests: list[Request],
+        logits: torch.Tensor,
+        mask: torch.Tensor | None,
+        result: ModelRunnerOutput,
+    ) -> ModelRunnerOutput:
+        """Sample every draft row and keep each request's accepted prefix (`verify`)."""
+        got = verify(self.sampler, logits, requests, [r.spec_token_ids for r in requests], mask)
+        for r, toks, lps in zip(requests, got.tokens, got.logprobs, strict=True):
+            result.sampled[r.request_id] = toks[0]
+            if len(toks) > 1:
+                result.accepted[r.request_id] = toks[1:]
+            if lps is not None:
+                result.logprobs[r.request_id] = lps[0]
+                if len(lps) > 1:
+                    result.accepted_logprobs[r.request_id] = lps[1:]
         return result

@@ -93,9 +93,22 @@ class KVCacheManager:
             blocks.extend(self.pool.allocate(needed))
         if computed or needed > 0:
             request.block_ids = [b.block_id for b in blocks]
-        if self.enable_caching:
-            self._register_full_blocks(request, blocks, total // self.block_size)
+        if self.enable_caching:  # only blocks of known tokens: never a speculative lookahead
+            num_full = min(total, request.num_tokens) // self.block_size
+            self._register_full_blocks(request, blocks, num_full)
         return True
+
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Free the request's blocks past those holding its first `num_tokens` tokens (the
+        rejected part of a speculative lookahead; never a cached block)."""
+        blocks = self._blocks.get(request.request_id)
+        keep = -(-num_tokens // self.block_size)
+        if blocks is None or len(blocks) <= keep:
+            return
+        extra = blocks[keep:]
+        del blocks[keep:]
+        self.pool.free_unused(extra)
+        request.block_ids = [b.block_id for b in blocks]
 
     def _register_full_blocks(self, request: Request, blocks: list[KVBlock], num_full: int) -> None:
         start = self._num_registered.get(request.request_id, 0)

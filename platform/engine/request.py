@@ -63,6 +63,8 @@ class Request:
     prompt_logprobs: list[dict[int, float] | None] = field(default_factory=list)
     generator: torch.Generator | None = None
     grammar: GrammarState | None = None  # the structured-output matcher, when constrained
+    # This step's draft tokens: run after the known tokens and verified (never output as such).
+    spec_token_ids: list[int] = field(default_factory=list)
     scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None

@@ -222,11 +222,18 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def update(self, out: SchedulerOutput, sampled: dict[str, int | None]) -> list[Request]:
+    def update(
+        self,
+        out: SchedulerOutput,
+        sampled: dict[str, int | None],
+        accepted: dict[str, list[int]] | None = None,
+    ) -> list[Request]:
         """Apply a step's results: advance progress, append sampled tokens, finish requests.
 
         `sampled` maps request id to the new token (None for a prefill chunk that did not
-        reach the end of the prompt). Returns the requests that finished in this step.
+        reach the end of the prompt); `accepted`, to the tokens after it that speculation
+        verified in the same forward (each one's KV computed). Returns the requests that
+        finished in this step.
         """
         finished: list[Request] = []
         now = time.monotonic()
@@ -238,13 +245,17 @@ class Scheduler:
             token = sampled.get(request.request_id)
             if token is None:
                 continue
-            request.output_token_ids.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
             request.last_token_time = now
-            status = self._check_stop(request, token)
-            if status is not None:
-                finished.append(self.finish_request(request.request_id, status))
+            more = accepted.get(request.request_id, []) if accepted else []
+            for i, tok in enumerate([token, *more]):
+                request.num_computed_tokens += 1 if i else 0
+                request.output_token_ids.append(tok)
+                status = self._check_stop(request, tok)
+                if status is not None:
+                    finished.append(self.finish_request(request.request_id, status))
+                    break
         return finished
 
     def _check_stop(self, request: Request, token: int) -> RequestStatus | None:

@@ -1,0 +1,45 @@
+"""SpecConfig: what speculation an engine runs (method and K bounds); the one place its
+defaults live."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BUILT_METHODS = ("ngram",)
+PLANNED_METHODS = ("draft_model", "draft_adapter", "eagle", "medusa")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculation settings: `method` (only "ngram", prompt lookup plus the adapter's suffix
+    table, is built), K in [k_min, k_max] chosen per request per step by the controller, and
+    the n-gram lengths the lookup tries (longest first)."""
+
+    method: str = "ngram"
+    k_min: int = 0
+    k_max: int = 5
+    ngram_min: int = 2
+    ngram_max: int = 4
+    adapter_tables: bool = True
+    adapter_table_tokens: int = 1 << 16
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        if self.method in PLANNED_METHODS:
+            raise NotImplementedError(
+                f"speculative method {self.method!r} is not built yet; only 'ngram' is"
+            )
+        if self.method not in BUILT_METHODS:
+            raise ValueError(f"unknown speculative method {self.method!r}; expected 'ngram'")
+        if not 0 <= self.k_min <= self.k_max or self.k_max < 1 or self.k_max > 16:
+            raise ValueError(
+                f"K bounds must satisfy 0 <= k_min <= k_max, 1 <= k_max <= 16; "
+                f"got k_min={self.k_min}, k_max={self.k_max}"
+            )
+        if not 1 <= self.ngram_min <= self.ngram_max <= 8:
+            raise ValueError(
+                f"n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 8; "
+                f"got {self.ngram_min}, {self.ngram_max}"
+            )
+        if self.adapter_table_tokens < 1024:
+            raise ValueError("adapter_table_tokens must be >= 1024")

@@ -1,0 +1,135 @@
+"""Speculator: the engine's speculation for one step: choose K, draft, reserve lookahead KV
+slots (`plan`); after verification, learn acceptance and give the rejected slots back
+(`settle`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from loraplex.platform.engine.prefix_cache import KVCacheManager
+from loraplex.platform.engine.request import Request
+from loraplex.platform.engine.scheduler import SchedulerOutput
+from loraplex.platform.engine.speculative.config import SpecConfig
+from loraplex.platform.engine.speculative.controller import Controller
+from loraplex.platform.engine.speculative.ngram import NgramIndex
+from loraplex.platform.engine.speculative.suffix_table import AdapterTables
+
+
+@dataclass
+class AcceptanceStats:
+    """Per adapter: verifications run, tokens drafted, drafts accepted."""
+
+    verifications: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens emitted per verification (accepted drafts plus the target's own), 0 if none."""
+        return 0.0 if not self.verifications else 1.0 + self.accepted / self.verifications
+
+
+class Speculator:
+    """Plans drafts for the sampling requests of a scheduled step and settles them after."""
+
+    def __init__(
+        self,
+        config: SpecConfig,
+        kv: KVCacheManager,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+    ) -> None:
+        self.config = config
+        self.kv = kv
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.controller = Controller(config.k_min, config.k_max, config.adaptive)
+        self.tables = (
+            AdapterTables(config.ngram_min, config.ngram_max, config.adapter_table_tokens)
+            if config.adapter_tables
+            else None
+        )
+        self._indexes: dict[str, NgramIndex] = {}
+        self._rates: dict[str, float] = {}
+        self.stats: dict[str | None, AcceptanceStats] = {}
+
+    @staticmethod
+    def eligible(request: Request) -> bool:
+        """Whether a request may draft: constrained decoding and pending prompt logprobs
+        (whose rows the draft rows would need to share) run without speculation."""
+        return request.grammar is None and not request.wants_prompt_logprobs
+
+    def plan(self, sched: SchedulerOutput) -> int:
+        """Set `spec_token_ids` (and reserve their KV slots) on the step's sampling requests
+        the controller gives a K; returns the number of draft tokens added to the step."""
+        cands = [s for s in sched.scheduled if s.samples and self.eligible(s.request)]
+        if not cands:
+            return 0
+        num_outputs = sum(1 for s in sched.scheduled if s.samples)
+        budget = self.max_num_batched_tokens - sched.num_tokens
+        rates = [self._rates.get(s.request.request_id) for s in cands]
+        ks = self.controller.choose(rates, sched.num_tokens, num_outputs, budget)
+        added = 0
+        for s, k in zip(cands, ks, strict=True):
+            r = s.request
+            room = min(
+                r.sampling_params.max_tokens - r.num_output_tokens - 1,
+                self.max_model_len - r.num_tokens - 1,
+            )
+            k = min(k, room)
+            if k <= 0:
+                continue
+            drafts = self.propose(r, k)
+            if drafts and self.kv.allocate_slots(r, s.num_tokens + len(drafts)):
+                r.spec_token_ids = drafts
+                added += len(drafts)
+        return added
+
+    def propose(self, request: Request, k: int) -> list[int]:
+        """Up to `k` drafts: prompt lookup over the request's own tokens, else the suffix table
+        of its adapter's past outputs."""
+        cfg = self.config
+        index = self._indexes.get(request.request_id)
+        if index is None:
+            index = self._indexes[request.request_id] = NgramIndex(cfg.ngram_min, cfg.ngram_max)
+        index.extend(request.token_slice(len(index.tokens), request.num_tokens))
+        suffix = index.tokens[-cfg.ngram_max :]
+        drafts = index.propose(suffix, k, own=True)
+        if not drafts and self.tables is not None:
+            drafts = self.tables.propose(request.adapter_key, suffix, k)
+        return drafts
+
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        """Feed one forward's measured cost to the controller."""
+        self.controller.costs.observe(num_tokens, seconds)
+
+    def settle(self, sched: SchedulerOutput, emitted: Mapping[str, list[int]]) -> None:
+        """After the scheduler applied the step: record each drafting request's acceptance,
+        free its rejected lookahead blocks, and clear its drafts."""
+        for s in sched.scheduled:
+            r = s.request
+            drafts = r.spec_token_ids
+            if not drafts:
+                continue
+            r.spec_token_ids = []
+            tokens = emitted.get(r.request_id)
+            if tokens is not None:
+                accepted = len(tokens) - 1
+                rid = r.request_id
+                self._rates[rid] = self.controller.updated_rate(
+                    self._rates.get(rid), len(drafts), accepted
+                )
+                st = self.stats.setdefault(r.adapter_key, AcceptanceStats())
+                st.verifications += 1
+                st.drafted += len(drafts)
+                st.accepted += accepted
+            if not r.is_finished:
+                self.kv.trim(r, r.num_computed_tokens)
+
+    def finished(self, request: Request) -> None:
+        """Forget a finished request; its output joins its adapter's suffix table."""
+        self._indexes.pop(request.request_id, None)
+        self._rates.pop(request.request_id, None)
+        if self.tables is not None and request.status.finish_reason != "abort":
+            self.tables.add_output(request.adapter_key, request.output_token_ids)
