@@ -196,6 +196,32 @@ def cmd_deployments_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_deployments_route(args: argparse.Namespace) -> int:
+    """Set how the gateway routes to a deployment: its weight among the deployments of its
+    base model (or by capacity), and whether requests may name it."""
+    body: dict[str, Any] = {}
+    if args.by_capacity:
+        body["routing_weight"] = None
+    elif args.weight is not None:
+        body["routing_weight"] = args.weight
+    if args.nameable is not None:
+        body["nameable"] = args.nameable
+    if not body:
+        raise SystemExit("give --weight, --by-capacity or --nameable/--not-nameable")
+    with connect(args.url, "admin") as api:
+        ref = args.deployment
+        if not _is_uuid(ref):
+            ref = find_by_name(api, "/admin/v1/deployments", ref, "deployment")["id"]
+        dep = api.json("PATCH", f"/admin/v1/deployments/{ref}", json=body)
+        weight = "by capacity" if dep["routing_weight"] is None else dep["routing_weight"]
+
+        def show(d: dict[str, Any]) -> None:
+            print(f"{d['name']}: weight {weight}, nameable {str(d['nameable']).lower()}")
+
+        emit(dep, args.json, show)
+    return 0
+
+
 def cmd_deployments_status(args: argparse.Namespace) -> int:
     """A deployment's replicas as the gateway sees them: ready, still starting, and wanted."""
     with connect(args.url, "admin") as api:
@@ -276,6 +302,16 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("deployment", help="deployment id or name")
     p.add_argument("--replicas", type=int, required=True)
     p.set_defaults(func=guarded(cmd_deployments_scale))
+    p = ds.add_parser("route", parents=[common], help="routing weight and naming")
+    p.add_argument("deployment", help="deployment id or name")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--weight", type=float, help="share of its base model's traffic (0: standby)")
+    how.add_argument("--by-capacity", action="store_true", help="clear the weight")
+    name = p.add_mutually_exclusive_group()
+    name.add_argument("--nameable", dest="nameable", action="store_true", default=None,
+                      help="requests may pick it (X-Loraplex-Deployment header)")  # fmt: skip
+    name.add_argument("--not-nameable", dest="nameable", action="store_false")
+    p.set_defaults(func=guarded(cmd_deployments_route))
     p = ds.add_parser("status", parents=[common], help="ready and starting replicas")
     p.add_argument("deployment", help="deployment id or name")
     p.set_defaults(func=guarded(cmd_deployments_status))

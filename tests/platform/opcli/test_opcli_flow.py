@@ -159,3 +159,8 @@ def test_deployments_create_list_scale(op_stack) -> None:
     assert "int4 quantizes in groups of 128" in unserved.stderr
     assert "int8 or fp8 would work" in unserved.stderr
     assert shell.ok("deployments", "scale", "demo-dep", "--replicas", "0", "--json").stdout
+    routed = shell.ok("deployments", "route", "demo-dep", "--weight", "3", "--nameable").stdout
+    assert "demo-dep: weight 3.0, nameable true" in routed
+    assert "by capacity" in shell.ok("deployments", "route", "demo-dep", "--by-capacity").stdout
+    bad_weight = shell.fails("deployments", "route", "demo-dep", "--weight", "-2")
+    assert "routing_weight" in bad_weight.stderr
