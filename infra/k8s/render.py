@@ -63,9 +63,9 @@ class EngineSpec:
     max_replicas: int = 1
     gpu_pool: str = ""
 
-    def check(self, gpu_pools: dict[str, Any]) -> None:
-        """Refuse a spec no cluster of these pools could run (ValueError), or one that asks
-        for what is not built (NotImplementedError)."""
+    def check(self, gpu_pools: dict[str, Any], *, scale_to_zero: bool = False) -> None:
+        """Refuse a spec no cluster of these pools could run, or a floor of 0 where the
+        environment does not scale from zero (ValueError)."""
         if not _DNS_LABEL.match(self.deployment):
             raise ValueError(
                 f"deployment {self.deployment!r} is not a DNS label of at most 46 characters "
@@ -86,11 +86,15 @@ class EngineSpec:
                 f"{self.gpus} GPUs per replica cannot fit pool {self.gpu_pool!r} "
                 f"({per_node} per node)"
             )
-        if self.replicas < 1:
-            raise NotImplementedError(
-                "scale to zero needs the gateway's queue signal (a scaled-to-zero replica "
-                "exports no queue depth for KEDA); keep at least one replica"
+        if self.replicas < 0:
+            raise ValueError("replicas must be >= 0")
+        if self.replicas == 0 and not scale_to_zero:
+            raise ValueError(
+                "a floor of 0 replicas needs scale to zero, which this environment turns off "
+                "(values engine.keda.scale_to_zero); keep at least one replica"
             )
+        if self.replicas == 0 and self.max_replicas < 1:
+            raise ValueError("a deployment scaled to zero needs max_replicas >= 1 to wake")
         if self.max_replicas < self.replicas:
             raise ValueError("max_replicas must be at least replicas")
 
@@ -166,6 +170,10 @@ class Release:
                 "engine_release": release_name(engine_tag),
                 "migration": {"action": "upgrade", "revision": "head"}}  # fmt: skip
 
+    def scales_to_zero(self) -> bool:
+        """Whether a deployment's floor may be 0 here (KEDA wakes it on the gateway's queue)."""
+        return bool(self.values["engine"]["keda"].get("scale_to_zero", False))
+
     def render(self, template: str, **extra: Any) -> str:
         """One template's YAML text (one or more documents)."""
         text = _environment().get_template(f"{template}.yaml.j2").render(**(self.context() | extra))
@@ -177,7 +185,7 @@ class Release:
 
     def engine(self, spec: EngineSpec) -> str:
         """The engine resources of one platform deployment."""
-        spec.check(self.outputs["gpu_pools"])
+        spec.check(self.outputs["gpu_pools"], scale_to_zero=self.scales_to_zero())
         engine = asdict(spec) | {"argv": list(spec.argv)}
         return self.render("engine", engine=engine)
 

@@ -1,10 +1,14 @@
 """Prometheus metrics of one gateway (its own registry, served at the API's `/metrics`):
 time to first token as the client sees it, and the time requests spent waiting for a
-starting replica (cold starts, scale from zero) with how each wait ended."""
+starting replica (cold starts, scale from zero) with how each wait ended, and how many are
+waiting now (what wakes a deployment scaled to zero: KEDA's activation trigger)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+import contextlib
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 P = "loraplex:gateway_"
@@ -34,6 +38,21 @@ class GatewayMetrics:
             "Requests refused (503) after waiting their deployment's cold_start_wait_s.",
             ["deployment"], registry=r,
         )  # fmt: skip
+        self.requests_waiting = Gauge(
+            P + "requests_waiting",
+            "Requests held now for a replica of their deployment (cold start, scale from zero).",
+            ["deployment"], registry=r,
+        )  # fmt: skip
+
+    @contextlib.contextmanager
+    def waiting(self, deployment: str) -> Iterator[None]:
+        """Count a request as held for `deployment` while the block runs."""
+        gauge = self.requests_waiting.labels(deployment)
+        gauge.inc()
+        try:
+            yield
+        finally:
+            gauge.dec()
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -113,11 +113,12 @@ class KubernetesLauncher:
 
     def scale(self, deployment: DeploymentRow, replicas: int) -> None:
         """Apply the resources for `replicas` replicas (server-side apply, this controller as
-        the field manager); zero deletes them (a Deployment cannot scale to zero here: KEDA
-        needs a replica to export the queue depth it scales on)."""
+        the field manager). Zero keeps them at 0 under KEDA where the environment scales to
+        zero (the gateway's held requests wake it), and deletes them elsewhere."""
         if replicas < 0:
             raise ValueError("replicas must be >= 0")
-        if replicas == 0:
+        asleep = self.release.scales_to_zero() and self.spec(deployment, 0).max_replicas >= 1
+        if replicas == 0 and not asleep:
             self.stop(deployment.name)
             return
         docs = self.resources(deployment, replicas)

@@ -208,8 +208,10 @@ def test_scaling_a_deployment_changes_what_is_rendered() -> None:
 
 def test_engine_specs_that_cannot_run_are_refused() -> None:
     rel, base = release("dev"), example_engines()[0]
-    with pytest.raises(NotImplementedError, match="scale to zero"):
-        rel.engine(EngineSpec(**{**base.__dict__, "replicas": 0}))
+    with pytest.raises(ValueError, match="scale_to_zero"):  # prod keeps a warm floor
+        release("prod").engine(EngineSpec(**{**base.__dict__, "replicas": 0}))
+    with pytest.raises(ValueError, match="max_replicas >= 1"):  # nothing could wake it
+        rel.engine(EngineSpec(**{**base.__dict__, "replicas": 0, "max_replicas": 0}))
     with pytest.raises(ValueError, match="cannot fit"):
         rel.engine(EngineSpec(**{**base.__dict__, "gpus": 2}))  # a10g nodes have one GPU
     with pytest.raises(ValueError, match="does not exist"):
