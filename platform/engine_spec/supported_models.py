@@ -19,6 +19,8 @@ SUPPORTED_ARCHITECTURES: dict[str, Family] = {
     "MixtralForCausalLM": "moe",
     "Qwen2MoeForCausalLM": "moe",
     "Qwen3MoeForCausalLM": "moe",
+    "DeepseekV2ForCausalLM": "moe",
+    "DeepseekV3ForCausalLM": "moe",
 }
 
 
