@@ -4,7 +4,7 @@ replicas and each one's cold-start timeline)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Form, Request
+from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, Response
 
@@ -12,6 +12,7 @@ from loraplex.platform.db.models import KV_CACHE_DTYPES, VERSION_STATUSES, WEIGH
 from loraplex.platform.errors import HttpError
 from loraplex.platform.services import admin_actions, base_models, deployments
 from loraplex.platform.services import console_queries as cq
+from loraplex.platform.services.console_paging import parse_sort
 from loraplex.platform.services.operators import SignedIn
 
 from ..deps import get_settings
@@ -30,12 +31,18 @@ def adapters_list(
     base_model: str = "",
     tenant: str = "",
     page: str = "1",
+    sort: str = "",
+    order: str = Query("", alias="dir"),
     who: SignedIn = Depends(current_operator),
 ) -> HTMLResponse:
-    """Adapter versions across tenants, filtered by status, base model and tenant name."""
+    """Adapter versions across tenants, filtered by status, base model and tenant name, sorted
+    (newest first unless asked) in the database."""
     status = status if status in VERSION_STATUSES else ""
+    order_by = parse_sort("adapters", sort, order)
     with transaction(request) as session:
-        result = cq.adapters_page(session, status, base_model[:128], tenant[:128], page_arg(page))
+        result = cq.adapters_page(
+            session, status, base_model[:128], tenant[:128], page_arg(page), order_by
+        )
         _, models = cq.deployments_with_models(session)
         return render(
             request,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
 from loraplex.platform.db.models import JOB_STATUSES
 from loraplex.platform.services import admin_actions
 from loraplex.platform.services import console_queries as cq
 from loraplex.platform.services import job_records as records
+from loraplex.platform.services.console_paging import parse_sort
 from loraplex.platform.services.operators import SignedIn
 
 from ..deps import get_dispatcher
@@ -25,13 +26,16 @@ def jobs_list(
     status: str = "",
     kind: str = "",
     page: str = "1",
+    sort: str = "",
+    order: str = Query("", alias="dir"),
     who: SignedIn = Depends(current_operator),
 ) -> HTMLResponse:
-    """Background jobs, newest first."""
+    """Background jobs, sorted (newest first unless asked) in the database."""
     status = status if status in JOB_STATUSES else ""
     kind = kind if kind in records.KINDS else ""
+    order_by = parse_sort("jobs", sort, order)
     with transaction(request) as session:
-        result = cq.jobs_page(session, status, kind, page_arg(page))
+        result = cq.jobs_page(session, status, kind, page_arg(page), order_by)
         return render(
             request,
             "jobs.html",
@@ -65,11 +69,16 @@ def audit_list(
     action: str = "",
     tenant: str = "",
     page: str = "1",
+    sort: str = "",
+    order: str = Query("", alias="dir"),
     who: SignedIn = Depends(current_operator),
 ) -> HTMLResponse:
-    """Who did what and when, newest first."""
+    """Who did what and when, sorted (newest first unless asked) in the database."""
+    order_by = parse_sort("audit", sort, order)
     with transaction(request) as session:
-        result = cq.audit_page(session, actor[:128], action[:64], tenant[:128], page_arg(page))
+        result = cq.audit_page(
+            session, actor[:128], action[:64], tenant[:128], page_arg(page), order_by
+        )
         return render(
             request,
             "audit.html",

@@ -114,6 +114,12 @@ def _pages(ids: dict[str, str]) -> dict[str, str]:
         "jobs_failed": "/console/jobs?status=failed",
         "audit": "/console/audit",
         "audit_filtered": "/console/audit?action=adapter",
+        "jobs_sorted_attempts": "/console/jobs?sort=attempts&dir=desc",
+        "audit_sorted_actor": "/console/audit?sort=actor",
+        "tenants_sorted_keys": "/console/tenants?sort=keys&dir=desc",
+        "tenants_sorted_page10": "/console/tenants?sort=adapters&dir=desc&page=10",
+        "adapters_sorted_tenant": "/console/adapters?sort=tenant",
+        "adapters_sorted_size_page50": "/console/adapters?sort=size&dir=desc&page=50",
         "request_lookup": f"/console/requests?id={LOOKUP_ID}",
         "operators": "/console/operators",
     }

@@ -1,10 +1,11 @@
 """The console pages' reads: one query (or a few) per page, each bounded by a page size and
-served by an index (migration 0009), so pages stay fast with many tenants and usage rows."""
+served by an index (migration 0009), so pages stay fast with many tenants and usage rows.
+Paged tables sort in the database (`SORTS`: the columns each one sorts by), then page, so a
+sort orders the whole result, not the rows of one page."""
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,27 +25,9 @@ from loraplex.platform.db.models import (
     UsageRecord,
 )
 
-PAGE_SIZE = 50
+from .console_paging import PAGE_SIZE, Page, Sort, ordered, page_number, parse_sort
+
 WINDOWS = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
-
-
-@dataclass(frozen=True)
-class Page:
-    """One page of rows and where it sits in the whole."""
-
-    rows: list[Any]
-    page: int
-    total: int
-    size: int = PAGE_SIZE
-
-    @property
-    def pages(self) -> int:
-        """How many pages there are (at least 1)."""
-        return max(1, -(-self.total // self.size))
-
-
-def _page_number(page: int) -> int:
-    return max(1, min(int(page), 100_000))
 
 
 def _like(text: str) -> str:
@@ -117,9 +100,11 @@ def usage_series(session: Session, window: str, now: datetime | None = None) -> 
     return {"window": name, "units": units, "series": dict(zip(_SERIES_KEYS, row, strict=True))}
 
 
-def tenants_page(session: Session, q: str = "", page: int = 1) -> Page:
-    """Tenants by name (a case-insensitive substring filter), with live key and adapter counts."""
-    page = _page_number(page)
+def tenants_page(session: Session, q: str = "", page: int = 1, sort: Sort | None = None) -> Page:
+    """Tenants by name (a case-insensitive substring filter), with live key and adapter counts,
+    in `sort`'s order (by name when None)."""
+    sort = sort or parse_sort("tenants")
+    page = page_number(page)
     where = [Tenant.name.ilike(_like(q.strip()))] if q.strip() else []
     total = session.scalar(select(func.count()).select_from(Tenant).where(*where)) or 0
     keys = (
@@ -132,14 +117,24 @@ def tenants_page(session: Session, q: str = "", page: int = 1) -> Page:
         .where(Adapter.tenant_id == Tenant.id, Adapter.deleted_at.is_(None))
         .scalar_subquery()
     )
+    columns = {
+        "name": Tenant.name,
+        "status": Tenant.suspended_at.is_not(None),
+        "keys": keys,
+        "adapters": adapters,
+        "rpm": Tenant.requests_per_minute,
+        "tpm": Tenant.tokens_per_minute,
+        "quota": Tenant.monthly_token_quota,
+        "created": Tenant.created_at,
+    }
     stmt = (
         select(Tenant, keys.label("keys"), adapters.label("adapters"))
         .where(*where)
-        .order_by(Tenant.name)
+        .order_by(*ordered(sort, columns, Tenant.id))
         .limit(PAGE_SIZE)
         .offset((page - 1) * PAGE_SIZE)
     )
-    return Page([row._mapping for row in session.execute(stmt)], page, int(total))
+    return Page([row._mapping for row in session.execute(stmt)], page, int(total), sort=sort)
 
 
 def tenant_adapters(session: Session, tenant_id: uuid.UUID) -> list[Any]:
@@ -181,9 +176,12 @@ def adapters_page(
     base_model: str = "",
     tenant: str = "",
     page: int = 1,
+    sort: Sort | None = None,
 ) -> Page:
-    """Adapter versions across tenants, newest first; deleted adapters are left out."""
-    page = _page_number(page)
+    """Adapter versions across tenants in `sort`'s order (newest first when None); deleted
+    adapters are left out."""
+    sort = sort or parse_sort("adapters")
+    page = page_number(page)
     where = [Adapter.deleted_at.is_(None)]
     if status:
         where.append(AdapterVersion.status == status)
@@ -208,12 +206,22 @@ def adapters_page(
         .join(BaseModel, BaseModel.id == Adapter.base_model_id)
         .where(*where)
     )
+    columns = {
+        "created": AdapterVersion.created_at,
+        "tenant": Tenant.name,
+        "adapter": Adapter.name,
+        "version": AdapterVersion.n,
+        "base": BaseModel.name,
+        "status": AdapterVersion.status,
+        "rank": AdapterVersion.rank,
+        "size": AdapterVersion.bytes,
+    }
     stmt = (
-        base.order_by(AdapterVersion.created_at.desc(), AdapterVersion.id)
+        base.order_by(*ordered(sort, columns, AdapterVersion.id))
         .limit(PAGE_SIZE)
         .offset((page - 1) * PAGE_SIZE)
     )
-    return Page([row._mapping for row in session.execute(stmt)], page, int(total))
+    return Page([row._mapping for row in session.execute(stmt)], page, int(total), sort=sort)
 
 
 def deployments_with_models(session: Session) -> tuple[list[Deployment], list[BaseModel]]:
@@ -223,16 +231,28 @@ def deployments_with_models(session: Session) -> tuple[list[Deployment], list[Ba
     return deps, models
 
 
-def jobs_page(session: Session, status: str = "", kind: str = "", page: int = 1) -> Page:
-    """Background jobs newest first, with the tenant's name and their version's status and
-    validation error (a validation job that ran to its end may have failed the version)."""
-    page = _page_number(page)
+def jobs_page(
+    session: Session, status: str = "", kind: str = "", page: int = 1, sort: Sort | None = None
+) -> Page:
+    """Background jobs in `sort`'s order (newest first when None), with the tenant's name and
+    their version's status and validation error (a validation job that ran to its end may have
+    failed the version)."""
+    sort = sort or parse_sort("jobs")
+    page = page_number(page)
     where = []
     if status:
         where.append(Job.status == status)
     if kind:
         where.append(Job.kind == kind)
     total = session.scalar(select(func.count()).select_from(Job).where(*where)) or 0
+    columns = {
+        "created": Job.created_at,
+        "kind": Job.kind,
+        "tenant": Tenant.name,
+        "state": Job.status,
+        "attempts": Job.attempts,
+        "finished": Job.finished_at,
+    }
     stmt = (
         select(
             Job,
@@ -243,18 +263,25 @@ def jobs_page(session: Session, status: str = "", kind: str = "", page: int = 1)
         .outerjoin(Tenant, Tenant.id == Job.tenant_id)
         .outerjoin(AdapterVersion, AdapterVersion.id == Job.subject_id)
         .where(*where)
-        .order_by(Job.created_at.desc(), Job.id)
+        .order_by(*ordered(sort, columns, Job.id))
         .limit(PAGE_SIZE)
         .offset((page - 1) * PAGE_SIZE)
     )
-    return Page([row._mapping for row in session.execute(stmt)], page, int(total))
+    return Page([row._mapping for row in session.execute(stmt)], page, int(total), sort=sort)
 
 
 def audit_page(
-    session: Session, actor: str = "", action: str = "", tenant: str = "", page: int = 1
+    session: Session,
+    actor: str = "",
+    action: str = "",
+    tenant: str = "",
+    page: int = 1,
+    sort: Sort | None = None,
 ) -> Page:
-    """Audit rows newest first, filtered by actor, action prefix and tenant name."""
-    page = _page_number(page)
+    """Audit rows in `sort`'s order (newest first when None), filtered by actor, action prefix
+    and tenant name."""
+    sort = sort or parse_sort("audit")
+    page = page_number(page)
     where = []
     if actor:
         where.append(AuditLog.actor.ilike(_like(actor.strip())))
@@ -264,16 +291,24 @@ def audit_page(
         ids = select(Tenant.id).where(Tenant.name.ilike(_like(tenant.strip())))
         where.append(AuditLog.tenant_id.in_(ids))
     total = session.scalar(select(func.count()).select_from(AuditLog).where(*where)) or 0
+    columns = {
+        "when": AuditLog.created_at,
+        "actor": AuditLog.actor,
+        "operator": Operator.email,
+        "action": AuditLog.action,
+        "resource": AuditLog.resource_type,
+        "tenant": Tenant.name,
+    }
     stmt = (
         select(AuditLog, Tenant.name.label("tenant"), Operator.email.label("operator"))
         .outerjoin(Tenant, Tenant.id == AuditLog.tenant_id)
         .outerjoin(Operator, Operator.id == AuditLog.operator_id)
         .where(*where)
-        .order_by(AuditLog.created_at.desc(), AuditLog.id.desc())
+        .order_by(*ordered(sort, columns, AuditLog.id.desc()))
         .limit(PAGE_SIZE)
         .offset((page - 1) * PAGE_SIZE)
     )
-    return Page([row._mapping for row in session.execute(stmt)], page, int(total))
+    return Page([row._mapping for row in session.execute(stmt)], page, int(total), sort=sort)
 
 
 def tenant_usage_days(session: Session, tenant_id: uuid.UUID, days: int = 30) -> list[Any]:
