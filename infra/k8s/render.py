@@ -35,6 +35,7 @@ PRE_ROLLOUT = (
     "service-accounts",
     "secrets",
     "settings",
+    "weights-cache",
     "network-policies",
     "monitoring",
     "migrate",

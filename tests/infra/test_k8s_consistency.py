@@ -79,7 +79,7 @@ REQUIRED = {
     "loraplex-migrate/migrate": {"database_url"},
     "loraplex-launcher/launcher": {"database_url"},
     "loraplex-engine/engine": {"s3_endpoint_url", "s3_bucket", "s3_region", "s3_static_credentials",
-                               "replica_secret"},
+                               "replica_secret", "weights_cache_dir", "weights_cache_max_bytes"},
     "loraplex-engine/replica-agent": {"redis_url"},
     "loraplex-models/admin": {"database_url", "s3_endpoint_url", "s3_bucket", "s3_region",
                               "s3_static_credentials"},

@@ -111,6 +111,16 @@ module "identity" {
   tags                         = local.tags
 }
 
+module "weights_cache" {
+  source = "../modules/weights_cache"
+
+  name                     = local.name
+  vpc_id                   = module.network.vpc_id
+  subnet_ids               = module.network.private_subnet_ids
+  client_security_group_id = module.cluster.node_security_group_id
+  tags                     = local.tags
+}
+
 module "observability" {
   source = "../modules/observability"
 

@@ -108,7 +108,7 @@ variable "gpu_node_groups" {
 }
 
 variable "addon_versions" {
-  description = "Pinned EKS add-on versions matching kubernetes_version (coredns, kube-proxy, vpc-cni, aws-ebs-csi-driver)."
+  description = "Pinned EKS add-on versions matching kubernetes_version (coredns, kube-proxy, vpc-cni, aws-ebs-csi-driver, aws-efs-csi-driver)."
   type        = map(string)
 
   validation {

@@ -45,6 +45,7 @@ module "loraplex" {
     "kube-proxy"         = "v1.34.1-eksbuild.2"
     "vpc-cni"            = "v1.20.4-eksbuild.2"
     "aws-ebs-csi-driver" = "v1.54.0-eksbuild.1"
+    "aws-efs-csi-driver" = "v2.1.13-eksbuild.1"
   }
 
   chart_versions = {

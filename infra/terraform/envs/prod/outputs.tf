@@ -154,3 +154,13 @@ output "api_allowed_cidrs" {
   description = "Client CIDRs the API's load balancer accepts."
   value       = module.loraplex.api_allowed_cidrs
 }
+
+output "weights_cache_file_system_id" {
+  description = "EFS file system the engine pods keep weights and Triton kernels on (its PersistentVolume)."
+  value       = module.loraplex.weights_cache_file_system_id
+}
+
+output "weights_cache_volume_handle" {
+  description = "EFS CSI volume handle of the engine pods' directory on the weights cache (file system::access point)."
+  value       = module.loraplex.weights_cache_volume_handle
+}

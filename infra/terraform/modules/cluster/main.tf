@@ -107,6 +107,11 @@ module "eks" {
       addon_version            = var.addon_versions["aws-ebs-csi-driver"]
       service_account_role_arn = module.ebs_csi_irsa.iam_role_arn
     }
+    # Mounts the weights cache (EFS) on the nodes. Its volume is provisioned statically (a
+    # PersistentVolume naming the file system), so the controller needs no AWS role.
+    aws-efs-csi-driver = {
+      addon_version = var.addon_versions["aws-efs-csi-driver"]
+    }
   }
 
   eks_managed_node_groups = merge(

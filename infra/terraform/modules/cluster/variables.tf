@@ -115,15 +115,15 @@ variable "gpu_node_groups" {
 }
 
 variable "addon_versions" {
-  description = "Pinned EKS add-on versions (coredns, kube-proxy, vpc-cni, aws-ebs-csi-driver); `aws eks describe-addon-versions --kubernetes-version X` lists those that match the cluster."
+  description = "Pinned EKS add-on versions (coredns, kube-proxy, vpc-cni, aws-ebs-csi-driver, aws-efs-csi-driver); `aws eks describe-addon-versions --kubernetes-version X` lists those that match the cluster."
   type        = map(string)
 
   validation {
     condition = (
-      length(setsubtract(["coredns", "kube-proxy", "vpc-cni", "aws-ebs-csi-driver"], keys(var.addon_versions))) == 0 &&
+      length(setsubtract(["coredns", "kube-proxy", "vpc-cni", "aws-ebs-csi-driver", "aws-efs-csi-driver"], keys(var.addon_versions))) == 0 &&
       alltrue([for v in values(var.addon_versions) : can(regex("^v[0-9]+\\.[0-9]+\\.[0-9]+-eksbuild\\.[0-9]+$", v))])
     )
-    error_message = "addon_versions needs coredns, kube-proxy, vpc-cni and aws-ebs-csi-driver, each as vX.Y.Z-eksbuild.N."
+    error_message = "addon_versions needs coredns, kube-proxy, vpc-cni, aws-ebs-csi-driver and aws-efs-csi-driver, each as vX.Y.Z-eksbuild.N."
   }
 }
 
