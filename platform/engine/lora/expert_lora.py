@@ -7,8 +7,8 @@ dropped at the next step (`retain`). Each MoE block asks `batch_for(block)` in i
 the step's token -> adapter slot map (from `ForwardContext.lora`) and each slot's weights for
 that block, built once per step's metadata. Under expert parallelism each rank keeps only its
 experts' slices on the device (the adapter's host copy holds them all), and an EPLB placement
-change moves them with the experts. Expert LoRA bytes
-live beside the pool's rank rows, not inside its byte budget.
+change moves them with the experts. Expert LoRA bytes live beside the pool's rank rows, in a
+budget of their own (`capacity_bytes`) that admission checks (`tiers.LoraTiers.can_hold`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from loraplex.moe.layer import MoEBlock
 from loraplex.moe.placement import ExpertPlacement
 from loraplex.platform.engine.forward_context import peek_forward_context
 
+_PER_EXPERT = ("w13_a", "w13_b", "w2_a", "w2_b")  # one row per expert (cut per rank)
+
 
 def local_weights(
     module: ExpertLoraModule, experts: tuple[int, ...], dtype: torch.dtype, device: torch.device
@@ -37,19 +39,25 @@ def local_weights(
         t = t.index_select(0, idx) if per_expert else t
         return t.to(device=device, dtype=dtype).contiguous()
 
-    per_expert = ("w13_a", "w13_b", "w2_a", "w2_b")
     return ExpertLoraWeights(
-        **{name: cut(t, name in per_expert) for name, t in vars(module).items()}
+        **{name: cut(t, name in _PER_EXPERT) for name, t in vars(module).items()}
     )
 
 
 class ExpertLoraStore:
     """Per resident adapter, its expert/router LoRA for each MoE block (see module doc)."""
 
-    def __init__(self, blocks: list[MoEBlock], dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        blocks: list[MoEBlock],
+        dtype: torch.dtype,
+        device: torch.device,
+        capacity_bytes: int | None = None,
+    ) -> None:
         self.blocks = blocks
         self.dtype = dtype
         self.device = device
+        self.capacity_bytes = capacity_bytes if capacity_bytes is not None else 1 << 62
         self._weights: dict[str, dict[int, ExpertLoraWeights]] = {}
         self._modules: dict[str, dict[int, ExpertLoraModule]] = {}  # host, all experts
         self._meta: LoraBatchMeta | None = None
@@ -104,13 +112,52 @@ class ExpertLoraStore:
     @property
     def nbytes(self) -> int:
         """Device bytes the resident adapters' expert/router factors take (outside the pool)."""
+        return sum(self.nbytes_of(key) for key in self._weights)
+
+    def nbytes_of(self, key: str) -> int:
+        """Device bytes adapter `key`'s factors take on this rank (0 when it holds none)."""
         return sum(
             t.numel() * t.element_size()
-            for per_layer in self._weights.values()
-            for w in per_layer.values()
+            for w in self._weights.get(key, {}).values()
             for t in vars(w).values()
             if isinstance(t, torch.Tensor)
         )
+
+    def held_keys(self) -> list[str]:
+        """The adapters whose factors are held."""
+        return list(self._weights)
+
+    def bytes_for(self, adapter: LoadedAdapter) -> int:
+        """Device bytes `add(adapter)` would take on this rank: its factors of the experts
+        this rank's blocks hold, in the store's dtype."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        total = 0
+        for block in self.blocks:
+            module = (adapter.experts or {}).get(block.layer_idx)
+            if module is None:
+                continue
+            share = len(block.local_experts) / block.spec.num_experts
+            for name, t in vars(module).items():
+                if isinstance(t, torch.Tensor):
+                    n = t.numel() * share if name in _PER_EXPERT else t.numel()
+                    total += int(n) * elem
+        return total
+
+    def max_rank_bytes(self, rank: int) -> int:
+        """What one adapter of `rank` on every expert target of every block takes on this rank
+        (the default budget counts `max_loras` of these)."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        total = 0
+        for block in self.blocks:
+            sp = block.spec
+            h, i, s = sp.hidden_size, sp.intermediate_size, sp.shared_intermediate_size
+            total += len(block.local_experts) * rank * (h + 2 * i + i + h)
+            total += rank * (h + sp.num_experts)
+            if s:
+                total += rank * (h + 2 * s + s + h)
+            if sp.shared_gated:
+                total += rank * (h + 1)
+        return total * elem
 
     def __contains__(self, key: str) -> bool:
         return key in self._weights

@@ -33,6 +33,9 @@ from loraplex.platform.engine.request import Request
 if TYPE_CHECKING:
     from loraplex.platform.engine.engine_core import EngineCore
 
+# Warming stops once the host tier is this full: a warm must not evict adapters in use.
+WARM_HOST_FILL = 0.75
+
 
 @dataclass(frozen=True)
 class AdapterHandle:
@@ -49,6 +52,9 @@ class LoraRuntime:
     `adapter_memory_bytes` of device memory (default: `adapter_rank_rows` rank rows, an adapter
     taking its own rank's rows; default `max_loras` adapters of that rank) and
     `host_memory_bytes` of host memory (default: four times the device budget, >= 64 MiB).
+    On a MoE base, adapters' expert/router factors take `expert_lora_memory_bytes` of device
+    memory at most (default: `max_loras` adapters of `max_lora_rank` on every expert target),
+    and admission counts them.
     """
 
     def __init__(
@@ -61,6 +67,7 @@ class LoraRuntime:
         adapter_memory_bytes: int | None = None,
         adapter_rank_rows: int | None = None,
         host_memory_bytes: int | None = None,
+        expert_lora_memory_bytes: int | None = None,
         object_store: ObjectReader | None = None,
         max_wait_steps: int = 32,
         allow_local_paths: bool = True,
@@ -99,7 +106,10 @@ class LoraRuntime:
         blocks = [m for m in model.modules() if isinstance(m, MoEBlock)]
         self.experts = ExpertLoraStore(blocks, dtype, device) if blocks else None
         if self.experts is not None:
-            self.tiers.on_device_load = self.experts.add
+            self.experts.capacity_bytes = expert_lora_memory_bytes or (
+                max_loras * self.experts.max_rank_bytes(max_lora_rank)
+            )
+            self.tiers.experts = self.experts
         self.admission_policy = LoraAdmissionPolicy(self.tiers, max_loras, max_wait_steps)
         self.device = device
         # The last step's metadata and what it was built from: decode steps repeat a layout
@@ -140,6 +150,20 @@ class LoraRuntime:
         """A request's adapter reference -> (version key, handle); see `AdapterFetcher.resolve`."""
         key, tenant = self.fetcher.resolve(ref, self.tiers.is_resident)
         return key, AdapterHandle(key, tenant)
+
+    def warm(self, ref: object) -> str:
+        """Fetch an adapter version into the host tier ahead of its first request (the gateway
+        asks when the version turns ready); never evicts: "full" when the host tier is over
+        `WARM_HOST_FILL` of its capacity."""
+        key, _ = self.fetcher.resolve(ref, self.tiers.is_resident)
+        if self.tiers.is_resident(key):
+            return "resident"
+        if key in self.host:
+            return "on_host"
+        if self.host.used_bytes >= WARM_HOST_FILL * self.host.capacity_bytes:
+            return "full"
+        self.fetcher.prefetch(key)
+        return "fetching"
 
     def take_failed_request_ids(self) -> list[str]:
         """Requests to abort because their adapter failed to load (cleared on read)."""
