@@ -133,6 +133,9 @@ class Settings(BaseSettings):
     usage_flush_interval_s: float = 1.0
     usage_batch_size: int = 200
     resolve_cache_ttl_s: float = 2.0
+    # When an adapter version turns ready, warm it into the host tier of this many of the
+    # replicas its first request could go to (`gateway/adapter_warmer.py`); 0: off.
+    warm_replicas: int = Field(default=2, ge=0, le=64)
 
     # Graceful shutdown: on SIGTERM a server stops taking new requests and finishes the running
     # ones (the gateway's streams, a replica's requests) for up to this long, then exits 0.

@@ -32,6 +32,14 @@ class PendingAdd:
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
+@dataclass
+class PendingWarm:
+    """An adapter to bring into the host tier at the next step boundary."""
+
+    adapter: Any
+    done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
 ABORTED_KEPT = 4096
 
 
@@ -43,6 +51,7 @@ class EngineLoop:
         self.queues: dict[str, asyncio.Queue] = {}
         self._adds: list[PendingAdd] = []
         self._aborts: list[str] = []
+        self._warms: list[PendingWarm] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         # Prompt tokens computed by requests at their abort, kept a while for `/abort` calls
@@ -81,6 +90,14 @@ class EngineLoop:
             raise
         return queue
 
+    async def warm(self, adapter: Any) -> str:
+        """Warm `adapter` at the next step boundary (`ServedEngine.warm_adapter`'s answer);
+        raises what it raises."""
+        pending = PendingWarm(adapter)
+        self._warms.append(pending)
+        self._wake.set()
+        return await pending.done
+
     def abort(self, request_id: str) -> bool:
         """Ask for an abort at the next step boundary; False for an unknown id."""
         if request_id not in self.queues:
@@ -98,6 +115,16 @@ class EngineLoop:
         return self._computed_at_abort.get(request_id)
 
     def _apply_pending(self) -> None:
+        warms, self._warms = self._warms, []
+        for w in warms:
+            try:
+                outcome = self.core.warm_adapter(w.adapter)
+            except Exception as exc:  # handed to the waiting handler, which answers 4xx
+                if not w.done.done():
+                    w.done.set_exception(exc)
+                continue
+            if not w.done.done():
+                w.done.set_result(outcome)
         adds, self._adds = self._adds, []
         for a in adds:
             try:

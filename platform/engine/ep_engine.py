@@ -95,6 +95,10 @@ class EPEngine:
         """Queue a request on rank 0's scheduler."""
         return self.core.add_request(prompt, params, request_id, adapter, cache_salt)
 
+    def warm_adapter(self, ref: Any) -> str:
+        """Warm on rank 0 (followers get the adapter with the step that first uses it)."""
+        return self.core.warm_adapter(ref)
+
     def abort_request(self, request_id: str) -> bool:
         """Stop a request now; followers just stop seeing it in the batches."""
         return self.core.abort_request(request_id)

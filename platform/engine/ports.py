@@ -41,6 +41,11 @@ class LoraRuntimeProtocol(Protocol):
         """Requests whose adapter failed to load since the last call (the engine aborts them)."""
         ...
 
+    def warm(self, ref: Any) -> str:
+        """Start bringing an adapter version into the host tier before any request needs it:
+        "fetching", "on_host", "resident", or "full" (no free host room: nothing evicted)."""
+        ...
+
     def static_lora_meta(self, max_batch: int) -> StaticLoraMeta:
         """Graph-static LoRA buffers for decode graphs of up to `max_batch` rows."""
         ...
@@ -82,6 +87,10 @@ class ServedEngine(Protocol):
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request and free its blocks."""
+        ...
+
+    def warm_adapter(self, ref: Any) -> str:
+        """`LoraRuntimeProtocol.warm` on this engine's runtime (ValueError without one)."""
         ...
 
     def computed_prompt_tokens(self, request_id: str) -> int | None:

@@ -36,6 +36,8 @@ from loraplex.platform.wire import (
     ErrorEvent,
     ErrorInfo,
     GenerateRequest,
+    WarmRequest,
+    WarmResult,
     encode_event,
 )
 from loraplex.platform.wire.auth import authorized
@@ -146,6 +148,20 @@ def create_app(core: ServedEngine, secret: str) -> FastAPI:
         return _AbortingStream(
             watcher, _sse(loop, rid, queue, writer), media_type="text/event-stream"
         )
+
+    @app.post("/adapters/warm")
+    async def warm(request: Request) -> Response:
+        try:
+            body = WarmRequest.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+        try:
+            outcome = await holder["loop"].warm(adapter_reference(body.adapter))
+        except NotImplementedError as exc:
+            raise HttpError(501, str(exc), code="not_implemented", param="adapter") from None
+        except ValueError as exc:
+            raise HttpError(400, str(exc), code="invalid_value", param="adapter") from None
+        return JSONResponse(WarmResult(outcome=outcome).model_dump())  # type: ignore[arg-type]
 
     @app.post("/abort/{request_id}")
     async def abort(request_id: str) -> Response:

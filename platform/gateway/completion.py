@@ -21,14 +21,14 @@ from loraplex.platform.gateway.errors import bad_request
 from loraplex.platform.gateway.openai_structured import Constraints, ToolPlan, request_constraints
 from loraplex.platform.gateway.outputs import ChoiceEvent, choice_event
 from loraplex.platform.gateway.ratelimit import RateLimitResult
-from loraplex.platform.gateway.resolve import ResolvedModel
+from loraplex.platform.gateway.resolve import ResolvedModel, adapter_ref
 from loraplex.platform.gateway.router import Dispatch
 from loraplex.platform.gateway.service import Gateway
 from loraplex.platform.gateway.streaming import spawn
 from loraplex.platform.gateway.usage import Usage
 from loraplex.platform.services import request_log
 from loraplex.platform.tokenizing import TemplateRenderError
-from loraplex.platform.wire import AdapterRef, FinishEvent, GenerateRequest, SamplingOptions
+from loraplex.platform.wire import FinishEvent, GenerateRequest, SamplingOptions
 
 SEED_MASK = 2**63 - 1
 log = logging.getLogger(__name__)
@@ -215,21 +215,6 @@ def build_text_job(
     return job
 
 
-def _adapter_ref(resolved: ResolvedModel, tenant_id: uuid.UUID) -> AdapterRef | None:
-    """The replica-side adapter reference: where the version's files are and their sha256s.
-
-    `config_sha256` makes the config part of the replica's cache identity (`AdapterRef.key`)."""
-    if resolved.adapter_sha256 is None:
-        return None
-    return AdapterRef(
-        object_prefix=resolved.adapter_object_prefix or "",
-        sha256=resolved.adapter_sha256,
-        config_sha256=resolved.adapter_config_sha256,
-        tenant=str(tenant_id),
-        targets=resolved.adapter_targets,
-    )
-
-
 async def _choice_events(gw: Gateway, job: Job, index: int) -> AsyncGenerator[ChoiceEvent, None]:
     """Events of one choice; aborts its replica request if closed before it finished."""
     sampling = job.sampling
@@ -239,7 +224,7 @@ async def _choice_events(gw: Gateway, job: Job, index: int) -> AsyncGenerator[Ch
         request_id=f"{job.cid}-{index}",
         prompt_token_ids=job.prompt_ids,
         sampling=sampling,
-        adapter=_adapter_ref(job.resolved, job.tenant_id),
+        adapter=adapter_ref(job.resolved, job.tenant_id),
         cache_salt=job.resolved.cache_salt(job.tenant_id, gw.replica_secret),
     )
     where: list[Dispatch] = []

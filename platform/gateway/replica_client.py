@@ -23,12 +23,15 @@ from loraplex.platform.wire import (
     WIRE_VERSION,
     WIRE_VERSION_HEADER,
     AbortResult,
+    AdapterRef,
     DeltaEvent,
     ErrorBody,
     ErrorEvent,
     FinishEvent,
     GenerateRequest,
     ReplicaState,
+    WarmRequest,
+    WarmResult,
     decode_event,
 )
 from loraplex.platform.wire.auth import bearer
@@ -156,6 +159,26 @@ class ReplicaClient:
             return AbortResult.model_validate_json(resp.content).computed_prompt_tokens
         except ValidationError:
             return 0
+
+    async def warm(self, url: str, adapter: AdapterRef, timeout_s: float = 5.0) -> str | None:
+        """Ask the replica to bring `adapter` into its host tier now (`WarmResult.outcome`);
+        None when it could not be asked (best effort: the first request fetches it anyway)."""
+        body = WarmRequest(adapter=adapter).model_dump_json()
+        try:
+            resp = await self._http.post(
+                f"{url}/adapters/warm",
+                content=body,
+                headers={**self._headers(), "content-type": "application/json"},
+                timeout=timeout_s,
+            )
+        except httpx.HTTPError:
+            return None
+        if resp.status_code != 200:
+            return None
+        try:
+            return WarmResult.model_validate_json(resp.content).outcome
+        except ValidationError:
+            return None
 
     async def state(self, url: str, timeout_s: float = 1.0) -> ReplicaState:
         """The replica's `/state`; `ReplicaUnavailable` when it does not answer in the format."""

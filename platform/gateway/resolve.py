@@ -40,6 +40,7 @@ from loraplex.platform.gateway.deployment_choice import DEPLOYMENT_HEADER, Deplo
 from loraplex.platform.gateway.errors import model_not_found
 from loraplex.platform.gateway.replicas import DEFAULT_PREFIX
 from loraplex.platform.services.resolution_events import GEN_KEY
+from loraplex.platform.wire import AdapterRef
 from loraplex.platform.wire.auth import cache_salt
 
 _VERSIONED = re.compile(r"^(?P<name>.+):(?P<n>[1-9][0-9]{0,8})$")
@@ -100,6 +101,21 @@ class ResolvedModel:
         """Prefix-cache salt: per tenant (an HMAC of its id under the replica secret, so it
         cannot be derived from the id alone) unless the deployment opts into sharing."""
         return None if self.share_prefix_cache else cache_salt(secret, str(tenant_id))
+
+
+def adapter_ref(resolved: ResolvedModel, tenant_id: uuid.UUID) -> AdapterRef | None:
+    """The replica-side adapter reference: where the version's files are and their sha256s.
+
+    `config_sha256` makes the config part of the replica's cache identity (`AdapterRef.key`)."""
+    if resolved.adapter_sha256 is None:
+        return None
+    return AdapterRef(
+        object_prefix=resolved.adapter_object_prefix or "",
+        sha256=resolved.adapter_sha256,
+        config_sha256=resolved.adapter_config_sha256,
+        tenant=str(tenant_id),
+        targets=resolved.adapter_targets,
+    )
 
 
 def _deployments_for(session: Session, base_model_id: uuid.UUID) -> list[Deployment]:

@@ -5,8 +5,9 @@ Each live replica of the deployment (from the registry) is scored from its `/sta
 
     score = 2.0 * lora_affinity + 1.5 * prefix_match + 1.0 * (1 - kv_cache_usage) - 1.0 * queue_load
 
-`lora_affinity` is 1.0 when the adapter is resident in a GPU slot, 0.8 when a slot is
-free, 0.4 otherwise (an eviction is needed), 1.0 for base-model requests; `prefix_match` is
+`lora_affinity` is 1.0 when the adapter is resident in a GPU slot, 0.9 when this gateway
+warmed it into the replica's host tier (`adapter_warmer.py`), 0.8 when a slot is free, 0.4
+otherwise (an eviction is needed), 1.0 for base-model requests; `prefix_match` is
 the share of the prompt the replica can serve from its prefix cache, as far as this gateway
 knows: the prompt's KV block keys are computed with the engine's own hash
 (`wire.prefix_hash`), the `model_id` and `block_size` that replica reports, the adapter and
@@ -52,7 +53,8 @@ from loraplex.platform.wire import DeltaEvent, FinishEvent, GenerateRequest, Rep
 from loraplex.platform.wire.prefix_hash import block_hashes, max_cached_blocks
 
 W_LORA, W_PREFIX, W_KV, W_QUEUE = 2.0, 1.5, 1.0, 1.0
-COLD_START_POLL_S = (0.05, 0.5)  # first and longest pause between looks at the registry
+COLD_START_POLL_S = (0.05, 0.5)
+WARMED_KEPT = 10_000  # first and longest pause between looks at the registry
 log = logging.getLogger(__name__)
 
 
@@ -172,10 +174,15 @@ class Dispatch:
     predicted_cached_tokens: int
 
 
-def score(load: ReplicaLoad, adapter_key: str | None, prefix: float, max_queue: float) -> float:
-    """The routing score of one replica (higher is better)."""
+def score(
+    load: ReplicaLoad, adapter_key: str | None, prefix: float, max_queue: float, warm: bool = False
+) -> float:
+    """The routing score of one replica (higher is better); `warm`: the adapter was warmed
+    into its host tier."""
     if adapter_key is None or adapter_key in load.resident:
         affinity = 1.0
+    elif warm:
+        affinity = 0.9
     elif load.free_slots > 0:
         affinity = 0.8
     else:
@@ -218,6 +225,15 @@ class Router:
         self._refreshing: dict[str, asyncio.Task[ReplicaLoad | None]] = {}
         self._down_until: dict[str, float] = {}
         self.inflight: dict[str, int] = {}
+        # (replica id, adapter key) pairs this gateway warmed, most recent last (bounded).
+        self._warmed: OrderedDict[tuple[str, str], None] = OrderedDict()
+
+    def note_warmed(self, replica_id: str, adapter_key: str) -> None:
+        """Remember that `adapter_key` was warmed on `replica_id` (scored as near-resident)."""
+        self._warmed[(replica_id, adapter_key)] = None
+        self._warmed.move_to_end((replica_id, adapter_key))
+        while len(self._warmed) > WARMED_KEPT:
+            self._warmed.popitem(last=False)
 
     def mark_down(self, replica: ReplicaInfo) -> None:
         """Skip `replica` for a while (it failed a request or its state)."""
@@ -332,7 +348,14 @@ class Router:
             scored.append(
                 Scored(
                     replica,
-                    score(load, adapter_key, prefix, max_queue),
+                    score(
+                        load,
+                        adapter_key,
+                        prefix,
+                        max_queue,
+                        warm=adapter_key is not None
+                        and (replica.replica_id, adapter_key) in self._warmed,
+                    ),
                     load,
                     prefix,
                     cached_tokens=hit * load.block_size,

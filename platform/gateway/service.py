@@ -16,6 +16,7 @@ import httpx
 from redis.asyncio import BlockingConnectionPool, Redis
 from sqlalchemy.orm import Session, sessionmaker
 
+from loraplex.platform.gateway.adapter_warmer import AdapterWarmer
 from loraplex.platform.gateway.assets import AssetCache, ModelAssets
 from loraplex.platform.gateway.ratelimit import RateLimiter
 from loraplex.platform.gateway.replica_client import ReplicaClient
@@ -82,6 +83,10 @@ class Gateway:
             self.http, settings.replica_secret, read_timeout_s=settings.replica_read_timeout_s
         )
         self.router = Router(self.registry, self.client)
+        self.warmer = AdapterWarmer(
+            redis, session_factory, self.resolver, self.router, self.client,
+            settings.warm_replicas,
+        )  # fmt: skip
         self.usage = UsageRecorder(
             session_factory,
             batch_size=settings.usage_batch_size,
@@ -113,11 +118,13 @@ class Gateway:
         )
 
     async def start(self) -> None:
-        """Start background work (usage flusher)."""
+        """Start background work (usage flusher, adapter warming)."""
         self.usage.start()
+        self.warmer.start()
 
     async def close(self) -> None:
         """Flush usage, let pending replica aborts go out, and close connections."""
+        await self.warmer.close()
         await self.usage.stop()
         await drain_background()
         await self.http.aclose()

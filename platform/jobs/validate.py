@@ -228,7 +228,7 @@ def _succeed(
         "modules": len(result.targets.modules),
     }
     if _finish(settings, job_id, version.id, values, outcome):
-        adapters_changed(settings, version.tenant_id)
+        adapters_changed(settings, version.tenant_id, ready_version=version.id)
     return "ready"
 
 

@@ -7,7 +7,7 @@ of being guessed around.
 
 - `messages.py`: `POST /generate` (`GenerateRequest`), its SSE stream (`DeltaEvent`,
   `FinishEvent`, `ErrorEvent`), `POST /abort/{id}` (`AbortResult`), error bodies, and
-  `GET /state` (`ReplicaState`).
+  `GET /state` (`ReplicaState`), `POST /adapters/warm` (`WarmRequest`, `WarmResult`).
 - `prefix_hash.py`: the KV block hashes the replica's prefix cache keys by; the router
   computes the same ones to predict what each replica holds.
 - `auth.py`: the shared replica secret (bearer header, constant-time check) and the
@@ -37,6 +37,8 @@ from loraplex.platform.wire.messages import (
     TokenLogprobs,
     TopLogprob,
     Usage,
+    WarmRequest,
+    WarmResult,
     decode_event,
     encode_event,
 )
@@ -60,6 +62,8 @@ __all__ = [
     "TokenLogprobs",
     "TopLogprob",
     "Usage",
+    "WarmRequest",
+    "WarmResult",
     "decode_event",
     "encode_event",
 ]

@@ -3,6 +3,8 @@
     POST /generate        body GenerateRequest -> text/event-stream of `data: <event>` frames:
                           DeltaEvent* then exactly one FinishEvent, or an ErrorEvent
     POST /abort/{id}      -> AbortResult (404 ErrorBody when the id is not running)
+    POST /adapters/warm   body WarmRequest -> WarmResult: fetch a version into the host tier
+                          before its first request (the gateway, when the version turns ready)
     GET  /state           -> ReplicaState
     GET  /metrics         -> Prometheus text
     GET  /health          -> 200 while the engine loop runs (open: for probes)
@@ -206,6 +208,21 @@ class AbortResult(WireModel):
     # Prompt tokens the replica computed for it (prefix-cache hits excluded): what a client
     # that left before its first token is metered for.
     computed_prompt_tokens: int = Field(default=0, ge=0)
+
+
+class WarmRequest(WireModel):
+    """`POST /adapters/warm`: bring this adapter version into the replica's host tier now, so
+    its first request pays no fetch from object storage."""
+
+    adapter: AdapterRef
+
+
+class WarmResult(WireModel):
+    """What the replica did: `fetching` (started in the background), `on_host` or `resident`
+    (nothing to do), `full` (its host tier has no free room: warming would evict an adapter
+    in use, so it did not)."""
+
+    outcome: Literal["fetching", "on_host", "resident", "full"]
 
 
 class ColdStartPhase(WireModel):

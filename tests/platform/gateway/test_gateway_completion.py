@@ -97,17 +97,17 @@ def test_context_length_is_a_400(assets: ModelAssets) -> None:
 
 
 def test_adapter_reference_and_salt() -> None:
-    from loraplex.platform.gateway.completion import _adapter_ref
+    from loraplex.platform.gateway.resolve import adapter_ref
 
     r = _resolved(adapter=True)
-    assert _adapter_ref(r, TENANT) == AdapterRef(
+    assert adapter_ref(r, TENANT) == AdapterRef(
         object_prefix="tenants/t/adapters/a/v3/",
         sha256="ab" * 32,
         config_sha256="cd" * 32,
         tenant=str(TENANT),
         targets=TARGETS,
     )
-    assert _adapter_ref(_resolved(), TENANT) is None
+    assert adapter_ref(_resolved(), TENANT) is None
     salt = r.cache_salt(TENANT, "secret-1")
     assert salt == cache_salt("secret-1", str(TENANT)) and str(TENANT) not in salt
     assert salt != r.cache_salt(TENANT, "secret-2") != r.cache_salt(uuid.uuid4(), "secret-1")

@@ -126,8 +126,7 @@ def test_adapter_key_and_ref_cover_the_config() -> None:
     import uuid
 
     from loraplex.platform.engine.lora.sources import AdapterRef
-    from loraplex.platform.gateway.completion import _adapter_ref
-    from loraplex.platform.gateway.resolve import ResolvedModel
+    from loraplex.platform.gateway.resolve import ResolvedModel, adapter_ref
 
     w, c1, c2 = "a" * 64, "b" * 64, "c" * 64
     common = dict(
@@ -140,8 +139,8 @@ def test_adapter_key_and_ref_cover_the_config() -> None:
     assert one.adapter_key != two.adapter_key
     tenant = uuid.uuid4()
     for resolved in (one, two):
-        ref = _adapter_ref(resolved, tenant)
+        ref = adapter_ref(resolved, tenant)
         assert ref is not None and ref.config_sha256 == resolved.adapter_config_sha256
         assert AdapterRef(**ref.model_dump()).key == resolved.adapter_key
     legacy = ResolvedModel(**common)  # a version validated before config_sha256 was recorded
-    assert legacy.adapter_key == w == AdapterRef(**_adapter_ref(legacy, tenant).model_dump()).key
+    assert legacy.adapter_key == w == AdapterRef(**adapter_ref(legacy, tenant).model_dump()).key
