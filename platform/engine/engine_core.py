@@ -243,6 +243,12 @@ class EngineCore:
             raise ValueError(f"prompt token ids out of range [0, {self.vocab_size}): {bad[:5]}")
         return ids
 
+    def warm_adapter(self, ref: Any) -> str:
+        """Fetch an adapter version into the host tier ahead of its first request."""
+        if self.lora_runtime is None:
+            raise ValueError("this engine serves no adapters (no LoRA runtime)")
+        return self.lora_runtime.warm(ref)
+
     def abort_request(self, request_id: str) -> bool:
         """Stop a request now and free its KV blocks; its final delta comes with the next step."""
         request = self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
