@@ -102,10 +102,7 @@ class Sampler:
         raw_logprobs = None
         if any(p.logprobs is not None for p in params):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
-        if any(p.has_penalties for p in params):
-            logits = self._apply_penalties(logits.clone(), requests)
-        if any(r.num_output_tokens < p.min_tokens for r, p in zip(requests, params, strict=True)):
-            logits = self._block_early_stop(logits.clone(), requests)
+        logits = self._penalised(logits, requests)
 
         greedy = torch.tensor([p.greedy for p in params], device=logits.device)
         tokens = greedy_argmax(logits)
@@ -127,6 +124,31 @@ class Sampler:
                     d = {tok: d[tok], **{k: v for v, k in top}}
                 out_lp[row] = d
         return SamplerOutput(tokens.tolist(), out_lp)
+
+    def distribution(
+        self, logits: torch.Tensor, requests: list[Request], mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The fp32 distribution [S, V] each row's token is drawn from by `__call__` (one-hot
+        at the argmax for greedy rows): what speculative verification is exact against."""
+        params = [r.sampling_params for r in requests]
+        if mask is not None or any(p.logit_bias for p in params):
+            logits = self._constrain(logits, requests, mask)
+        logits = self._penalised(logits.float(), requests)
+        probs = self._probs(logits, requests)
+        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+        if bool(greedy.any()):
+            top = torch.nn.functional.one_hot(greedy_argmax(logits), logits.shape[-1])
+            probs = torch.where(greedy.unsqueeze(1), top.to(probs.dtype), probs)
+        return probs
+
+    def _penalised(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """fp32 logits after the penalties and the min_tokens ban (copies where changed)."""
+        params = [r.sampling_params for r in requests]
+        if any(p.has_penalties for p in params):
+            logits = self._apply_penalties(logits.clone(), requests)
+        if any(r.num_output_tokens < p.min_tokens for r, p in zip(requests, params, strict=True)):
+            logits = self._block_early_stop(logits.clone(), requests)
+        return logits
 
     @staticmethod
     def _constrain(
@@ -198,6 +220,24 @@ class Sampler:
         return logits
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        probs = self._probs(logits, requests)
+        params = [r.sampling_params for r in requests]
+        dev = logits.device
+        q = torch.empty_like(probs)
+        shared = [i for i, p in enumerate(params) if p.seed is None]
+        if len(shared) == len(requests):  # one call draws the same stream as row by row
+            q.exponential_(generator=self.generator)
+        elif shared:
+            rows = torch.tensor(shared, device=dev)
+            q[rows] = torch.empty_like(q[rows]).exponential_(generator=self.generator)
+        for i, r in enumerate(requests):
+            if r.sampling_params.seed is not None:
+                q[i].exponential_(generator=self._generator_for(r))
+        return greedy_argmax(probs / q)
+
+    @staticmethod
+    def _probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """Temperature, top-k, top-p and min-p applied: the rows' sampling distributions."""
         params = [r.sampling_params for r in requests]
         dev = logits.device
         v = logits.shape[-1]
@@ -222,11 +262,7 @@ class Sampler:
             min_p = torch.tensor([p.min_p for p in params], device=dev).unsqueeze(1)
             floor = probs.max(dim=-1, keepdim=True).values * min_p
             probs = probs.masked_fill(probs < floor, 0.0)
-        q = torch.empty_like(probs)
-        for i, r in enumerate(requests):
-            gen = self._generator_for(r)
-            q[i].exponential_(generator=gen)
-        return greedy_argmax(probs / q)
+        return probs
 
     def _generator_for(self, request: Request) -> torch.Generator:
         """The shared generator for an unseeded request; for a seeded one, the generator of

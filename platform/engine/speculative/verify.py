@@ -54,6 +54,21 @@ def num_accepted(
     return match.to(torch.int64).cumprod(dim=1).sum(dim=1)
 
 
+def draft_views(
+    requests: list[Request], drafts: list[list[int]]
+) -> tuple[list[Request], list[int]]:
+    """The sampler's requests for the rows of a verification: per request, itself and then a
+    view per draft prefix; and, per row, the index of its request."""
+    views: list[Request] = []
+    owner: list[int] = []
+    for i, (r, d) in enumerate(zip(requests, drafts, strict=True)):
+        if d and r.grammar is not None:
+            raise ValueError("a structured-output request cannot verify drafts")
+        views += [draft_view(r, d[:j]) for j in range(len(d) + 1)]
+        owner += [i] * (len(d) + 1)
+    return views, owner
+
+
 def verify(
     sampler: Sampler,
     logits: torch.Tensor,
@@ -64,13 +79,7 @@ def verify(
     """Sample every row of `logits` [sum(1 + len(d)), V] (request i's 1 + len(drafts[i]) rows
     in order) and keep each request's accepted prefix. `mask` holds one structured-output row
     per request (constrained requests must not draft)."""
-    views: list[Request] = []
-    owner: list[int] = []
-    for i, (r, d) in enumerate(zip(requests, drafts, strict=True)):
-        if d and r.grammar is not None:
-            raise ValueError("a structured-output request cannot verify drafts")
-        views += [draft_view(r, d[:j]) for j in range(len(d) + 1)]
-        owner += [i] * (len(d) + 1)
+    views, owner = draft_views(requests, drafts)
     if mask is not None:
         mask = mask[torch.tensor(owner, dtype=torch.long, device=mask.device)]
     out = sampler(logits, views, mask)
