@@ -106,6 +106,13 @@ class ExpertStorage:
         meta = torch.empty(dense.shape, dtype=dense.dtype, device="meta")
         setattr(self, name, nn.Parameter(meta, requires_grad=False))
 
+    def unpack_stacks(self) -> None:
+        """Hold every oneDNN-packed float stack as a plain tensor again (the deterministic
+        mode's kernels read plain stacks)."""
+        for name in list(self._packed):
+            dense = self._packed.pop(name).dense()
+            setattr(self, name, nn.Parameter(dense.contiguous(), requires_grad=False))
+
     def dense_stack(self, name: str) -> torch.Tensor:
         """Stack `name`'s stored tensor as a plain one (packed float stacks unpacked)."""
         packed = self._packed.get(name)

@@ -35,8 +35,8 @@ def deterministic_gap(
     them all (the one rule: `EngineConfig` and the control plane both ask it)."""
     if not device.startswith("cpu"):
         return f"device {device} (the GPU kernels' single-tile configuration is not built)"
-    if quantization not in (None, "auto", "fp32", "bf16"):
-        return f"quantization {quantization} (quantized GEMMs are not batch-invariant)"
+    if quantization not in (None, "auto", "fp32", "bf16", "int8", "int4", "int4_sym", "fp8"):
+        return f"quantization {quantization} (pre-quantized checkpoints' GEMMs are not covered)"
     if kv_cache_dtype != "auto":
         return f"kv_cache_dtype {kv_cache_dtype}"
     if dtype == "float16" and quantization is None:
@@ -111,7 +111,8 @@ class EngineConfig:
     eplb_interval: int = _opt(0, "engine steps between expert rebalances (0: never)")
     deterministic: bool = _opt(
         False, "bitwise-reproducible logprobs whatever the batch, chunking, prefix cache or "
-        "neighbours' adapters (batch-invariant kernels; dense fp32/bf16 models on a CPU)",
+        "neighbours' adapters (batch-invariant kernels; dense and MoE models in fp32/bf16 or "
+        "quantized on load (int8, int4, fp8), on a CPU)",
     )  # fmt: skip
     storage: StorageConfig | None = field(
         default=None, repr=False, compare=False, metadata={"cli": False}

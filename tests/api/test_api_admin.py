@@ -105,17 +105,17 @@ def test_deployments(
     listed = client.get("/admin/v1/deployments", headers=admin_headers).json()["data"]
     assert deployment["id"] in {d["id"] for d in listed}
     # The deterministic mode is a deployment option: stored and shown; a configuration it does
-    # not cover (int8 weights) is refused at creation, naming what.
+    # not cover (an fp8 KV cache) is refused at creation, naming what.
     det = {"name": "det-dep", "base_model": base_model, "deterministic": True,
            "quantization": {"weights": "fp32"}}  # fmt: skip
     resp = client.post("/admin/v1/deployments", headers=admin_headers, json=det)
     assert resp.status_code == 201, resp.text
     assert resp.json()["deterministic"] is True and deployment["deterministic"] is False
-    bad = {**det, "name": "det-int8", "quantization": {"weights": "int8"}}
+    bad = {**det, "name": "det-kv8", "quantization": {"weights": "int8", "kv_cache": "fp8"}}
     resp = client.post("/admin/v1/deployments", headers=admin_headers, json=bad)
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == "deterministic"
-    assert "int8" in resp.json()["error"]["message"]
+    assert "kv_cache_dtype fp8" in resp.json()["error"]["message"]
     # Without a choice: `auto`, the device's native compute type (stored, shown, served).
     plain = {"name": "auto-dep", "base_model": base_model}
     resp = client.post("/admin/v1/deployments", headers=admin_headers, json=plain)

@@ -43,10 +43,10 @@ static inline __attribute__((always_inline)) void dot_rows(const float *xf, int6
     for (int r = 0; r < R; r++) out[r] = tree16(acc[r]);
 }
 
-/* y[m, n] = dot + bias, rounded once into y's dtype. */
+/* y[m, n] = dot * post + bias, rounded once into y's dtype. */
 static inline void store_out(void *y, int64_t y_stride, int64_t m, int64_t n, float dot,
-                             float bias, int dtype) {
-    const float v = dot + bias;
+                             float post, float bias, int dtype) {
+    const float v = dot * post + bias;
     if (dtype == 0) ((float *)y)[m * y_stride + n] = v;
     else ((uint16_t *)y)[m * y_stride + n] = f32_to_bf16(v);
 }
@@ -86,16 +86,173 @@ static inline void dot_4x4(const float *xf, int64_t K, const float *w, int64_t w
 #define HAVE_DOT_4X4 0
 #endif
 
-/* y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) for M rows; w is [N, K] contiguous. Returns 0,
- * or -1 when scratch memory could not be allocated. */
-int fixed_order_linear(const void *x, int64_t x_stride, const void *w, const void *bias,
+/* Weight kinds (`kind`): how row n of a [N, K] weight is stored.
+ * W_FLOAT: values in the activations' dtype.
+ * W_INT8: int8 codes; `scale` fp32 [N] multiplies the row's dot (group 0), or [N, K/group]
+ *         multiplies each code (grouped).
+ * W_INT4: codes two a byte [N, K/2], q[2j] in the low nibble; `scale` and `zf` fp32
+ *         [N, K/group]: w = (q - 8) * s + zf (symmetric and asymmetric alike).
+ * W_FP8:  e4m3 codes; `scale` fp32 [N] multiplies the row's dot. */
+enum { W_FLOAT = 0, W_INT8 = 1, W_INT4 = 2, W_FP8 = 3 };
+
+typedef struct {
+    int kind;
+    const void *w;
+    const float *scale, *zf;
+    int64_t group;
+} weight_t;
+
+/* e4m3 (no infinities; 0x7f / 0xff are NaN) -> fp32, exactly. */
+static inline float e4m3_to_f32(uint8_t b) {
+    const int sign = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    float v;
+    if ((b & 0x7f) == 0x7f) return NAN;
+    if (e == 0) v = ldexpf((float)m, -9);
+    else v = ldexpf((float)(8 + m), e - 10);
+    return sign ? -v : v;
+}
+
+/* The factor that multiplies row n's dot product (per-channel scales), 1 otherwise. */
+static inline float post_scale(const weight_t *wt, int64_t n) {
+    if ((wt->kind == W_INT8 && wt->group == 0) || wt->kind == W_FP8) return wt->scale[n];
+    return 1.0f;
+}
+
+/* Row n of the weight as K fp32 values (per-channel scales left for `post_scale`). */
+static void decode_row(const weight_t *wt, int64_t n, int64_t K, int dtype, float *dst) {
+    if (wt->kind == W_FLOAT) {
+        load_row(wt->w, n * K, K, dtype, dst);
+    } else if (wt->kind == W_INT8) {
+        const int8_t *q = (const int8_t *)wt->w + n * K;
+        if (wt->group == 0)
+            for (int64_t k = 0; k < K; k++) dst[k] = (float)q[k];
+        else
+            for (int64_t k = 0; k < K; k++)
+                dst[k] = (float)q[k] * wt->scale[n * (K / wt->group) + k / wt->group];
+    } else if (wt->kind == W_INT4) {
+        const uint8_t *q = (const uint8_t *)wt->w + n * (K / 2);
+        const int64_t groups = K / wt->group;
+        for (int64_t k = 0; k < K; k++) {
+            const int code = k & 1 ? q[k >> 1] >> 4 : q[k >> 1] & 15;
+            const int64_t g = n * groups + k / wt->group;
+            dst[k] = (float)(code - 8) * wt->scale[g] + wt->zf[g];
+        }
+    } else {
+        const uint8_t *q = (const uint8_t *)wt->w + n * K;
+        for (int64_t k = 0; k < K; k++) dst[k] = e4m3_to_f32(q[k]);
+    }
+}
+
+#if HAVE_DOT_4X4 && defined(__AVX512BF16__) && defined(__AVX512BW__)
+/* bf16 activations against bf16-exact weights (bf16 values, int8 and fp8 codes): one
+ * VDPBF16PS per 32 inputs, whose fixed per-lane order (lane l sums the products of inputs
+ * 2l + 1 then 2l of each block of 32, exact products, each sum rounded) is set by K alone. Every
+ * row runs this same code whatever R or the columns beside it; K's tail is zero-padded. */
+#define HAVE_BF16_DOT 1
+#define BF16_COLS 4
+static inline __attribute__((always_inline)) void dot_bf16(const uint16_t *x, int64_t x_stride,
+                                                           int R, const uint16_t *const *w,
+                                                           int C, int64_t K,
+                                                           float out[ROWS][BF16_COLS]) {
+    __m512 a[ROWS][BF16_COLS];
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < BF16_COLS; c++) a[r][c] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 32) {
+        const __mmask32 mask = K - k >= 32 ? 0xffffffffu : (__mmask32)((1u << (K - k)) - 1u);
+        __m512bh b[BF16_COLS];
+        for (int c = 0; c < C; c++)
+            b[c] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w[c] + k);
+        for (int r = 0; r < R; r++) {
+            const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + r * x_stride + k);
+            for (int c = 0; c < C; c++) a[r][c] = _mm512_dpbf16_ps(a[r][c], xv, b[c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) out[r][c] = tree16_vec(a[r][c]);
+}
+
+/* Weight row n as bf16 (exact for the kinds `bf16_exact` accepts), into dst. */
+static void decode_row_bf16(const weight_t *wt, int64_t n, int64_t K, uint16_t *dst) {
+    if (wt->kind == W_INT8) {
+        const int8_t *q = (const int8_t *)wt->w + n * K;
+        for (int64_t k = 0; k < K; k++) dst[k] = f32_to_bf16((float)q[k]);
+    } else {
+        const uint8_t *q = (const uint8_t *)wt->w + n * K;
+        for (int64_t k = 0; k < K; k++) dst[k] = f32_to_bf16(e4m3_to_f32(q[k]));
+    }
+}
+
+static inline int bf16_exact(const weight_t *wt, int dtype) {
+    return dtype == 1 && (wt->kind == W_FLOAT || wt->kind == W_FP8 ||
+                          (wt->kind == W_INT8 && wt->group == 0));
+}
+
+static int linear_bf16(const uint16_t *x, int64_t x_stride, const weight_t *wt,
+                       const void *bias, void *y, int64_t y_stride, int64_t M, int64_t K,
+                       int64_t N) {
+    const int64_t items = (N + COLS - 1) / COLS;
+    int failed = 0;
+#pragma omp parallel if (items > 1 && M * N * K > 65536) reduction(| : failed)
+    {
+        uint16_t *scratch = NULL;
+        if (wt->kind != W_FLOAT) scratch = malloc(sizeof(uint16_t) * (size_t)(COLS * K + 1));
+        const int err = wt->kind != W_FLOAT && !scratch;
+        failed = err;
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < items; item++) {
+            if (err) continue;
+            const int64_t n0 = item * COLS, n1 = n0 + COLS < N ? n0 + COLS : N;
+            const uint16_t *rows[COLS];
+            for (int64_t n = n0; n < n1; n++) {
+                if (wt->kind == W_FLOAT) {
+                    rows[n - n0] = (const uint16_t *)wt->w + n * K;
+                } else {
+                    decode_row_bf16(wt, n, K, scratch + (n - n0) * K);
+                    rows[n - n0] = scratch + (n - n0) * K;
+                }
+            }
+            float b[COLS], post[COLS];
+            for (int64_t n = n0; n < n1; n++) {
+                b[n - n0] = bias ? bf16_to_f32(((const uint16_t *)bias)[n]) : 0.0f;
+                post[n - n0] = post_scale(wt, n);
+            }
+            for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
+                const int R = M - m0 < ROWS ? (int)(M - m0) : ROWS;
+                for (int64_t n = n0; n < n1; n += BF16_COLS) {
+                    const int C = n1 - n < BF16_COLS ? (int)(n1 - n) : BF16_COLS;
+                    float out[ROWS][BF16_COLS];
+                    dot_bf16(x + m0 * x_stride, x_stride, R, rows + (n - n0), C, K, out);
+                    for (int r = 0; r < R; r++)
+                        for (int c = 0; c < C; c++)
+                            store_out(y, y_stride, m0 + r, n + c, out[r][c], post[n + c - n0],
+                                      b[n + c - n0], 1);
+                }
+            }
+        }
+        free(scratch);
+    }
+    return failed ? -1 : 0;
+}
+#else
+#define HAVE_BF16_DOT 0
+#endif
+
+/* y[m, n] = sum_k x[m, k] * w[n, k] (* per-channel scale) (+ bias[n]) for M rows; w is [N, K]
+ * in one of the kinds above. Returns 0, or -1 when scratch memory could not be allocated. */
+int fixed_order_linear(const void *x, int64_t x_stride, int kind, const void *w,
+                       const float *scale, const float *zf, int64_t group, const void *bias,
                        void *y, int64_t y_stride, int64_t M, int64_t K, int64_t N, int dtype) {
+    const weight_t wt = {kind, w, scale, zf, group};
+#if HAVE_BF16_DOT
+    if (bf16_exact(&wt, dtype))
+        return linear_bf16((const uint16_t *)x, x_stride, &wt, bias, y, y_stride, M, K, N);
+#endif
     float *xf = malloc(sizeof(float) * (size_t)(M * K + 1));
     if (!xf) return -1;
     for (int64_t m = 0; m < M; m++) load_row(x, m * x_stride, K, dtype, xf + m * K);
     const int64_t items = (N + COLS - 1) / COLS;
     int failed = 0;
-#pragma omp parallel if (items > 1) reduction(| : failed)
+#pragma omp parallel if (items > 1 && M * N * K > 65536) reduction(| : failed)
     {
         float *wf = malloc(sizeof(float) * (size_t)(COLS * K + 1));
         const int err = !wf;
@@ -104,9 +261,13 @@ int fixed_order_linear(const void *x, int64_t x_stride, const void *w, const voi
         for (int64_t item = 0; item < items; item++) {
             if (err) continue;
             const int64_t n0 = item * COLS, n1 = n0 + COLS < N ? n0 + COLS : N;
-            for (int64_t n = n0; n < n1; n++) load_row(w, n * K, K, dtype, wf + (n - n0) * K);
-            float b[COLS];
-            if (bias) load_row(bias, n0, n1 - n0, dtype, b);
+            for (int64_t n = n0; n < n1; n++) decode_row(&wt, n, K, dtype, wf + (n - n0) * K);
+            float b[COLS], post[COLS];
+            for (int64_t n = n0; n < n1; n++) {
+                b[n - n0] = 0.0f;
+                if (bias) load_row(bias, n, 1, dtype, b + (n - n0));
+                post[n - n0] = post_scale(&wt, n);
+            }
             for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
                 const int R = M - m0 < ROWS ? (int)(M - m0) : ROWS;
                 int64_t n = n0;
@@ -118,7 +279,7 @@ int fixed_order_linear(const void *x, int64_t x_stride, const void *w, const voi
                         for (int c = 0; c < NCOL; c++)
                             for (int r = 0; r < ROWS; r++)
                                 store_out(y, y_stride, m0 + r, n + c, out[c][r],
-                                          bias ? b[n + c - n0] : 0.0f, dtype);
+                                          post[n + c - n0], b[n + c - n0], dtype);
                     }
 #endif
                 }
@@ -130,7 +291,8 @@ int fixed_order_linear(const void *x, int64_t x_stride, const void *w, const voi
                         for (int r = 0; r < R; r++)
                             dot_rows(xf + (m0 + r) * K, K, 1, wf + (n - n0) * K, out + r);
                     for (int r = 0; r < R; r++)
-                        store_out(y, y_stride, m0 + r, n, out[r], bias ? b[n - n0] : 0.0f, dtype);
+                        store_out(y, y_stride, m0 + r, n, out[r], post[n - n0], b[n - n0],
+                                  dtype);
                 }
             }
         }
@@ -201,6 +363,25 @@ void fixed_order_silu_mul(const void *x, int64_t x_stride, void *y, int64_t y_st
                 s = bf16_to_f32(f32_to_bf16(s));
                 ((uint16_t *)y)[m * y_stride + i] = f32_to_bf16(s * u);
             }
+        }
+    }
+}
+
+/* y[m, :] = sigmoid(g[m]) * x[m, :] (a shared expert's gate), sigmoid by the same scalar code
+ * for every row; bf16: sigmoid rounded to bf16, then the product, as torch's two ops. g is
+ * one value per row at g[m * g_stride]. */
+void fixed_order_sigmoid_scale(const void *g, int64_t g_stride, const void *x, int64_t x_stride,
+                               void *y, int64_t y_stride, int64_t M, int64_t H, int dtype) {
+    for (int64_t m = 0; m < M; m++) {
+        float gv;
+        load_row(g, m * g_stride, 1, dtype, &gv);
+        float s = 1.0f / (1.0f + expf(-gv));
+        if (dtype == 1) s = bf16_to_f32(f32_to_bf16(s));
+        for (int64_t h = 0; h < H; h++) {
+            float v;
+            load_row(x, m * x_stride + h, 1, dtype, &v);
+            v = s * v;
+            store_row(y, m * y_stride + h, 1, dtype, &v);
         }
     }
 }

@@ -11,6 +11,7 @@ first use (`loader.native_library`); without a C compiler the deterministic mode
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,15 +24,18 @@ EXTRA_FLAGS = ("-fno-associative-math", "-ffp-contract=off", "-mprefer-vector-wi
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
-LINEAR_ARGS = [_PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, ctypes.c_int]
+_INT = ctypes.c_int
+LINEAR_ARGS = [_PTR, _I64, _INT, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _INT]
 RMSNORM_ARGS = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, ctypes.c_float, ctypes.c_int]
 SILU_MUL_ARGS = [_PTR, _I64, _PTR, _I64, _I64, _I64, ctypes.c_int]
+SIGMOID_SCALE_ARGS = [_PTR, _I64, _PTR, _I64, _PTR, _I64, _I64, _I64, ctypes.c_int]
 LIBRARY = NativeLibrary(
     SOURCE,
     {
         "fixed_order_linear": (LINEAR_ARGS, ctypes.c_int),
         "fixed_order_rmsnorm": (RMSNORM_ARGS, ctypes.c_int),
         "fixed_order_silu_mul": (SILU_MUL_ARGS, None),
+        "fixed_order_sigmoid_scale": (SIGMOID_SCALE_ARGS, None),
     },
     EXTRA_FLAGS,
 )
@@ -50,22 +54,64 @@ def _rows(x: torch.Tensor, width: int, what: str) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
+# How a weight's rows are stored (the C kernel's `kind`).
+WEIGHT_KINDS = {"float": 0, "int8": 1, "int4": 2, "fp8": 3}
+
+
+@dataclass(frozen=True)
+class FixedOrderWeight:
+    """A quantized [out, in] weight as the fixed-order kernel reads it: `codes` int8 [out, in],
+    int4 two a byte [out, in/2] (even input in the low nibble) or e4m3 [out, in]; `scale` fp32
+    [out] (applied to each row's dot) or [out, in/group] (applied to each code, `group` > 0);
+    int4's `zf` fp32 [out, in/group]: w = (q - 8) * scale + zf."""
+
+    kind: str
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zf: torch.Tensor | None = None
+    group: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("int8", "int4", "fp8"):
+            raise ValueError(f"no fixed-order weight kind {self.kind!r}")
+        tensors = [self.codes, self.scale] + ([self.zf] if self.zf is not None else [])
+        if any(not t.is_contiguous() or t.device.type != "cpu" for t in tensors):
+            raise ValueError("fixed-order weights are contiguous CPU tensors")
+        if self.scale.dtype != torch.float32 or (self.kind == "int4") != (self.zf is not None):
+            raise ValueError(f"{self.kind}: fp32 scales (and int4's zf) are required")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out, in) of the weight it stands for."""
+        n, k = self.codes.shape
+        return n, k * 2 if self.kind == "int4" else k
+
+
 def fixed_order_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor | FixedOrderWeight,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [..., K] @ weight[N, K]^T (+ bias) -> [..., N], each output in a fixed order."""
+    """x [..., K] @ weight[N, K]^T (+ bias) -> [..., N], each output in a fixed order; weight a
+    tensor in x's dtype or a quantized `FixedOrderWeight`."""
     kernel = LIBRARY.get("fixed_order_linear")
     n, k = weight.shape
-    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+    quantized = isinstance(weight, FixedOrderWeight)
+    if (not quantized and weight.dtype != x.dtype) or (bias is not None and bias.dtype != x.dtype):
         raise ValueError(f"fixed-order linear needs x, weight and bias of one dtype, got "
                          f"{x.dtype}, {weight.dtype}")  # fmt: skip
     x2 = _rows(x, k, "fixed_order_linear")
-    w = weight.contiguous()
+    if quantized:
+        kind, w, group = WEIGHT_KINDS[weight.kind], weight.codes, weight.group
+        scale, zf = weight.scale.data_ptr(), None if weight.zf is None else weight.zf.data_ptr()
+    else:
+        kind, w, group, scale, zf = 0, weight.contiguous(), 0, None, None
     b = None if bias is None else bias.contiguous()
     y = torch.empty(x2.shape[0], n, dtype=x.dtype)
     if x2.shape[0]:
-        rc = kernel(x2.data_ptr(), x2.stride(0), w.data_ptr(), None if b is None else b.data_ptr(),
-                    y.data_ptr(), y.stride(0), x2.shape[0], k, n, DTYPE_CODES[x.dtype])  # fmt: skip
+        rc = kernel(x2.data_ptr(), x2.stride(0), kind, w.data_ptr(), scale, zf, group,
+                    None if b is None else b.data_ptr(), y.data_ptr(), y.stride(0), x2.shape[0],
+                    k, n, DTYPE_CODES[x.dtype])  # fmt: skip
         if rc:
             raise MemoryError("fixed-order linear could not allocate its scratch rows")
     return y.reshape(*x.shape[:-1], n)
@@ -103,3 +149,18 @@ def fixed_order_silu_mul(x: torch.Tensor) -> torch.Tensor:
         kernel(x2.data_ptr(), x2.stride(0), y.data_ptr(), y.stride(0), x2.shape[0], i2 // 2,
                DTYPE_CODES[x.dtype])  # fmt: skip
     return y.reshape(*x.shape[:-1], i2 // 2)
+
+
+def fixed_order_sigmoid_scale(gate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """sigmoid(gate) * x for gate [T, 1] and x [T, H] (a shared expert's gate), the sigmoid by
+    the same scalar code for every row (torch's vectorised loop computes a tail apart)."""
+    kernel = LIBRARY.get("fixed_order_sigmoid_scale")
+    if gate.dtype != x.dtype or gate.shape != (x.shape[0], 1):
+        raise ValueError(f"sigmoid_scale needs gate [T, 1] of x's dtype, got {tuple(gate.shape)} "
+                         f"{gate.dtype} for x {tuple(x.shape)} {x.dtype}")  # fmt: skip
+    x2, g = _rows(x, x.shape[-1], "fixed_order_sigmoid_scale"), _rows(gate, 1, "sigmoid gate")
+    y = torch.empty_like(x2)
+    if x2.shape[0]:
+        kernel(g.data_ptr(), g.stride(0), x2.data_ptr(), x2.stride(0), y.data_ptr(), y.stride(0),
+               x2.shape[0], x2.shape[1], DTYPE_CODES[x.dtype])  # fmt: skip
+    return y

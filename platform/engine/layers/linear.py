@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from loraplex.platform.engine.layers.fixed_order_cpu import fixed_order_linear
+from loraplex.platform.engine.layers.fixed_order_cpu import FixedOrderWeight, fixed_order_linear
 from loraplex.platform.engine.layers.onednn_weights import (
     can_pack,
     is_packed,
@@ -81,8 +81,10 @@ class Linear(nn.Module):
             self.quant_method.create_weights(self, dtype)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
         self.lora_delta: LoraDelta | None = None
-        # The deterministic mode's batch-invariant projection (`batch_invariant.py` sets it).
+        # The deterministic mode's batch-invariant projection (`batch_invariant.py` sets it),
+        # and a quantized weight as its kernel reads it.
         self.fixed_order = False
+        self.fixed_order_weight: FixedOrderWeight | None = None
 
     @property
     def sliced_params(self) -> tuple[str, ...]:
@@ -108,7 +110,8 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Base projection, plus the LoRA delta when a runtime has hooked this module."""
         if self.fixed_order:
-            y = fixed_order_linear(x, self.weight, self.bias)
+            w = self.weight if self.fixed_order_weight is None else self.fixed_order_weight
+            y = fixed_order_linear(x, w, self.bias)
         elif self.quant_method is None:
             w = self.weight
             y = packed_linear(x, w, self.bias) if is_packed(w) else F.linear(x, w, self.bias)

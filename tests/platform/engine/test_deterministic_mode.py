@@ -37,20 +37,45 @@ NEEDLE_TOKENS = 6
 pytestmark = pytest.mark.skipif(not fixed_order_available(), reason="no C compiler here")
 
 
+# The needle's models: the dense Llama (fp32, bf16), a Qwen3-MoE (its router and grouped
+# experts; adapters on attention), and a Llama wide enough for int4's groups of 128 whose
+# weights are quantized on load (int8, int4, fp8).
+MODELS = {
+    "dense": ("llama", {}, "all-linear"),
+    "moe": ("qwen3_moe", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                              norm_topk_prob=True), ["q_proj", "k_proj", "v_proj", "o_proj"]),
+    "quant": ("llama", dict(hidden_size=128, intermediate_size=256, head_dim=32), "all-linear"),
+}  # fmt: skip
+QUANTIZATION = {"int8": "int8", "int4": "int4", "fp8": "fp8"}
+
+
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[Path]]:
-    """A tiny dense Llama and four adapters over it (33 with the full flag: the needle's and
-    32 distinct neighbours)."""
-    base = tmp_path_factory.mktemp("base")
-    hf = save_tiny_model(
-        base, "llama", seed=9, vocab_size=1000
-    )  # a vocabulary past one vector pass
-    adapters = [
-        make_adapter(hf, tmp_path_factory.mktemp(f"ad{i}"), seed=20 + i, r=4 + 4 * (i % 2),
-                     lora_alpha=16, target_modules="all-linear")
-        for i in range(33 if FULL else 4)
-    ]  # fmt: skip
-    return str(base), adapters
+def worlds(tmp_path_factory: pytest.TempPathFactory):
+    """`worlds(kind)`: a tiny model of MODELS[kind] and four adapters over it (33 with the
+    full flag: the needle's and 32 distinct neighbours), built once per module."""
+    made: dict[str, tuple[str, list[Path]]] = {}
+
+    def build(kind: str) -> tuple[str, list[Path]]:
+        if kind not in made:
+            arch, fields, targets = MODELS[kind]
+            base = tmp_path_factory.mktemp(f"base-{kind}")
+            # a vocabulary past one vector pass
+            hf = save_tiny_model(base, arch, seed=9, vocab_size=1000, **fields)
+            adapters = [
+                make_adapter(hf, tmp_path_factory.mktemp(f"ad-{kind}{i}"), seed=20 + i,
+                             r=4 + 4 * (i % 2), lora_alpha=16, target_modules=targets)
+                for i in range(33 if FULL else 4)
+            ]  # fmt: skip
+            made[kind] = (str(base), adapters)
+        return made[kind]
+
+    return build
+
+
+@pytest.fixture(scope="module")
+def world(worlds) -> tuple[str, list[Path]]:
+    """The dense Llama and its adapters."""
+    return worlds("dense")
 
 
 def _llm(base: str, dtype: str, **kw: object) -> LLM:
@@ -136,21 +161,31 @@ def _same(got: tuple, want: tuple, what: str) -> None:
         assert differing == 0, f"{what}: {differing} differing logits at token {i}"
 
 
-# CI: fp32 greedy and bf16 seeded, both with an adapter; the full flag runs all eight.
+# CI: fp32 greedy and bf16 seeded, both with an adapter; the full flag runs all eight. The MoE
+# model in fp32 and bf16, and the quantized bases (bf16 compute), with an adapter.
 MATRIX = [
-    (dtype, seeded, with_adapter)
+    ("dense", dtype, seeded, with_adapter)
     for dtype in ("float32", "bfloat16")
     for seeded in (False, True)
     for with_adapter in (False, True)
     if FULL or (with_adapter and seeded == (dtype == "bfloat16"))
+] + [
+    ("moe", "float32", False, True),
+    ("moe", "bfloat16", True, True),
+    ("int8", "bfloat16", False, True),
+    ("int4", "bfloat16", True, True),
+    ("fp8", "bfloat16", False, True),
 ]
 
 
-@pytest.mark.parametrize(("dtype", "seeded", "with_adapter"), MATRIX)
-def test_the_needle_never_moves_a_bit(world, dtype: str, seeded: bool, with_adapter: bool) -> None:
-    base, adapters = world
+@pytest.mark.parametrize(("model", "dtype", "seeded", "with_adapter"), MATRIX)
+def test_the_needle_never_moves_a_bit(
+    worlds, model: str, dtype: str, seeded: bool, with_adapter: bool
+) -> None:
+    base, adapters = worlds("quant" if model in QUANTIZATION else model)
+    quant = {"quantization": QUANTIZATION[model]} if model in QUANTIZATION else {}
     ad = str(adapters[0]) if with_adapter else None
-    want = _run(_llm(base, dtype), ad, seeded=seeded)  # alone, cold, its adapter fetched now
+    want = _run(_llm(base, dtype, **quant), ad, seeded=seeded)  # alone, cold, fetched now
     others = [str(a) for a in adapters[1:]]
     cases: list[tuple[str, dict, dict]] = []
     # batch sizes up to 64, the needle first, in the middle, last (CI: three of them)
@@ -175,18 +210,22 @@ def test_the_needle_never_moves_a_bit(world, dtype: str, seeded: bool, with_adap
     cases.append(("chunk 7 behind a neighbour", dict(max_num_batched_tokens=7, max_num_seqs=2),
                   dict(before=1, after=1)))  # fmt: skip
     for what, engine_kw, run_kw in cases:
-        _same(_run(_llm(base, dtype, **engine_kw), ad, seeded=seeded, **run_kw), want, what)
+        _same(
+            _run(_llm(base, dtype, **quant, **engine_kw), ad, seeded=seeded, **run_kw), want, what
+        )
 
     assert len(want[2].prompt_logprobs) == len(NEEDLE)
-    cold = _run(_llm(base, dtype), ad, seeded=seeded, plp=False)  # no prompt logprobs: cached
-    warm = _llm(base, dtype)  # the same engine again: prefix cache warm, adapter resident
+    cold = _run(
+        _llm(base, dtype, **quant), ad, seeded=seeded, plp=False
+    )  # no prompt logprobs: cached
+    warm = _llm(base, dtype, **quant)  # the same engine again: prefix cache warm, adapter resident
     _run(warm, ad, seeded=seeded, plp=False)
     again = _run(warm, ad, seeded=seeded, before=2, after=1, plp=False)
     assert again[2].num_cached_tokens > 0
     _same(again, cold, "prefix cache warm, adapter resident")
     _same(cold, (want[0], want[1], cold[2]), "with and without prompt logprobs")
 
-    tight = _llm(base, dtype, num_gpu_blocks=14, max_model_len=32)  # preempted, recomputed
+    tight = _llm(base, dtype, **quant, num_gpu_blocks=14, max_model_len=32)  # preempted, recomputed
     got = _run(tight, ad, seeded=seeded, before=3, after=3)
     assert tight.core.scheduler.num_preemptions > 0
     _same(got, want, "preemption with recompute")
@@ -217,9 +256,8 @@ def test_a_fresh_process_gives_the_same_bits(world, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kw", "named"),
     [
-        (dict(quantization="int8"), "quantization int8"),
-        (dict(quantization="int4"), "quantization int4"),
-        (dict(quantization="fp8"), "quantization fp8"),
+        (dict(quantization="awq"), "quantization awq"),
+        (dict(quantization="gptq"), "quantization gptq"),
         (dict(kv_cache_dtype="fp8"), "kv_cache_dtype fp8"),
         (dict(device="cuda:0"), "device cuda:0"),
         (dict(ep_size=2), "expert parallelism"),
@@ -230,14 +268,51 @@ def test_uncovered_configurations_are_refused_naming_what(kw: dict, named: str) 
         EngineConfig(model="m", deterministic=True, **kw)
 
 
-def test_an_moe_model_is_refused() -> None:
-    """The model-dependent refusals: MoE (not batch-invariant yet) and fp16 compute."""
+@pytest.mark.parametrize("quantization", ["int8", "int4", "int4_sym", "fp8"])
+def test_quantization_on_load_is_covered(quantization: str) -> None:
+    assert EngineConfig(model="m", deterministic=True, quantization=quantization).deterministic
+
+
+def test_fp16_compute_is_refused() -> None:
+    """The model-dependent refusal: fp16 compute (fp32 and bf16 only)."""
     config = EngineConfig(model="m", deterministic=True)
     model = torch.nn.Linear(2, 2)
-    with pytest.raises(DeterministicModeUnsupported, match="does not cover MoE models"):
-        make_batch_invariant(model, config, {"num_experts": 4}, torch.float32)
     with pytest.raises(DeterministicModeUnsupported, match="does not cover compute dtype"):
         make_batch_invariant(model, config, {}, torch.float16)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_moe_modes_logits_are_the_models(worlds, dtype: str) -> None:
+    """The MoE model under the mode (needle among neighbours, prompt in chunks of 5) against
+    transformers: fp32 within 1e-4; bf16 close to fp32 with the same greedy tokens."""
+    from transformers import AutoModelForCausalLM
+
+    base, _ = worlds("moe")
+    llm = _llm(base, dtype, max_num_batched_tokens=5, max_num_seqs=3)
+    tokens, bits, _ = _run(llm, None, seeded=False, before=1, after=1)
+    got = torch.stack([b.view(torch.float32) for b in bits])
+    hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    seq = NEEDLE + tokens
+    with torch.no_grad():
+        want = hf(torch.tensor([seq[:-1]])).logits[0, len(NEEDLE) - 1 :].float()
+    assert got.shape == want.shape
+    tol = 1e-4 if dtype == "float32" else 0.05 * want.abs().max().item()
+    assert (got - want).abs().max().item() < tol
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4", "fp8"])
+def test_the_quantized_modes_logits_are_the_quantized_models(worlds, quantization: str) -> None:
+    """Invariant and right: under the mode a quantized base's logits stay within bf16 rounding
+    of the same quantized weights served without the mode (torch's quantized kernels)."""
+    base, _ = worlds("quant")
+    on = _run(_llm(base, "bfloat16", quantization=quantization), None, seeded=False)
+    off_llm = LLM(base, dtype="bfloat16", quantization=quantization, block_size=4, max_loras=0)
+    off = _run(off_llm, None, seeded=False)
+    got = torch.stack([b.view(torch.float32) for b in on[1]])
+    want = torch.stack([b.view(torch.float32) for b in off[1]])
+    scale = want.abs().max().item()
+    assert scale > 0.1
+    assert (got - want).abs().max().item() < 0.03 * scale
 
 
 def test_state_reports_the_mode(world) -> None:

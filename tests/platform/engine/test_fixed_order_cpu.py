@@ -72,3 +72,61 @@ def test_a_deterministic_mlp_row_is_the_same_bits_in_any_batch(tmp_path, dtype: 
         changed = [n for n in range(1, 121) if not torch.equal(mlp(x[:n]), full[:n])]
         alone = [i for i in range(0, 120, 7) if not torch.equal(mlp(x[i : i + 1]), full[i : i + 1])]
     assert not changed and not alone, (changed[:5], alone[:5])
+
+
+def _quantized(kind: str, n: int, k: int, g: torch.Generator):
+    """A FixedOrderWeight of `kind` [n, k] and the float weight it stands for."""
+    from loraplex.moe.quant_experts import pack_nibbles
+    from loraplex.platform.engine.layers.fixed_order_cpu import FixedOrderWeight
+
+    if kind == "int8":
+        q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+        s = torch.rand(n, generator=g) / 50
+        return FixedOrderWeight("int8", q, s), q.float() * s[:, None]
+    if kind == "int8_grouped":
+        q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+        s = torch.rand(n, k // 32, generator=g) / 50
+        w = (q.float().view(n, k // 32, 32) * s[..., None]).view(n, k)
+        return FixedOrderWeight("int8", q, s, group=32), w
+    if kind == "int4":
+        q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+        s, zf = torch.rand(n, k // 32, generator=g) / 10, torch.randn(n, k // 32, generator=g) / 10
+        w = ((q.float() - 8).view(n, k // 32, 32) * s[..., None] + zf[..., None]).view(n, k)
+        return FixedOrderWeight("int4", pack_nibbles(q), s, zf, 32), w
+    codes = (torch.randn(n, k, generator=g) * 4).to(torch.float8_e4m3fn)
+    s = torch.rand(n, generator=g) / 10
+    return FixedOrderWeight("fp8", codes, s), codes.float() * s[:, None]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["int8", "int8_grouped", "int4", "fp8"])
+def test_a_quantized_weights_rows_are_the_same_bits_in_any_batch(
+    kind: str, dtype: torch.dtype
+) -> None:
+    """The kernel reads int8 / int4 / fp8 codes and their scales: a row alone equals the same
+    row in any batch, and the product is the dequantized weight's."""
+    g = torch.Generator().manual_seed(5)
+    weight, w = _quantized(kind, 70, 96, g)
+    x = torch.randn(37, 96, generator=g).to(dtype)
+    b = torch.randn(70, generator=g).to(dtype)
+    full = fixed_order_linear(x, weight, b)
+    want = x.float() @ w.T + b.float()
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    assert ((full.float() - want).abs() <= tol * (1 + want.abs())).all()
+    for lo, hi in [(0, 1), (3, 4), (5, 9), (2, 7), (10, 37), (36, 37)]:
+        assert torch.equal(fixed_order_linear(x[lo:hi], weight, b), full[lo:hi]), (lo, hi)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sigmoid_scale_rows_alone_or_together(dtype: torch.dtype) -> None:
+    from loraplex.platform.engine.layers.fixed_order_cpu import fixed_order_sigmoid_scale
+
+    g = torch.Generator().manual_seed(6)
+    gate, x = torch.randn(41, 1, generator=g).to(dtype), torch.randn(41, 24, generator=g).to(dtype)
+    full = fixed_order_sigmoid_scale(gate, x)
+    want = torch.sigmoid(gate.float()).to(dtype).float() * x.float()
+    assert ((full.float() - want).abs() <= 1e-2 * (1 + want.abs())).all()
+    for i in (0, 17, 40):
+        assert torch.equal(
+            fixed_order_sigmoid_scale(gate[i : i + 1], x[i : i + 1]), full[i : i + 1]
+        )

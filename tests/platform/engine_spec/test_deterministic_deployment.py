@@ -1,6 +1,6 @@
 """A deployment's deterministic option (issue 23): the row's `deterministic` becomes the
-engine's `--deterministic`; a deployment asking it with a weight quantization the mode does
-not cover is refused, naming it, before any replica starts; migration 0014 adds the column."""
+engine's `--deterministic`; a deployment asking it with a choice the mode does not cover (an
+fp8 KV cache) is refused, naming it, before any replica starts; migration 0014 adds the column."""
 
 from __future__ import annotations
 
@@ -26,12 +26,10 @@ def test_the_rows_option_reaches_the_engine_command_line() -> None:
     assert off.deterministic is False
 
 
-def test_a_quantized_deterministic_deployment_is_refused_naming_it() -> None:
+def test_an_uncovered_deterministic_deployment_is_refused_naming_it() -> None:
     with pytest.raises(UnservableDeploymentError, match="deterministic mode does not cover "
-                       "quantization int8"):  # fmt: skip
-        engine_config_for_deployment(
-            _row(deterministic=True, weight_quantization="int8"), model="/m"
-        )
+                       "kv_cache_dtype fp8"):  # fmt: skip
+        engine_config_for_deployment(_row(deterministic=True, kv_cache_dtype="fp8"), model="/m")
 
 
 def test_the_deployments_table_has_the_column() -> None:
