@@ -1,5 +1,5 @@
 """`GET /healthz`: the API is up and its database answers; `GET /metrics`: the gateway's
-Prometheus metrics (time to first token, cold-start waits)."""
+Prometheus metrics (time to first token, cold-start waits) and the adapter validation backlog."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from loraplex.platform.gateway.metrics import CONTENT_TYPE_LATEST
 from loraplex.platform.http_errors import error_response
+from loraplex.platform.services.validation_backlog import ValidationBacklog
 
 router = APIRouter(tags=["health"])
 
@@ -46,4 +47,10 @@ async def metrics(request: Request) -> Response:
     """The gateway's metrics (Prometheus text); empty when inference is not configured."""
     gw = getattr(request.app.state, "gateway", None)
     body = gw.router.metrics.render() if gw is not None else b""
+    sessions = getattr(request.app.state, "sessions", None)
+    if sessions is not None:
+        backlog = getattr(request.app.state, "validation_backlog", None)
+        if backlog is None:
+            backlog = request.app.state.validation_backlog = ValidationBacklog(sessions)
+        body += await run_in_threadpool(backlog.render)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

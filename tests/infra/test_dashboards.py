@@ -77,7 +77,8 @@ def _rules(env: str = "dev") -> list[dict]:
 
 
 def test_alerts_page_for_what_operators_are_paged_for(exported: set[str]) -> None:
-    """No live replica for a deployment, errors, TTFT p95 over the SLO, KV use at the limit;
+    """No live replica for a deployment, errors, TTFT p95 over the SLO, KV use at the limit,
+    the validation backlog;
     every loraplex metric a rule reads is one the engine exports; the rules are valid for
     the Prometheus Operator's schema."""
     from support.infra import rendered, validate_resource
@@ -92,8 +93,17 @@ def test_alerts_page_for_what_operators_are_paged_for(exported: set[str]) -> Non
         assert wanted in rules, sorted(rules)
         assert rules[wanted]["labels"]["severity"] in ("page", "ticket")
         assert rules[wanted]["annotations"]["summary"]
+    # The validation backlog is the API's (read from the database; the metric's own test is
+    # tests/api/test_validation_backlog_metrics.py): its names come from the same registry.
+    from prometheus_client import generate_latest
+
+    from loraplex.platform.services.validation_backlog import ValidationBacklog
+
+    api_text = generate_latest(ValidationBacklog(None).registry).decode()  # type: ignore[arg-type]
+    api = {f.name for f in text_string_to_metric_families(api_text)}
+    assert "LoraplexValidationBacklog" in rules
     queried = {n for r in rules.values() for n in NAME.findall(r["expr"])}
-    assert queried and queried <= exported, sorted(queried - exported)
+    assert queried and queried <= exported | api, sorted(queried - exported - api)
     from support.infra import release
 
     slo = release("dev").values["alerts"]["ttft_p95_slo_s"]
