@@ -252,6 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
         "directly for the gateway-overhead baseline (secret: LORAPLEX_REPLICA_SECRET)",
     )
     p.add_argument("--overhead-runs", type=int, default=12, help="paired runs; 0 skips it")
+    p.add_argument(
+        "--first-request-runs",
+        type=int,
+        default=3,
+        help="fresh adapters whose first request is timed against their warm ones (in-process "
+        "stack only); 0 skips it",
+    )
     return p
 
 
@@ -261,12 +268,15 @@ def run(
     args: argparse.Namespace,
     replica: tuple[str, str] | None = None,
     offline: Callable[[list[str], list[int]], float] | None = None,
+    first_request: Callable[[str], dict[str, float]] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Warm up, then the adapter workload and the base-model baseline; returns both summaries.
 
     With `replica` (its URL and secret), the gateway's per-chunk overhead over it as well; with
     `offline` (prompts, output tokens -> tokens/s of the same engine in-process), the base
-    run's served throughput over the engine's own (`serve.base.served_over_offline`)."""
+    run's served throughput over the engine's own (`serve.base.served_over_offline`); with
+    `first_request` (base model -> figures), a new adapter's first request against its warm
+    ones (`serve.first_over_warm_ttft`)."""
     names = [n for n in (args.adapters or "").split(",") if n] or None
     adapters, base = discover(url, key, args.num_adapters, names)
     console.print(f"adapters: {', '.join(adapters)} over base model {base}")
@@ -293,6 +303,9 @@ def run(
 
         with console.status("gateway overhead: gateway vs replica, paired runs…"):
             results["serve"].update(measure(url, key, base, *replica, runs=args.overhead_runs))
+    if first_request is not None and args.first_request_runs > 0:
+        with console.status("first requests of fresh adapters…"):
+            results["serve"].update(first_request(base))
     return results
 
 
@@ -333,5 +346,10 @@ def main(argv: list[str]) -> int:
                     )
                 )
 
-        print_results(run(url, key, args, (replica_url, secret), offline))
+        def first_request(base: str) -> dict[str, float]:
+            from loraplex.platform.bench._first_request import measure
+
+            return measure(url, key, info.model_dir, base, args.first_request_runs)
+
+        print_results(run(url, key, args, (replica_url, secret), offline, first_request))
     return 0
