@@ -136,3 +136,25 @@ def test_an_environment_without_scale_to_zero_refuses_a_zero_floor() -> None:
         assert DEP in api.objects
         launcher.scale(_row(0), 0)
         assert DEP not in api.objects
+
+
+def test_the_load_balancer_does_not_serve_the_apis_metrics() -> None:
+    """Prometheus reads /metrics from the pods; the internet-facing ALB answers it with a fixed
+    404 (AWS Load Balancer Controller, "Ingress annotations", `actions.${action-name}` with a
+    `fixed-response` action and a rule whose backend port is `use-annotation`)."""
+    import json
+
+    for env in ("dev", "prod"):
+        [ingress] = [d for d in rendered()[f"{env}/platform.yaml"] if d["kind"] == "Ingress"]
+        validate_resource(ingress)
+        [rule] = ingress["spec"]["rules"]
+        [path] = rule["http"]["paths"]
+        assert (path["path"], path["pathType"]) == ("/metrics", "Prefix")
+        backend = path["backend"]["service"]
+        assert backend["port"] == {"name": "use-annotation"}
+        action = json.loads(ingress["metadata"]["annotations"][
+            f"alb.ingress.kubernetes.io/actions.{backend['name']}"])  # fmt: skip
+        assert action["type"] == "fixed-response"
+        assert action["fixedResponseConfig"]["statusCode"] == "404"
+        # Everything else still reaches the API.
+        assert ingress["spec"]["defaultBackend"]["service"]["name"] == "loraplex-api"
