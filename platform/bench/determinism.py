@@ -9,8 +9,11 @@ work (one step of each in turn, each timed on its own steps; the median of `--re
   tokens, one output token each).
 - determinism.distinct_outputs_on / _off: the number of distinct (tokens, logprobs) answers
   over `--identical` identical requests sent to one engine a few per step, so each meets
-  another batch and other chunk boundaries (target 1 with the mode). In-engine, not through the
-  gateway: the gateway's 1,000-concurrent-request count is not measured here.
+  another batch and other chunk boundaries (target 1 with the mode);
+- determinism.gateway_distinct_on / _off: the same count over `--gateway-requests` (1,000)
+  identical chat completions sent at once through the gateway of a fresh local platform
+  (`_determinism_gateway.py`) whose deployment has the deterministic option on, then off
+  (target 1 with it; 0 requests skips this part).
 """
 
 from __future__ import annotations
@@ -98,17 +101,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--identical", type=int, default=200, help="copies of the one request")
     ap.add_argument("--per-step", type=int, default=3, help="copies joining each step")
     ap.add_argument("--dtype", default="auto", help="compute dtype of both engines")
+    ap.add_argument(
+        "--gateway-requests",
+        type=int,
+        default=1000,
+        help="identical requests sent at once through the platform (0: skip)",
+    )
+    ap.add_argument("--gateway-tokens", type=int, default=16, help="max_tokens of each")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (the test's smoke run)")
     args = ap.parse_args(argv)
     if args.quick:
         args.batch, args.prompt_len, args.max_tokens, args.repeats = 4, 16, 4, 1
         args.identical, args.per_step = 12, 3
+    if args.gateway_requests is None:
+        args.gateway_requests = 0 if args.quick else 1000
     with tempfile.TemporaryDirectory() as name:
         engines = _engines(make_demo_model(Path(name) / "demo"), args.dtype)
         results = ratios(engines, args.batch, args.prompt_len, args.max_tokens, args.repeats)
         for mode, engine in engines.items():
             count = distinct_outputs(engine, args.identical, args.per_step, args.max_tokens)
             results[f"determinism.distinct_outputs_{mode}"] = count
+    if args.gateway_requests:
+        from loraplex.platform.bench._determinism_gateway import gateway_distinct_outputs
+
+        for mode, on in (("on", True), ("off", False)):
+            count = gateway_distinct_outputs(on, args.gateway_requests, args.gateway_tokens)
+            results[f"determinism.gateway_distinct_{mode}"] = count
+        results["determinism.gateway_requests"] = args.gateway_requests
     for key, value in results.items():
         print(f"RESULT {key}={value:.4g}")
     return 0

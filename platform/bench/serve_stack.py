@@ -95,11 +95,13 @@ def local_stack(
     keep_logs: Path | None = None,
     overrides: dict[str, Any] | None = None,
     engine_overrides: dict[str, Any] | None = None,
+    deterministic: bool = False,
 ) -> Iterator[StackInfo]:
     """Start everything; yields (API URL, tenant API key, replica URL, replica secret) as a
     `StackInfo`. With `keep_logs`, the children's logs are copied there when the stack stops;
     `overrides` are Settings fields for every child (e.g. `loop_stall_log_ms`),
-    `engine_overrides` EngineConfig fields of the replica (e.g. `cpu_threads`)."""
+    `engine_overrides` EngineConfig fields of the replica (e.g. `cpu_threads`); `deterministic`
+    the deployment's option (its replica runs the deterministic mode)."""
     from loraplex.platform.db.migrate import upgrade
     from loraplex.platform.db.session import make_sessionmaker, session_scope
     from loraplex.platform.demo_model import make_demo_model
@@ -157,6 +159,7 @@ def local_stack(
                     weight_quantization="fp32",
                     max_loras=max(num_adapters, 1),
                     max_lora_rank=16,
+                    deterministic=deterministic,
                 ),
             )
             engine_config = dataclasses.replace(
