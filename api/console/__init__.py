@@ -4,13 +4,14 @@ under `static/vendor/`, see VENDORED.md). `install_console(app)` adds it to an a
 
 from __future__ import annotations
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from loraplex.platform.errors import GENERIC_MESSAGE, LoraplexError
 
 from . import (
+    load_history,
     pages_auth,
     pages_catalog,
     pages_details,
@@ -42,6 +43,7 @@ def install_console(app: FastAPI) -> None:
         app.include_router(
             module.router, prefix=PREFIX, include_in_schema=False, dependencies=clean
         )
+    app.include_router(APIRouter(lifespan=load_history.sampling))  # deployments' load history
     app.mount(PREFIX + "/static", StaticFiles(directory=STATIC), name="console-static")
     json_handler = app.exception_handlers.get(LoraplexError)
 

@@ -4,7 +4,6 @@ replicas' live state and cold starts, its audit trail of scale and option change
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
@@ -15,8 +14,10 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from loraplex.platform.services import console_details as cd
 from loraplex.platform.services.operators import SignedIn
 
+from . import load_history
 from .auth import current_operator
 from .common import parse_uuid, transaction
+from .load_history import LoadHistory
 from .pages_tenants import usage_chart
 from .replicas import ReplicaView, replica_views
 from .views import SECURITY_HEADERS, render
@@ -98,6 +99,8 @@ async def deployment_page(
             data=data,
             live=live,
             starting=starting,
+            every_s=load_history.SAMPLE_EVERY_S,
+            keep_hours=f"{load_history.SAMPLE_EVERY_S * load_history.KEEP / 3600:g}",
             crumbs=[("Models & deployments", "/console/deployments")],
             title=f"Deployment {data['name']}",
         )  # fmt: skip
@@ -125,26 +128,15 @@ async def deployment_replicas_partial(
     )
 
 
-@router.get("/api/deployments/{deployment_id}/replicas")
-async def deployment_replicas_json(
+@router.get("/api/deployments/{deployment_id}/load")
+async def deployment_load_json(
     request: Request, deployment_id: str, who: SignedIn = Depends(current_operator)
 ) -> JSONResponse:
-    """The replicas' load now, as JSON: the deployment page samples it every 5 s and charts KV
-    use, queue and resident adapters over the time it is open (nothing is stored)."""
+    """The deployment's load over time as the API sampled it (`load_history.py`): KV use of
+    the busiest replica, queued and running requests, resident adapters and live replicas."""
     did = parse_uuid(deployment_id, "deployment")
-
-    def name() -> str:
-        with transaction(request) as session:
-            return cd.deployment_detail(session, did)["deployment"].name
-
-    live = await replica_views(request, await run_in_threadpool(name)) or []
-    states = [v.state for v in live if v.state is not None]
-    body = {
-        "t": int(time.time()),
-        "replicas": len(states),
-        "kv_pct": round(100 * max((s.kv_cache_usage for s in states), default=0.0), 2),
-        "waiting": sum(s.num_requests_waiting for s in states),
-        "running": sum(s.num_requests_running for s in states),
-        "resident": sum(len(s.resident_adapters) for s in states),
-    }
+    name = (await run_in_threadpool(_deployment, request, did))["name"]
+    history = getattr(request.app.state, "load_history", None)
+    series = history.series(name) if history is not None else LoadHistory().series(name)
+    body = {"every_s": load_history.SAMPLE_EVERY_S, "units": load_history.UNITS, "series": series}
     return JSONResponse(body, headers=SECURITY_HEADERS)

@@ -62,8 +62,11 @@ class ReplicaView:
 async def replica_views(request: Request, deployment: str) -> list[ReplicaView] | None:
     """The live replicas of `deployment` with their state; None when this API has no gateway."""
     gw = getattr(request.app.state, "gateway", None)
-    if gw is None:
-        return None
+    return None if gw is None else await views_of(gw, deployment)
+
+
+async def views_of(gw: Any, deployment: str) -> list[ReplicaView]:
+    """The live replicas of `deployment` with their state, asked through gateway `gw`."""
     infos = await gw.registry.live(deployment)
 
     async def one(info: Any) -> ReplicaView:

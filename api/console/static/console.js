@@ -118,42 +118,40 @@
     });
   }
 
-  // A deployment's load over the time its page is open: samples of its replicas' state
-  // (nothing is stored on the server), the last 10 minutes kept.
-  var LIVE = [["KV use (%)", "kv_pct", "#0b5394"], ["queued", "waiting", "#c62828"],
+  // A deployment's load over time as the API sampled it (kept on the server, see
+  // api/console/load_history.py): the whole history is fetched again at each refresh.
+  var LOAD = [["KV use (%)", "kv_pct", "#0b5394"], ["queued", "waiting", "#c62828"],
               ["running", "running", "#1b5e20"], ["resident adapters", "resident", "#6a1b9a"]];
 
-  function liveState(el) {
-    var data = [[]].concat(LIVE.map(function () { return []; }));
+  function loadHistory(el) {
     var chart = null;
-    function sample() {
-      fetch(el.dataset.liveState, { credentials: "same-origin" })
+    function refreshLoad() {
+      fetch(el.dataset.loadHistory, { credentials: "same-origin" })
         .then(function (r) { if (!r.ok) { throw new Error("HTTP " + r.status); } return r.json(); })
-        .then(function (s) {
-          data[0].push(s.t);
-          LIVE.forEach(function (p, i) { data[i + 1].push(s[p[1]]); });
-          if (data[0].length > 120) { data.forEach(function (col) { col.shift(); }); }
+        .then(function (body) {
+          var s = body.series, data = [s.t].concat(LOAD.map(function (p) { return s[p[1]]; }));
           if (!chart) {
             chart = new uPlot({
               width: Math.max(360, el.clientWidth || 600), height: 200,
-              series: [{}].concat(LIVE.map(function (p) { return { label: p[0], stroke: p[2], width: 2, points: { show: true, size: 4 } }; })),
-              // The last 10 minutes up to the newest sample, read from the data (for one
-              // sample uPlot pads the range it passes by 1000 days each side).
-              scales: { x: { time: true, range: function (u) { var ts = u.data[0], hi = ts[ts.length - 1]; return [hi - 600, hi]; } }, y: { range: yRange("live") } },
+              series: [{}].concat(LOAD.map(function (p) { return { label: p[0], stroke: p[2], width: 2, points: { show: s.t.length < 3, size: 4 } }; })),
+              // From the oldest sample to the newest (for one sample uPlot would pad the
+              // range it passes by 1000 days each side).
+              scales: { x: { time: true, range: function (u) { var ts = u.data[0]; return ts.length ? [Math.min(ts[0], ts[ts.length - 1] - 60), ts[ts.length - 1]] : [0, 1]; } }, y: { range: yRange("load") } },
               axes: [themed({}), yAxis("")],
             }, data, el);
-            window.lpCharts.live = chart;
+            window.lpCharts.load = chart;
           } else { chart.setData(data); }
+          el.dataset.updated = String(Date.now());
+          setTimeout(refreshLoad, Math.max(5000, 1000 * (body.every_s || 10)));
         })
-        .catch(function () { el.dataset.failed = String(Date.now()); });
+        .catch(function () { el.dataset.failed = String(Date.now()); setTimeout(refreshLoad, 10000); });
     }
-    sample();
-    setInterval(sample, 5000);
+    refreshLoad();
   }
 
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("table.sortable").forEach(sortable);
-    document.querySelectorAll("[data-live-state]").forEach(liveState);
+    document.querySelectorAll("[data-load-history]").forEach(loadHistory);
     var root = document.getElementById("charts");
     document.querySelectorAll("[data-bars]").forEach(bars);
     if (!root) { return; }

@@ -75,3 +75,30 @@ def test_deployments_page_shows_each_replicas_cold_start(
 
         overview = client.get("/console/partials/replicas").text
         assert "Cold start" in overview and _phase_rows(overview).keys() == rows.keys()
+
+
+def test_a_replica_running_other_adapter_slots_than_its_row_is_flagged(
+    console_app: Any, console_settings: Any, live_replica: tuple[str, Replica]
+) -> None:
+    """The fixture's replica was started by hand without the row's options (the launchers
+    start theirs from the row): 256 slots against the row's 2. The page says they disagree
+    instead of showing both figures as if they agreed."""
+    from sqlalchemy import select
+
+    from loraplex.platform.db.models import Deployment
+
+    dep, replica = live_replica
+    assert replica.state()["max_loras"] == 256
+    with make_sessionmaker(console_settings.database_url)() as s:
+        dep_id = s.scalars(select(Deployment.id).where(Deployment.name == dep)).one()
+    make_operator(console_settings.database_url, "slots@example.com", "viewer")
+    with TestClient(console_app, raise_server_exceptions=False) as client:
+        assert sign_in(client, "slots@example.com").status_code == 303
+
+        def table() -> str | None:
+            html = client.get(f"/console/deployments/{dep_id}/replicas-now").text
+            return html if "badge-healthy" in html else None
+
+        html = wait_until(table, timeout=60, what="the replica on the deployment page")
+    assert "0 / 256" in html
+    assert "runs 256 adapter slots; the deployment asks for 2" in html

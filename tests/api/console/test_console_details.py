@@ -143,5 +143,6 @@ def test_deployment_page_has_its_audit_trail(
     assert "Cold-start wait" in page.text and 'hx-get="/console/deployments/' in page.text
     live = owner.get(f"/console/deployments/{dep_id}/replicas-now")  # what htmx polls
     assert live.status_code == 200 and "Live state unavailable" in live.text  # no gateway here
-    sample = owner.get(f"/console/api/deployments/{dep_id}/replicas").json()  # the load chart's
-    assert sample["replicas"] == 0 and {"kv_pct", "waiting", "running", "resident"} <= set(sample)
+    history = owner.get(f"/console/api/deployments/{dep_id}/load").json()  # the load chart's
+    assert {"t", "kv_pct", "waiting", "running", "resident"} <= set(history["series"])
+    assert history["series"]["t"] == []  # no gateway, no samples
