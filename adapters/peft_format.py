@@ -16,20 +16,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .expert_targets import unserved_parameter
+from .mla_targets import MLA_MODULES, UNSERVED_MLA_MODULES, is_mla_config, mla_module_dims
 from .tenant_regex import TenantPatternError, check_pattern
 
 # The projections a LoRA may target, and which block each lives in.
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 LORA_MODULES = ATTENTION_MODULES + MLP_MODULES
-_BLOCK_OF = {m: "self_attn" for m in ATTENTION_MODULES} | {m: "mlp" for m in MLP_MODULES}
+TARGETABLE_MODULES = LORA_MODULES + MLA_MODULES  # and MLA bases' own attention projections
+_BLOCK_OF = {m: "self_attn" for m in ATTENTION_MODULES + MLA_MODULES} | {
+    m: "mlp" for m in MLP_MODULES
+}
 
 MAX_RANK = 4096
 MAX_LAYER_IDX = 100_000
 
 _TENSOR_NAME = re.compile(
     r"base_model\.model\.model\.layers\.(?P<layer>0|[1-9][0-9]{0,5})\."
-    r"(?P<block>self_attn|mlp)\.(?P<module>[a-z]+_proj)\."
+    r"(?P<block>self_attn|mlp)\.(?P<module>[a-z][a-z_]{0,24}_proj(?:_with_mqa)?)\."
     r"lora_(?P<kind>[AB])(?:\.(?P<adapter>[A-Za-z0-9_\-]{1,64}))?\.weight"
 )
 
@@ -259,10 +263,14 @@ def parse_lora_tensor_name(name: str) -> LoraTensorName:
             "base_model.model.model.layers.<i>.<self_attn|mlp>.<proj>.lora_<A|B>.weight"
         )
     module, block = m["module"], m["block"]
+    if module in UNSERVED_MLA_MODULES:
+        raise AdapterFormatError(
+            f"tensor {name!r}: LoRA on {module} is not served ({UNSERVED_MLA_MODULES[module]})"
+        )
     if _BLOCK_OF.get(module) != block:
         raise AdapterFormatError(
             f"unexpected tensor name {name!r}: {module} is not a LoRA target under {block} "
-            f"(supported: {', '.join(LORA_MODULES)})"
+            f"(supported: {', '.join(TARGETABLE_MODULES)})"
         )
     layer = int(m["layer"])
     return LoraTensorName(
@@ -286,8 +294,14 @@ def module_dims(hf_config: dict) -> dict[str, tuple[int, int]]:
     """(in_features, out_features) of each LoRA-targetable projection of a HF decoder config.
 
     MoE configs give the attention projections only: their experts and router are targets of
-    their own (`expert_targets`), the dense MLP names do not apply there.
+    their own (`expert_targets`), the dense MLP names do not apply there. MLA bases (DeepSeek)
+    give their own attention projections (`mla_targets`).
     """
+    if is_mla_config(hf_config):
+        try:
+            return mla_module_dims(hf_config)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AdapterFormatError(f"base model config lacks a usable {exc}") from exc
     try:
         hidden = int(hf_config["hidden_size"])
         heads = int(hf_config["num_attention_heads"])

@@ -35,9 +35,9 @@ from .expert_targets import (
     shared_keys,
 )
 from .peft_format import (
-    LORA_MODULES,
     MAX_LAYER_IDX,
     MAX_RANK,
+    TARGETABLE_MODULES,
     AdapterFormatError,
     PeftAdapterConfig,
     module_dims,
@@ -46,7 +46,7 @@ from .peft_format import (
 from .tenant_regex import TenantPatternError, compile_pattern
 
 FORMAT_VERSION = 1
-_KNOWN_MODULES = LORA_MODULES + EXPERT_MODULES
+_KNOWN_MODULES = TARGETABLE_MODULES + EXPERT_MODULES
 # Expert / router targets a `target_modules` pattern may match without the weights having them
 # (a transformers v5 base has no per-expert Linear): kept only where the tensors are present.
 OPTIONAL_MODULES = PER_EXPERT_MODULES + (ROUTER_MODULE,) + SHARED_MODULES
@@ -148,7 +148,9 @@ def module_paths(hf_config: dict) -> list[tuple[int, str, str]]:
         raise AdapterFormatError(f"base model config lacks a usable {exc}") from exc
     if not 0 < layers <= MAX_LAYER_IDX:
         raise AdapterFormatError(f"base model has an unusable num_hidden_layers {layers}")
-    return [(i, m, module_path(i, m)) for i in range(layers) for m in LORA_MODULES if m in dims]
+    return [
+        (i, m, module_path(i, m)) for i in range(layers) for m in TARGETABLE_MODULES if m in dims
+    ]
 
 
 class _Matchers:
@@ -196,7 +198,8 @@ class _Matchers:
             return False
         if self.target is not None:
             return self.target.fullmatch(key) is not None
-        names = LORA_MODULES if self.cfg.target_modules == "all-linear" else self.cfg.target_modules
+        all_linear = self.cfg.target_modules == "all-linear"
+        names = TARGETABLE_MODULES if all_linear else self.cfg.target_modules
         if key in names:
             return True
         if not any(key.endswith("." + n) for n in names):
