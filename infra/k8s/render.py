@@ -36,6 +36,7 @@ PRE_ROLLOUT = (
     "secrets",
     "settings",
     "weights-cache",
+    "karpenter",
     "network-policies",
     "monitoring",
     "migrate",

@@ -32,6 +32,7 @@ module "cluster" {
   endpoint_public_access_cidrs = var.endpoint_public_access_cidrs
   platform_node_group          = var.platform_node_group
   gpu_node_groups              = var.gpu_node_groups
+  gpu_provisioner              = var.gpu_provisioner
   addon_versions               = var.addon_versions
   device_plugin_chart_version  = var.chart_versions["nvidia-device-plugin"]
   log_retention_days           = var.log_retention_days
@@ -109,6 +110,18 @@ module "identity" {
   }
   external_secret_kms_key_arns = [module.database.kms_key_arn, module.cache.kms_key_arn]
   tags                         = local.tags
+}
+
+module "karpenter" {
+  source = "../modules/karpenter"
+  count  = var.gpu_provisioner == "karpenter" ? 1 : 0
+  # Its controller runs on the platform nodes.
+  depends_on = [module.cluster]
+
+  cluster_name      = module.cluster.cluster_name
+  oidc_provider_arn = module.cluster.oidc_provider_arn
+  chart_version     = var.chart_versions["karpenter"]
+  tags              = local.tags
 }
 
 module "weights_cache" {

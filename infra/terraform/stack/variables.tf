@@ -123,10 +123,10 @@ variable "chart_versions" {
 
   validation {
     condition = (
-      length(setsubtract(["nvidia-device-plugin", "cluster-autoscaler", "aws-load-balancer-controller", "external-secrets", "keda", "kube-prometheus-stack", "aws-for-fluent-bit", "dcgm-exporter"], keys(var.chart_versions))) == 0 &&
+      length(setsubtract(["nvidia-device-plugin", "cluster-autoscaler", "aws-load-balancer-controller", "external-secrets", "keda", "kube-prometheus-stack", "aws-for-fluent-bit", "dcgm-exporter", "karpenter"], keys(var.chart_versions))) == 0 &&
       alltrue([for v in values(var.chart_versions) : can(regex("^[0-9]+\\.[0-9]+\\.[0-9]+$", v))])
     )
-    error_message = "chart_versions needs every add-on chart (nvidia-device-plugin, cluster-autoscaler, aws-load-balancer-controller, external-secrets, keda, kube-prometheus-stack, aws-for-fluent-bit, dcgm-exporter) as an exact X.Y.Z."
+    error_message = "chart_versions needs every add-on chart (nvidia-device-plugin, cluster-autoscaler, aws-load-balancer-controller, external-secrets, keda, kube-prometheus-stack, aws-for-fluent-bit, dcgm-exporter, karpenter) as an exact X.Y.Z."
   }
 }
 
@@ -272,5 +272,16 @@ variable "budget" {
   validation {
     condition     = var.budget.monthly_usd > 0 && length(var.budget.emails) > 0 && alltrue([for e in var.budget.emails : can(regex("^[^@ ]+@[^@ ]+\\.[^@ ]+$", e))])
     error_message = "budget needs a positive monthly_usd and at least one email address."
+  }
+}
+
+variable "gpu_provisioner" {
+  description = "What makes the GPU nodes: \"node_groups\" (a managed node group per pool, scaled by the Cluster Autoscaler; capacity blocks) or \"karpenter\" (a NodePool per pool: spot and on-demand, consolidation)."
+  type        = string
+  default     = "node_groups"
+
+  validation {
+    condition     = contains(["node_groups", "karpenter"], var.gpu_provisioner)
+    error_message = "gpu_provisioner must be node_groups or karpenter."
   }
 }

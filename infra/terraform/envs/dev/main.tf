@@ -23,6 +23,10 @@ module "loraplex" {
     disk_size_gb   = 50
   }
 
+  # GPU nodes from Karpenter: a NodePool per pool (infra/k8s/templates/karpenter.yaml.j2), spot
+  # as the pool says, consolidation of empty or underused nodes, a GPU limit per pool.
+  gpu_provisioner = "karpenter"
+
   gpu_node_groups = {
     # One A10G per node, scaled from zero: the cheapest pool that runs a 7-8B model in bf16.
     # Spot in dev (about a third of the on-demand price; a reclaimed node is a cold start),
@@ -57,6 +61,7 @@ module "loraplex" {
     "kube-prometheus-stack"        = "69.4.1"
     "aws-for-fluent-bit"           = "0.1.32"
     "dcgm-exporter"                = "4.1.1"
+    "karpenter"                    = "1.5.0"
   }
 
   database = {

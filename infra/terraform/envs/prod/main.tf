@@ -23,6 +23,10 @@ module "loraplex" {
     disk_size_gb   = 100
   }
 
+  # GPU nodes from managed node groups (capacity blocks and the on-demand H100 quota need
+  # them); "karpenter" is the other choice (dev uses it).
+  gpu_provisioner = "node_groups"
+
   gpu_node_groups = {
     # 8 x H100 per node: one engine pod per GPU, or one expert-parallel pod over all 8.
     # GPU capacity is explicit: a new account's quota for P instances ("Running On-Demand P
@@ -69,6 +73,7 @@ module "loraplex" {
     "kube-prometheus-stack"        = "69.4.1"
     "aws-for-fluent-bit"           = "0.1.32"
     "dcgm-exporter"                = "4.1.1"
+    "karpenter"                    = "1.5.0"
   }
 
   database = {

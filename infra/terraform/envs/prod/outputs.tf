@@ -164,3 +164,13 @@ output "weights_cache_volume_handle" {
   description = "EFS CSI volume handle of the engine pods' directory on the weights cache (file system::access point)."
   value       = module.loraplex.weights_cache_volume_handle
 }
+
+output "gpu_provisioner" {
+  description = "What makes the GPU nodes: node_groups or karpenter (then the manifests hold a NodePool per pool)."
+  value       = module.loraplex.gpu_provisioner
+}
+
+output "karpenter_node_role_name" {
+  description = "IAM role of the GPU nodes Karpenter launches (its EC2NodeClass); empty without Karpenter."
+  value       = module.loraplex.karpenter_node_role_name
+}

@@ -1,5 +1,6 @@
-# Cluster: EKS with one CPU node group for the platform and one tainted node group per GPU
-# pool, the NVIDIA device plugin, and pinned add-ons. The VPC CNI enforces NetworkPolicies.
+# Cluster: EKS with one CPU node group for the platform and, unless Karpenter provisions the
+# GPU nodes (var.gpu_provisioner, modules/karpenter), one tainted node group per GPU pool; the
+# NVIDIA device plugin and pinned add-ons. The VPC CNI enforces NetworkPolicies.
 
 locals {
   gpu_taint = {
@@ -40,7 +41,7 @@ locals {
   # Cluster Autoscaler reads these tags to scale a GPU pool up from zero nodes: it must know
   # the labels, taint and GPU count a node would have before one exists.
   gpu_asg_tags = merge([
-    for name, g in var.gpu_node_groups : {
+    for name, g in(var.gpu_provisioner == "node_groups" ? var.gpu_node_groups : {}) : {
       "${name}/label"    = { pool = name, key = "k8s.io/cluster-autoscaler/node-template/label/loraplex.dev/gpu-pool", value = name }
       "${name}/taint"    = { pool = name, key = "k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu", value = "true:NoSchedule" }
       "${name}/gpus"     = { pool = name, key = "k8s.io/cluster-autoscaler/node-template/resources/nvidia.com/gpu", value = tostring(g.gpus_per_node) }
@@ -86,6 +87,9 @@ module "eks" {
 
   vpc_id     = var.vpc_id
   subnet_ids = var.private_subnet_ids
+
+  # Karpenter finds the security group of the nodes it launches by this tag.
+  node_security_group_tags = { "karpenter.sh/discovery" = var.name }
 
   cluster_enabled_log_types              = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
   cloudwatch_log_group_retention_in_days = var.log_retention_days
@@ -136,7 +140,7 @@ module "eks" {
         }
       }
     },
-    local.gpu_groups,
+    var.gpu_provisioner == "node_groups" ? local.gpu_groups : {},
   )
 
   tags = var.tags

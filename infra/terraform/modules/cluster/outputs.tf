@@ -24,6 +24,12 @@ output "node_security_group_id" {
 }
 
 output "gpu_pools" {
-  description = "GPU pools by name: the node label value engine pods select and the GPUs per node."
-  value       = { for name, g in var.gpu_node_groups : name => { gpus_per_node = g.gpus_per_node, instance_types = g.instance_types } }
+  description = "GPU pools by name: the node label value engine pods select, GPUs per node, and what Karpenter needs to launch them."
+  value = { for name, g in var.gpu_node_groups : name => {
+    gpus_per_node  = g.gpus_per_node
+    instance_types = g.instance_types
+    capacity_type  = g.capacity_type
+    max_nodes      = g.max_size
+    disk_size_gb   = g.disk_size_gb
+  } }
 }

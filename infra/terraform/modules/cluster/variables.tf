@@ -156,3 +156,18 @@ variable "tags" {
     error_message = "tags need keys of 1-128 and values of at most 256 characters (AWS limits)."
   }
 }
+
+variable "gpu_provisioner" {
+  description = "What makes the GPU nodes: \"node_groups\" (a managed node group per pool, the Cluster Autoscaler) or \"karpenter\" (a NodePool per pool, modules/karpenter)."
+  type        = string
+
+  validation {
+    condition     = contains(["node_groups", "karpenter"], var.gpu_provisioner)
+    error_message = "gpu_provisioner must be node_groups or karpenter."
+  }
+
+  validation {
+    condition     = var.gpu_provisioner == "node_groups" || alltrue([for g in values(var.gpu_node_groups) : g.capacity_type != "CAPACITY_BLOCK"])
+    error_message = "A CAPACITY_BLOCK pool runs on a managed node group: use gpu_provisioner = \"node_groups\" with capacity blocks."
+  }
+}

@@ -48,8 +48,9 @@ module "vpc" {
   flow_log_max_aggregation_interval               = 60
 
   # The AWS Load Balancer Controller finds its subnets by these tags.
-  public_subnet_tags  = { "kubernetes.io/role/elb" = "1" }
-  private_subnet_tags = { "kubernetes.io/role/internal-elb" = "1" }
+  public_subnet_tags = { "kubernetes.io/role/elb" = "1" }
+  # Karpenter (when it provisions the GPU nodes) launches them in the subnets tagged so.
+  private_subnet_tags = { "kubernetes.io/role/internal-elb" = "1", "karpenter.sh/discovery" = var.name }
 
   tags = var.tags
 }
