@@ -114,3 +114,49 @@ def test_terraform_wires_karpenter_only_when_chosen() -> None:
     assert "CAPACITY_BLOCK" in str(
         blocks(TERRAFORM / "modules" / "cluster", "variable")["gpu_provisioner"]
     )
+
+
+def _plan_cluster_variables(tmp_path, **values: object):
+    """`terraform plan` of a root holding only the cluster module's variables (the real
+    binary evaluates their validations; no provider is needed)."""
+    import json
+    import shutil
+    import subprocess
+
+    import pytest
+
+    terraform = shutil.which("terraform")
+    if terraform is None:
+        pytest.skip("terraform is not installed")
+    tmp_path.mkdir(parents=True)
+    shutil.copy(TERRAFORM / "modules" / "cluster" / "variables.tf", tmp_path / "variables.tf")
+    (tmp_path / "vars.auto.tfvars.json").write_text(json.dumps(values))
+    run = {"cwd": tmp_path, "capture_output": True, "text": True, "timeout": 120,
+           "env": {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TF_IN_AUTOMATION": "1",
+                   "CHECKPOINT_DISABLE": "1"}}  # fmt: skip
+    assert (
+        subprocess.run([terraform, "init", "-input=false", "-backend=false"], **run).returncode == 0
+    )
+    return subprocess.run([terraform, "plan", "-input=false", "-no-color"], **run)
+
+
+def test_a_capacity_block_with_karpenter_is_refused_at_plan_time(tmp_path) -> None:
+    pool = {"instance_types": ["p5.48xlarge"], "gpus_per_node": 8, "min_size": 0, "max_size": 1,
+            "desired_size": 0, "capacity_type": "CAPACITY_BLOCK", "disk_size_gb": 500,
+            "capacity_reservation_id": "cr-0123456789abcdef0"}  # fmt: skip
+    values = {
+        "name": "loraplex-dev", "kubernetes_version": "1.34", "vpc_id": "vpc-0123456789abcdef0",
+        "private_subnet_ids": ["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"],
+        "endpoint_public_access_cidrs": ["203.0.113.0/24"],
+        "platform_node_group": {"instance_types": ["m7i.xlarge"], "min_size": 2, "max_size": 4,
+                                "desired_size": 2, "disk_size_gb": 50},
+        "gpu_node_groups": {"h100": pool},
+        "addon_versions": {k: "v1.0.0-eksbuild.1" for k in ("coredns", "kube-proxy", "vpc-cni",
+                           "aws-ebs-csi-driver", "aws-efs-csi-driver")},
+        "device_plugin_chart_version": "0.16.2", "log_retention_days": 30, "tags": {},
+    }  # fmt: skip
+    ok = _plan_cluster_variables(tmp_path / "ok", **values, gpu_provisioner="node_groups")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = _plan_cluster_variables(tmp_path / "bad", **values, gpu_provisioner="karpenter")
+    assert bad.returncode != 0
+    assert "CAPACITY_BLOCK pool runs on a managed node group" in " ".join(bad.stderr.split())
