@@ -1,7 +1,7 @@
 """Sign-in (email and password, or the admin key once to create the first owner), sign-out.
 
 Everything a sign-in does (the limits in Redis, the database, the argon2 check of ~0.3 s) runs
-in a worker thread, never on the event loop; at most one argon2 check per core runs at once and
+in a low-priority worker thread, never on the event loop; at most one argon2 check per core runs at once and
 at most MAX_WAITING sign-ins wait for one (then 503), so a flood of sign-ins cannot stall the
 API nor fill its memory."""
 
@@ -22,6 +22,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from loraplex.platform.db.models import Operator
 from loraplex.platform.db.session import session_scope
 from loraplex.platform.errors import HttpError
+from loraplex.platform.low_priority import run_low_priority
 from loraplex.platform.services import operators
 from loraplex.platform.services.audit import ADMIN_ACTOR
 from loraplex.platform.services.errors import ServiceError
@@ -76,13 +77,14 @@ def _too_many(refusal: Refusal) -> HttpError:
 
 
 async def _off_loop(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run `fn` in a worker thread, counted among the sign-ins in flight."""
+    """Run `fn` in a low-priority worker thread (`platform/low_priority.py`: a sign-in flood
+    slows itself, not the completions beside it), counted among the sign-ins in flight."""
 
     def run() -> Any:
         with _admitted():
             return fn(*args)
 
-    return await run_in_threadpool(run)
+    return await run_low_priority(run)
 
 
 def _sign_in_page(request: Request, error: str = "", status: int = 200) -> HTMLResponse:
