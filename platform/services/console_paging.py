@@ -73,11 +73,13 @@ def parse_sort(table: str, key: str = "", direction: str = "") -> Sort:
 
 
 def ordered(sort: Sort, columns: dict[str, Any], tiebreak: ColumnElement[Any]) -> list[Any]:
-    """ORDER BY terms for `sort` over `columns` (empty values last either way), then a unique
-    column so pages never overlap."""
+    """ORDER BY terms for `sort` over `columns` (a nullable column's empty values last either
+    way; NOT NULL columns keep plain order, which their indexes serve), then a unique column
+    so pages never overlap."""
     col = columns[sort.key]
     term = col.desc() if sort.descending else col.asc()
-    return [term.nulls_last(), tiebreak]
+    nullable = getattr(getattr(col, "expression", col), "nullable", False)
+    return [term.nulls_last() if nullable else term, tiebreak]
 
 
 def page_number(page: int) -> int:
