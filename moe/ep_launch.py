@@ -159,6 +159,18 @@ class StepChannel:
         """Leader: hand this step's inputs to every follower."""
         dist.broadcast_object_list([step], src=self.leader, group=self.ep.group)
 
+    def send_each(self, items: list[Any]) -> None:
+        """Leader: hand rank r `items[r]` (the leader's own entry is ignored); point to point,
+        so a follower receives only its own."""
+        out: list[Any] = [None]
+        dist.scatter_object_list(out, items, src=self.leader, group=self.ep.group)
+
+    def receive_own(self) -> Any:
+        """Follower: what the leader's `send_each` holds for this rank."""
+        out: list[Any] = [None]
+        dist.scatter_object_list(out, None, src=self.leader, group=self.ep.group)
+        return out[0]
+
     def stop(self) -> None:
         """Leader: tell followers to leave their loop."""
         self.send(_STOP)

@@ -250,6 +250,7 @@ def start_ep_engine(
                 channel.send(("step", _portable(out)))
             else:
                 channel.send(("lora_step", (mirror.updates(), _portable(out))))
+                mirror.send_rows()  # each follower's expert rows, to it alone
 
         core = EngineCore(config, before_forward=send_batch)
         if getattr(core.model, "moe_blocks", None) is None:

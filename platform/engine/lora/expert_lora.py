@@ -97,6 +97,14 @@ class ExpertLoraStore:
         }
         self._meta = None
 
+    def refresh(self, key: str) -> None:
+        """Re-cut adapter `key`'s device factors from its host copy (rows laid in since)."""
+        modules = self._modules.get(key, {})
+        for block in self.blocks:
+            if block.layer_idx in modules:
+                self._weights[key][block.layer_idx] = self._cut(modules[block.layer_idx], block)
+        self._meta = None
+
     def _cut(self, module: ExpertLoraModule, block: MoEBlock) -> ExpertLoraWeights:
         """An adapter's layer factors cut to `block`'s local expert slots, on the device."""
         return local_weights(module, block.local_experts, self.dtype, self.device)
