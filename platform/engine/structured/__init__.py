@@ -6,7 +6,8 @@ filled on a worker thread while the step's forward runs.
 - `compiler.py`: `GrammarCompiler`: the tokenizer as llguidance sees it, compiled grammars
   cached by content, a fresh `GrammarState` per request.
 - `state.py`: `GrammarState`: one request's matcher; advances only on accepted output tokens.
-- `bitmask.py`: `MaskFiller` (fills the step's masks in a thread) and `apply_bitmask`.
+- `bitmask.py`: `MaskFiller` (fills the step's masks on a long-lived worker thread) and
+  `apply_bitmask` (the C kernel `bitmask_cpu.c`, or torch where it cannot be built).
 """
 
 from loraplex.platform.engine.structured.spec import GrammarSpec

@@ -167,12 +167,12 @@ def test_preemption_and_prefix_hits_keep_grammar_state(model_dir: str) -> None:
 
 
 def test_mask_is_filled_while_the_forward_runs(llm: LLM) -> None:
-    """A forward pre-hook on the model sees the mask thread already started."""
+    """A forward pre-hook on the model sees the fill already handed to the mask worker."""
     seen: list[bool] = []
     filler = llm.core.runner.mask_filler
 
     def hook(module: object, args: object) -> None:
-        seen.append(filler._thread is not None)
+        seen.append(filler.pending)
 
     handle = llm.core.model.register_forward_pre_hook(hook)
     try:
