@@ -13,7 +13,9 @@ Baseline, measured in the same run before the load: the TTFT of requests sent on
 At the end the replica must go back to idle: no running or waiting request, no KV block in use,
 no adapter reference held. RESULT lines:
   load.requests, load.error_rate, load.ttft_p50_ms, load.ttft_p95_ms, load.baseline_ttft_p95_ms,
-  load.ttft_p95_ratio, load.output_tps, load.kv_blocks_in_use_end, load.adapter_references_end,
+  load.ttft_p95_ratio, load.output_tps, load.littles_law_ms (the time in system that the
+  measured completion rate implies for this many streams) and load.ttft_p95_over_littles_law,
+  load.kv_blocks_in_use_end, load.adapter_references_end,
   load.idle_after_s, and load.errors.<kind> (e.g. http_503_no_replica_available) per kind
 
 Without `--url`, the whole stack runs locally (`serve_stack.local_stack`: embedded PostgreSQL,
@@ -272,6 +274,13 @@ def run(
         "output_tps": tally.tokens / wall if wall > 0 else 0.0,
         "dropped": float(tally.dropped),
     }
+    # What queueing alone explains: a closed loop of `streams` clients completing requests at
+    # the measured rate spends streams / rate in the system per request (Little's law); a TTFT
+    # well past it would be time lost to something other than waiting for the service rate.
+    rate = tally.requests / wall if wall > 0 else 0.0
+    if rate > 0:
+        out["littles_law_ms"] = args.streams / rate * 1000
+        out["ttft_p95_over_littles_law"] = out["ttft_p95_ms"] / out["littles_law_ms"]
     for kind, count in Counter(_error_kind(e) for e in tally.errors).items():
         out[f"errors.{kind}"] = float(count)
     if replica is not None:
