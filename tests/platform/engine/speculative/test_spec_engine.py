@@ -128,3 +128,27 @@ def test_stop_token_inside_accepted_drafts_ends_the_request_there(world):
     assert on.finish_reason == "stop"
     short = SamplingParams(temperature=0.0, max_tokens=3)
     assert run(llm, [prompt], short, None, FORCED)[0].token_ids == free.token_ids[:3]
+
+
+def test_an_adapters_past_outputs_draft_for_its_next_requests_only(world):
+    base, adapters = world
+    llm = make_llm(base)
+    prompt = torch.randperm(120, generator=torch.Generator().manual_seed(2))[:30].add(3).tolist()
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    a, b = adapters[0], adapters[1]
+    want = run(llm, [prompt], params, [a], None)[0].token_ids
+    llm.core.enable_speculation(FORCED)
+    first = run(llm, [prompt], params, [a], FORCED)[0]
+    spec = llm.core.speculator
+    key_a = next(k for k in spec.stats if k is not None)
+    before = spec.stats[key_a].accepted
+    again = llm.generate([prompt], params, adapters=[a])[0]  # same speculator, same tables
+    other = llm.generate([prompt], params, adapters=[b])[0]
+    assert first.token_ids == again.token_ids == want
+    from_table = spec.stats[key_a].accepted - before
+    key_b = next(k for k in spec.stats if k not in (None, key_a))
+    # the second request drafted from the first's output (at most 24 - 3 tokens can be:
+    # drafting starts once two output tokens match the table, and the last is always sampled)
+    assert from_table >= 12, from_table
+    assert spec.stats[key_b].accepted < from_table / 2  # adapter b has no table of a's output
+    assert other.token_ids != want
