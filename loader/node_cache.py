@@ -70,6 +70,11 @@ class NodeCache:
         _remove(stem.with_suffix(".json"), data)
         return None
 
+    def remove(self, bucket: str, key: str) -> None:
+        """Drop the kept copy of `key` (readers that have it open keep their bytes)."""
+        stem = self._stem(bucket, key)
+        _remove(stem.with_suffix(".json"), stem.with_suffix(".data"))
+
     def start_fill(self, bucket: str, info: ObjectInfo) -> Fill | None:
         """A fill for the object's current version, or None when it cannot or should not be kept."""
         if info.etag is None or (self.max_bytes is not None and info.size > self.max_bytes):
@@ -216,6 +221,15 @@ class CachedStore:
         fill = self.cache.start_fill(self.bucket, info) if fd is None else None
         self._routes[key] = (info, fd, fill)
         return info, fd, fill
+
+    def forget(self, key: str) -> bool:
+        """Drop the kept copy this store serves `key` from (it failed a check); True if one was."""
+        with self._lock:
+            got = self._routes.pop(key, None)
+        if got is None or got[1] is None:
+            return False
+        self.cache.remove(self.bucket, key)
+        return True
 
     def stat(self, key: str) -> ObjectInfo:
         """The object's info (one HEAD, shared with the cache's version check)."""

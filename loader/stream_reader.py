@@ -348,8 +348,13 @@ class _Run:
         got = hasher.sha.hexdigest()  # type: ignore[attr-defined]
         del self.hashers[shard]
         if got != hasher.expected:
+            # A node-local copy that went bad is dropped, so the next load streams S3 again.
+            dropped = isinstance(self.loader.store, CachedStore) and self.loader.store.forget(
+                hasher.key
+            )
             raise ChecksumMismatchError(
                 f"{hasher.key}: sha256 is {got}, expected {hasher.expected}"
+                + ("; the node cache's copy was dropped" if dropped else "")
             )
 
     def _submit(self, pool: ThreadPoolExecutor, ri: int) -> Future:

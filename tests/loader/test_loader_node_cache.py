@@ -151,3 +151,41 @@ def test_the_platform_settings_reach_the_loader(monkeypatch, tmp_path: Path) -> 
     monkeypatch.setenv("LORAPLEX_WEIGHTS_CACHE_MAX_BYTES", "1000")
     storage = Settings().storage()
     assert (storage.local_cache_dir, storage.local_cache_max_bytes) == (str(tmp_path), 1000)
+
+
+def test_a_copy_that_fails_its_checksum_is_dropped_so_the_next_start_refetches(
+    fault_proxy,
+    s3_storage: StorageConfig,
+    s3_client,
+    s3_bucket: str,
+    s3_prefix: str,
+    tmp_path: Path,
+) -> None:
+    """Bit rot in a kept copy (same size, other bytes) fails the sha256 recorded on the
+    object, as S3's own bytes would; the copy is dropped then, so a restarted replica loads
+    from S3 again instead of failing on the same copy forever."""
+    import hashlib
+
+    from loraplex.loader.stream_reader import ChecksumMismatchError
+
+    ref = _checkpoint(6)
+    blob = save(ref)
+    key = s3_prefix + "model.safetensors"
+    s3_client.put_object(Bucket=s3_bucket, Key=key, Body=blob,
+                         Metadata={"sha256": hashlib.sha256(blob).hexdigest()})  # fmt: skip
+    with fault_proxy(s3_storage.endpoint_url) as proxy:
+        storage = replace(s3_storage, endpoint_url=proxy.url, local_cache_dir=str(tmp_path))
+        _same(_load(storage, key), ref)
+        (entry,) = NodeCache(tmp_path).entries()
+        with open(entry.path, "r+b") as f:
+            f.seek(entry.size - 100)
+            byte = f.read(1)
+            f.seek(entry.size - 100)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        with pytest.raises(ChecksumMismatchError, match="dropped"):
+            _load(storage, key)
+        assert NodeCache(tmp_path).entries() == []
+        before = proxy.body_bytes
+        _same(_load(storage, key), ref)
+        assert proxy.body_bytes - before >= len(blob)
+    assert len(NodeCache(tmp_path).entries()) == 1
