@@ -9,6 +9,8 @@ is low.
 
 from __future__ import annotations
 
+import heapq
+
 PRIOR_TOKENS_PER_FIXED_COST = 16.0  # before measuring: one step's fixed cost ~ 16 tokens' work
 DECAY = 0.97  # weight of older step measurements per new one
 ACCEPT_EMA = 0.3  # weight of the newest acceptance observation
@@ -80,14 +82,18 @@ class Controller:
         p = [ACCEPT_PRIOR if a is None else min(a, 0.99) for a in rates]
         gain = float(num_outputs)  # expected tokens out of the step
         time = c0 + c1 * (num_tokens + sum(ks))
-        worth = [p[i] ** (ks[i] + 1) for i in range(len(p))]
-        while budget > 0:
-            i = max(range(len(p)), key=worth.__getitem__, default=None)
-            if i is None or ks[i] >= self.k_max or worth[i] * time <= c1 * gain:
+        if max(p, default=0.0) * time <= c1 * gain:  # not even the best draft pays
+            return ks
+        heap = [(-(p[i] ** (ks[i] + 1)), i) for i in range(len(p)) if ks[i] < self.k_max]
+        heapq.heapify(heap)
+        while heap and budget > 0:
+            neg, i = heapq.heappop(heap)
+            if -neg * time <= c1 * gain:  # the best remaining draft lowers tokens per second
                 break
             ks[i] += 1
-            gain += worth[i]
+            gain -= neg
             time += c1
             budget -= 1
-            worth[i] = p[i] ** (ks[i] + 1) if ks[i] < self.k_max else -1.0
+            if ks[i] < self.k_max:
+                heapq.heappush(heap, (-(p[i] ** (ks[i] + 1)), i))
         return ks
