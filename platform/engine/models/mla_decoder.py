@@ -90,7 +90,7 @@ class MLASelfAttention(nn.Module):
         self.o_proj = linear(h * mla.v_head_dim, hid, "o_proj", bias)
         scale = mla_softmax_scale(mla.qk_head_dim, config.rope)
         self.attn = MLAAttention(h, c, r, scale, layer_idx)
-        self._absorbed: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        self._absorbed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def load_hf_weight(self, name: str, tensor: torch.Tensor) -> list[str]:
         """Loader hook: every tensor by its own name (a plain `q_proj` is not a q/k/v slice)."""
@@ -110,11 +110,11 @@ class MLASelfAttention(nn.Module):
         if self.kv_b_proj.lora_delta is not None:
             raise NotImplementedError("LoRA on kv_b_proj is not served for MLA models yet")
         w = self.kv_b_proj.weight
-        if self._absorbed is None or self._absorbed[0] != w.data_ptr():
+        if self._absorbed is None or self._absorbed[0] is not w:  # loading replaces it
             m = self.mla
             full = dense(w.data).view(m.num_heads, m.qk_nope_head_dim + m.v_head_dim, -1)
             uk, uv = full.split([m.qk_nope_head_dim, m.v_head_dim], dim=1)
-            self._absorbed = (w.data_ptr(), uk.contiguous(), uv.contiguous())
+            self._absorbed = (w, uk.contiguous(), uv.contiguous())
         return self._absorbed[1].to(dtype), self._absorbed[2].to(dtype)
 
     def forward(

@@ -41,3 +41,20 @@ def test_deepseek_engine_equals_transformers(tmp_path, case):
             assert set(row.topk(3).indices.tolist()) <= set(lp)
             for tok, value in lp.items():
                 assert value == pytest.approx(row[tok].item(), abs=1e-5)
+
+
+def test_deepseek_engine_runs_in_bf16(tmp_path):
+    """The bf16 engine (the `auto` choice on CPUs with native bf16: packed oneDNN weights)
+    follows transformers' fp32 distribution to bf16 precision."""
+    from test_deepseek_models import save_deepseek
+
+    hf = save_deepseek(tmp_path, "v3_yarn_interleaved")
+    save_char_tokenizer(tmp_path, 128)
+    llm = LLM(str(tmp_path), dtype="bfloat16", block_size=4, max_num_batched_tokens=16,
+              max_num_seqs=8)  # fmt: skip
+    prompt = list(range(3, 30))
+    out = llm.generate([prompt], SamplingParams(max_tokens=4, logprobs=1, **GREEDY))[0]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt + out.token_ids])).logits[0], -1)
+    for j, (tok, lp) in enumerate(zip(out.token_ids, out.logprobs, strict=True)):
+        assert lp[tok] == pytest.approx(ref[len(prompt) - 1 + j, tok].item(), abs=0.15)
