@@ -130,6 +130,9 @@ class Settings(BaseSettings):
     stream_buffer_frames: int = 256
     stream_stall_timeout_s: float = 30.0
     replica_read_timeout_s: float = 120.0
+    # Hold a request for a deployment with no replica at all (up to its cold_start_wait_s)
+    # where KEDA scales deployments from zero on the count of held requests (infra/k8s).
+    gateway_hold_at_zero: bool = False
     usage_flush_interval_s: float = 1.0
     usage_batch_size: int = 200
     resolve_cache_ttl_s: float = 2.0

@@ -212,8 +212,12 @@ class Router:
         down_cooldown_s: float = 2.0,
         metrics: GatewayMetrics | None = None,
         rng: random.Random | None = None,
+        hold_at_zero: bool = False,
     ) -> None:
         self.registry = registry
+        # Hold a request even when nothing is starting: something (KEDA, on the count of
+        # held requests) scales the deployment from zero meanwhile.
+        self.hold_at_zero = hold_at_zero
         self._rng = rng or random.Random()
         self.client = client
         self.metrics = metrics or GatewayMetrics()
@@ -376,10 +380,24 @@ class Router:
         routes: Sequence[DeploymentRoute] | None = None,
     ) -> list[Scored]:
         """Candidates once a starting replica of `deployment` is ready, waiting up to
-        `bound_s`; [] at once when none is starting. Raises 503 (`replicas_starting`, with
-        Retry-After) when the bound passes first."""
-        if bound_s <= 0 or await self._starting(deployment, routes) == 0:
+        `bound_s`; [] at once when none is starting (unless `hold_at_zero`). Raises 503
+        (`replicas_starting`, with Retry-After) when the bound passes first. The wait counts
+        in `requests_waiting`, which wakes a deployment scaled to zero."""
+        if bound_s <= 0:
             return []
+        if not self.hold_at_zero and await self._starting(deployment, routes) == 0:
+            return []
+        with self.metrics.waiting(deployment):
+            return await self._wait(deployment, adapter_key, prompt, bound_s, routes)
+
+    async def _wait(
+        self,
+        deployment: str,
+        adapter_key: str | None,
+        prompt: PromptKeys,
+        bound_s: float,
+        routes: Sequence[DeploymentRoute] | None,
+    ) -> list[Scored]:
         began = time.monotonic()
         pause = COLD_START_POLL_S[0]
         while True:
@@ -389,7 +407,8 @@ class Router:
             if pool:
                 self.metrics.cold_start_wait.labels(deployment, "ready").observe(waited)
                 return pool
-            if waited >= bound_s or await self._starting(deployment, routes) == 0:
+            gone = not self.hold_at_zero and await self._starting(deployment, routes) == 0
+            if waited >= bound_s or gone:
                 outcome = "timeout" if waited >= bound_s else "gone"
                 self.metrics.cold_start_wait.labels(deployment, outcome).observe(waited)
                 if outcome == "gone":  # the starting replica died: nothing is coming

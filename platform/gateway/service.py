@@ -82,7 +82,7 @@ class Gateway:
         self.client = ReplicaClient(
             self.http, settings.replica_secret, read_timeout_s=settings.replica_read_timeout_s
         )
-        self.router = Router(self.registry, self.client)
+        self.router = Router(self.registry, self.client, hold_at_zero=settings.gateway_hold_at_zero)
         self.warmer = AdapterWarmer(
             redis, session_factory, self.resolver, self.router, self.client,
             settings.warm_replicas,

@@ -158,3 +158,16 @@ def test_the_load_balancer_does_not_serve_the_apis_metrics() -> None:
         assert action["fixedResponseConfig"]["statusCode"] == "404"
         # Everything else still reaches the API.
         assert ingress["spec"]["defaultBackend"]["service"]["name"] == "loraplex-api"
+
+
+def test_the_gateway_holds_requests_at_zero_where_keda_wakes_them() -> None:
+    """The API's settings turn the router's hold at zero on exactly where the environment
+    scales to zero (tests/platform/gateway/test_gateway_hold_at_zero.py is the router's test)."""
+    from loraplex.platform.settings import Settings
+
+    for env in ("dev", "prod"):
+        [config] = [d for d in rendered()[f"{env}/platform.yaml"]
+                    if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "loraplex-platform"]  # fmt: skip
+        raw = config["data"]["LORAPLEX_GATEWAY_HOLD_AT_ZERO"]
+        held = Settings(gateway_hold_at_zero=raw).gateway_hold_at_zero
+        assert held is release(env).values["engine"]["keda"]["scale_to_zero"], env
