@@ -114,6 +114,14 @@ def _sampling(
     """What the replica samples with; fields the client left out take the engine's defaults
     (OpenAI's: temperature 1, top_p 1, no penalties). Stop strings, logit bias and the output
     constraint (`openai_structured`) are applied there."""
+    if body.min_tokens is not None and body.min_tokens > max_tokens:
+        raise HttpError(
+            400,
+            f"Invalid request: `min_tokens` ({body.min_tokens}) exceeds the {max_tokens} "
+            "tokens this request may generate.",
+            param="min_tokens",
+            code="invalid_value",
+        )
     return SamplingOptions(
         temperature=body.temperature,
         top_p=body.top_p,
@@ -123,6 +131,8 @@ def _sampling(
         max_tokens=max_tokens,
         logprobs=logprobs,
         seed=None if body.seed is None else body.seed & SEED_MASK,
+        ignore_eos=body.ignore_eos,
+        min_tokens=body.min_tokens,
         **constraints.sampling_fields(),
     )
 
@@ -137,7 +147,9 @@ def build_chat_job(
 ) -> Job:
     """Render the conversation, tokenize it and check limits."""
     tok = assets.tokenizer
-    constraints = request_constraints(body, tok.vocab_size, tok.template.source)
+    constraints = request_constraints(
+        body, tok.vocab_size, tok.template.source, resolved.tool_call_format
+    )
     tools = constraints.tools.template_tools() if constraints.tools else None
     messages = [m.template_dict() for m in body.messages]
     try:

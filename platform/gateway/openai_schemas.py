@@ -11,7 +11,15 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.openai_fields import check_fields
@@ -104,6 +112,9 @@ class SamplingFields(ConstraintFields):
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
     logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
+    # vLLM's extensions to the OpenAI body, as its server takes them.
+    ignore_eos: StrictBool | None = None
+    min_tokens: Annotated[int, Field(ge=0)] | None = None
 
     @field_validator("logit_bias")
     @classmethod

@@ -120,3 +120,22 @@ def test_empty_token_id_prompt_is_a_400(assets: ModelAssets) -> None:
     with pytest.raises(HttpError) as info:
         build_text_job(empty, _resolved(), assets, TENANT, None, 1024)
     assert info.value.status == 400 and info.value.param == "prompt"
+
+
+def test_vllm_length_fields_reach_the_replica(assets: ModelAssets) -> None:
+    """vLLM's `ignore_eos` and `min_tokens` (as its OpenAI server takes them) are served."""
+    body = parse_completion_request(
+        {"model": "m", "prompt": [5, 6, 7], "max_tokens": 8, "ignore_eos": True, "min_tokens": 4}
+    )
+    job = build_text_job(body, _resolved(), assets, TENANT, None, 1024)
+    assert job.sampling.ignore_eos is True and job.sampling.min_tokens == 4
+    left_out = build_text_job(
+        parse_completion_request({"model": "m", "prompt": "Hi"}), _resolved(), assets, TENANT,
+        None, 1024,
+    )  # fmt: skip
+    assert left_out.sampling.ignore_eos is None and left_out.sampling.min_tokens is None
+    for bad in ({"min_tokens": -1}, {"min_tokens": 9}, {"ignore_eos": "yes"}):
+        with pytest.raises(HttpError) as info:
+            body = parse_completion_request({"model": "m", "prompt": "Hi", "max_tokens": 8, **bad})
+            build_text_job(body, _resolved(), assets, TENANT, None, 1024)  # 9 > max_tokens
+        assert info.value.status == 400 and info.value.param in ("min_tokens", "ignore_eos")
