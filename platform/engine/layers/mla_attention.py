@@ -83,28 +83,57 @@ def _attend(q: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor, scale: floa
     )
 
 
+def _decode(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_len: int,
+    scale: float,
+    c: int,
+) -> torch.Tensor:
+    """One query token per sequence: q [S, H, C+R] -> [S, H, C]; no host sync."""
+    rows = _gather(cache, tables, max(1, -(-max_len // cache.shape[1])))
+    key_pos = torch.arange(rows.shape[1], device=q.device)
+    mask = key_pos[None, :] < seq_lens[:, None].to(key_pos.dtype)  # [S, L]
+    return _attend(q[:, :, None, :], rows, mask[:, None, None, :], scale, c)[:, :, 0, :]
+
+
+def _plan(md: AttentionMetadata) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Host copies of the batch layout, read once per step and shared by every layer."""
+    plan = md.cache.get("mla_plan")
+    if plan is None:
+        starts = md.query_start_loc.tolist()
+        ctx, lens = md.context_lens.tolist(), md.seq_lens.tolist()
+        decodes = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
+        plan = md.cache["mla_plan"] = (starts, ctx, lens, decodes)
+    return plan
+
+
 def latent_attention(
     q: torch.Tensor, cache: torch.Tensor, md: AttentionMetadata, scale: float, c: int
 ) -> torch.Tensor:
     """q [T, H, C+R] of a mixed batch (rows already written) -> attended latent [T, H, C].
 
-    Decode rows (one query token) run as one batched masked attention; prefill chunks one
-    sequence at a time with the causal mask offset by what the cache held before the step.
+    Decode rows (one query token) run as one batched masked attention (a decode-only step
+    reads nothing back to the host); prefill chunks one sequence at a time with the causal
+    mask offset by what the cache held before the step.
     """
+    if md.is_decode_only:
+        s = md.num_seqs
+        out = _decode(q[:s], cache, md.block_tables, md.seq_lens, md.max_seq_len, scale, c)
+        if q.shape[0] == s:
+            return out
+        return torch.cat((out, out.new_zeros(q.shape[0] - s, *out.shape[1:])))
     out = q.new_zeros(q.shape[0], q.shape[1], c)
-    bs = cache.shape[1]
-    starts = md.query_start_loc.tolist()
-    ctx, lens = md.context_lens.tolist(), md.seq_lens.tolist()
-    decodes = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
+    starts, ctx, lens, decodes = _plan(md)
     if decodes:
         seq_idx = torch.tensor(decodes, dtype=torch.long, device=q.device)
         tok_idx = torch.tensor([starts[i] for i in decodes], dtype=torch.long, device=q.device)
-        num_blocks = -(-max(lens[i] for i in decodes) // bs)
-        rows = _gather(cache, md.block_tables[seq_idx], num_blocks)
-        key_pos = torch.arange(rows.shape[1], device=q.device)
-        mask = key_pos[None, :] < md.seq_lens[seq_idx, None].to(key_pos.dtype)  # [Sd, L]
-        qd = q[tok_idx][:, :, None, :]  # [Sd, H, 1, C+R]
-        out[tok_idx] = _attend(qd, rows, mask[:, None, None, :], scale, c)[:, :, 0, :]
+        max_len = max(lens[i] for i in decodes)
+        tables, seq_lens = md.block_tables[seq_idx], md.seq_lens[seq_idx]
+        out[tok_idx] = _decode(q[tok_idx], cache, tables, seq_lens, max_len, scale, c)
+    bs = cache.shape[1]
     for i in range(len(lens)):
         a, b = starts[i], starts[i + 1]
         if b - a <= 1:
