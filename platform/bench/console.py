@@ -110,6 +110,7 @@ def _pages(ids: dict[str, str]) -> dict[str, str]:
         "adapter": f"/console/adapters/{ids['adapter']}",
         "deployments": "/console/deployments",
         "deployment": f"/console/deployments/{ids['deployment']}",
+        "deployment_load": f"/console/api/deployments/{ids['deployment']}/load",
         "jobs": "/console/jobs",
         "jobs_failed": "/console/jobs?status=failed",
         "audit": "/console/audit",
