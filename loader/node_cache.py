@@ -119,20 +119,26 @@ class NodeCache:
                 total -= e.size
 
     def _commit(self, fill: Fill) -> bool:
-        """Move a complete fill into place with its record; False when another filler won."""
+        """Move a complete fill into place, then its record; False when another filler of the
+        same file finished first (it removed this one's partial: the rename fails, and its
+        copy and record are left alone)."""
         data, meta = fill.stem.with_suffix(".data"), fill.stem.with_suffix(".json")
         record = {"bucket": fill.bucket, "key": fill.info.key, "size": fill.info.size}
         record["etag"] = fill.info.etag  # type: ignore[assignment]
         tmp_meta = fill.partial.with_name(fill.partial.name + ".json")
         try:
             os.fsync(fill.fd)
-            tmp_meta.write_text(json.dumps(record))
-            _remove(meta)  # readers see no record while the data changes under it
-            os.rename(fill.partial, data)
-            os.rename(tmp_meta, meta)
-        except OSError as exc:  # another filler of the same file removed our partial first
-            _remove(tmp_meta, fill.partial)
+            os.rename(fill.partial, data)  # atomic: a reader holds the old file or the new one
+        except OSError as exc:
+            _remove(fill.partial)
             log.debug("node cache: fill of %s not kept: %s", fill.info.key, exc)
+            return False
+        try:
+            tmp_meta.write_text(json.dumps(record))
+            os.rename(tmp_meta, meta)
+        except OSError as exc:  # no record: the copy is never served, and fetched again
+            _remove(tmp_meta)
+            log.warning("node cache %s: no record for %s: %s", self.root, fill.info.key, exc)
             return False
         for other in fill.stem.parent.glob(fill.stem.name + ".partial.*"):
             _remove(other)  # other fillers of this file: their rename fails, nothing is lost

@@ -189,3 +189,23 @@ def test_a_copy_that_fails_its_checksum_is_dropped_so_the_next_start_refetches(
         _same(_load(storage, key), ref)
         assert proxy.body_bytes - before >= len(blob)
     assert len(NodeCache(tmp_path).entries()) == 1
+
+
+def test_two_replicas_filling_one_file_leave_one_good_copy(tmp_path: Path) -> None:
+    """Two replicas on a node cold-start the same model at once: both fill, the first to
+    finish keeps its copy, the other's finish neither replaces nor removes it."""
+    from loraplex.loader.object_store import ObjectInfo
+
+    cache = NodeCache(tmp_path)
+    data = bytes(range(256)) * 64
+    info = ObjectInfo("models/m/model.safetensors", len(data), None, '"etag-1"')
+    first, second = cache.start_fill("b", info), cache.start_fill("b", info)
+    assert first is not None and second is not None
+    first.write(0, [data[:1000]])
+    second.write(0, [data])  # finishes first: kept
+    first.write(1000, [data[1000:]])  # finishes second: its partial was removed, not kept
+    assert (second.state, first.state) == ("kept", "dropped")
+    (entry,) = cache.entries()
+    assert entry.path.read_bytes() == data
+    assert cache.lookup("b", info) == entry.path
+    assert not list(tmp_path.rglob("*.partial*"))
