@@ -267,14 +267,15 @@ def run(
     key: str,
     args: argparse.Namespace,
     replica: tuple[str, str] | None = None,
-    offline: Callable[[list[str], list[int]], float] | None = None,
+    offline: Callable[[list[str], list[int], list[str] | None], float] | None = None,
     first_request: Callable[[str], dict[str, float]] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Warm up, then the adapter workload and the base-model baseline; returns both summaries.
 
     With `replica` (its URL and secret), the gateway's per-chunk overhead over it as well; with
-    `offline` (prompts, output tokens -> tokens/s of the same engine in-process), the base
-    run's served throughput over the engine's own (`serve.base.served_over_offline`); with
+    `offline` (prompts, output tokens, each prompt's adapter name or None -> tokens/s of the
+    same engine in-process), each run's served throughput over the engine's own
+    (`serve.served_over_offline`, `serve.base.served_over_offline`); with
     `first_request` (base model -> figures), a new adapter's first request against its warm
     ones (`serve.first_over_warm_ttft`)."""
     names = [n for n in (args.adapters or "").split(",") if n] or None
@@ -293,9 +294,10 @@ def run(
         errors = [o.error for o in outcomes if not o.ok]
         if errors:
             console.print(f"[yellow]{label}: {len(errors)} failed requests, e.g. {errors[0]}[/]")
-        if label == "serve.base" and offline is not None and not errors:
+        if offline is not None and not errors:
+            names = [models[s.slot % len(models)] for s in specs] if label == "serve" else None
             with console.status("offline: the same engine and workload in-process…"):
-                tps = offline([s.prompt for s in specs], [o.tokens for o in outcomes])
+                tps = offline([s.prompt for s in specs], [o.tokens for o in outcomes], names)
             results[label]["offline_output_tps"] = tps
             results[label]["served_over_offline"] = results[label]["output_tps"] / tps
     if replica is not None and args.overhead_runs > 0:
@@ -336,15 +338,13 @@ def main(argv: list[str]) -> int:
     with local_stack(args.num_adapters) as info:
         url, key, replica_url, secret = info
 
-        def offline(prompts: list[str], tokens: list[int]) -> float:
+        def offline(prompts: list[str], tokens: list[int], names: list[str] | None) -> float:
             # A fresh process: this one holds the stack's clients and threads (measured
             # here, the same engine ran at a fifth of its speed).
+            folders = None if names is None else [str(info.adapter_dirs[n]) for n in names]
+            job = (info.engine_config, info.model_dir, prompts, tokens, folders)
             with multiprocessing.get_context("spawn").Pool(1) as pool:
-                return float(
-                    pool.apply(
-                        offline_output_tps, (info.engine_config, info.model_dir, prompts, tokens)
-                    )
-                )
+                return float(pool.apply(offline_output_tps, job))
 
         def first_request(base: str) -> dict[str, float]:
             from loraplex.platform.bench._first_request import measure

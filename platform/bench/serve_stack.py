@@ -87,6 +87,7 @@ class StackInfo(tuple):
     model_dir: Path
     replica_pid: int | None
     engine_config: Any  # the replica's EngineConfig
+    adapter_dirs: dict[str, Path]  # uploaded adapter name -> its PEFT folder
 
 
 @contextlib.contextmanager
@@ -187,12 +188,14 @@ def local_stack(
             api_url, api = start_api_process(child_env(settings, "api"), root / "api.log")
         stack.callback(api.stop)
         hf_config = json.loads((model_dir / "config.json").read_text())
+        adapter_dirs: dict[str, Path] = {}
         with console.status(f"uploading {num_adapters} adapters…"):
             for i in range(num_adapters):
                 folder = write_random_adapter(
                     root / f"adapter{i}", hf_config, 8, seed=i, targets=TARGETS, std=0.05
                 )
                 upload_and_wait(api_url, key, "demo", f"bench-{i}", folder)
+                adapter_dirs[f"bench-{i}"] = Path(folder)
         info = StackInfo((api_url, key, replica_url, settings.replica_secret))
         info.api_pid = api.pid
         info.api_log = root / "api.log"
@@ -200,4 +203,5 @@ def local_stack(
         info.model_dir = model_dir
         info.replica_pid = replica.pid
         info.engine_config = engine_config
+        info.adapter_dirs = adapter_dirs
         yield info
