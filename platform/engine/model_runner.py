@@ -249,15 +249,17 @@ class ModelRunner:
                 if last > first:
                     plp_rows[i] = (qsl[-2] + first - start, last - first, first)
         dev = self.device
+        if all(s.num_tokens == 1 for s in scheduled):  # decodes, some with drafts
+            qsl, seq_lens, ctx_lens, tables = self._rows_per_token(qsl, seq_lens, tables)
         md = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev),
             query_start_loc=torch.tensor(qsl, dtype=torch.int32).to(dev),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(dev),
             context_lens=torch.tensor(ctx_lens, dtype=torch.int32).to(dev),
             block_tables=tables.to(dev),
-            max_query_len=max(qsl[i + 1] - qsl[i] for i in range(len(scheduled))),
+            max_query_len=max(qsl[i + 1] - qsl[i] for i in range(len(qsl) - 1)),
             max_seq_len=max(seq_lens),
-            is_decode_only=all(qsl[i + 1] - qsl[i] == 1 for i in range(len(scheduled))),
+            is_decode_only=all(qsl[i + 1] - qsl[i] == 1 for i in range(len(qsl) - 1)),
         )
         with forward_context(ForwardContext(attn=md, lora=self.lora_metadata)):
             hidden = self.model(
@@ -271,6 +273,18 @@ class ModelRunner:
             rows = torch.tensor(sample_rows, dtype=torch.int64, device=dev)
             logits = self.model.compute_logits(hidden[rows])
         return self._sample(sampling, logits, prompt_lps)
+
+    @staticmethod
+    def _rows_per_token(
+        qsl: list[int], seq_lens: list[int], tables: torch.Tensor
+    ) -> tuple[list[int], list[int], list[int], torch.Tensor]:
+        """Attention rows for a step of decodes with drafts: one single-query row per token,
+        seeing its sequence up to itself (every row's K/V is written before any row attends),
+        so verification runs on the decode attention path instead of the prefill one."""
+        counts = [qsl[i + 1] - qsl[i] for i in range(len(seq_lens))]
+        lens = [e - n + j + 1 for e, n in zip(seq_lens, counts, strict=True) for j in range(n)]
+        rows = tables.repeat_interleave(torch.tensor(counts), dim=0)
+        return list(range(len(lens) + 1)), lens, [n - 1 for n in lens], rows
 
     def _prompt_logprobs(
         self,

@@ -1,0 +1,19 @@
+"""`loraplex bench spec --quick` runs end to end and prints every RESULT line with a number."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from loraplex.platform.bench import spec
+
+
+def test_quick_run_prints_every_result(capsys: pytest.CaptureFixture[str]) -> None:
+    assert spec.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    got = dict(re.findall(r"^RESULT (spec\.\w+)=([0-9.]+)$", out, flags=re.M))
+    for name in ("ngram_b1_speedup", "b4_speedup", "b4_sampled_speedup"):
+        assert float(got[f"spec.{name}"]) > 0, name
+    assert float(got["spec.ngram_b1_mean_acceptance_length"]) >= 0.0
+    assert 0.0 <= float(got["spec.b4_sampled_draft_share"]) <= 1.0
