@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from loraplex.platform.bench.serve import WORDS, one_request
+from loraplex.platform.bench.completion_client import WORDS, one_request
 from loraplex.platform.bench.serve_stack import TARGETS, upload_and_wait
 from loraplex.platform.testing.adapters import write_random_adapter
 

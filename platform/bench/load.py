@@ -39,7 +39,8 @@ from typing import Any
 
 import httpx
 
-from loraplex.platform.bench.serve import WORDS, console, discover, pct
+from loraplex.platform.bench.completion_client import WORDS
+from loraplex.platform.bench.serve import console, discover, pct
 from loraplex.platform.wire import WIRE_VERSION, WIRE_VERSION_HEADER, ReplicaState
 from loraplex.platform.wire.auth import bearer
 

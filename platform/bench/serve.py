@@ -21,58 +21,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
 from rich.console import Console
 from rich.progress import Progress
 
-console = Console(stderr=True)
+from loraplex.platform.bench.completion_client import WORDS, Outcome, one_request
 
-WORDS = [
-    "the",
-    "library",
-    "opens",
-    "at",
-    "nine",
-    "in",
-    "the",
-    "morning",
-    "and",
-    "closes",
-    "at",
-    "six",
-    "in",
-    "the",
-    "evening",
-    "every",
-    "visitor",
-    "signs",
-    "the",
-    "book",
-    "by",
-    "the",
-    "door",
-    "then",
-    "walks",
-    "past",
-    "the",
-    "long",
-    "tables",
-    "to",
-    "the",
-    "shelves",
-    "on",
-    "rainy",
-    "days",
-]
+console = Console(stderr=True)
 
 
 @dataclass
@@ -84,17 +47,6 @@ class Spec:
     prompt: str
 
 
-@dataclass
-class Outcome:
-    """What one request measured."""
-
-    ok: bool
-    ttft: float = 0.0
-    itls: list[float] = field(default_factory=list)
-    tokens: int = 0
-    error: str | None = None
-
-
 def make_workload(n: int, rate: float, k: int, prompt_words: int, seed: int) -> list[Spec]:
     """`n` requests with exponential inter-arrival gaps (Poisson, `rate` per second)."""
     rng = random.Random(seed)
@@ -104,57 +56,6 @@ def make_workload(n: int, rate: float, k: int, prompt_words: int, seed: int) -> 
         words = [rng.choice(WORDS) for _ in range(prompt_words)]
         out.append(Spec(t, rng.randrange(k), " ".join(words)))
     return out
-
-
-async def one_request(
-    http: httpx.AsyncClient, url: str, key: str, model: str, prompt: str, max_tokens: int
-) -> Outcome:
-    """Stream one chat completion and time its tokens."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    start = time.perf_counter()
-    first: float | None = None
-    last = start
-    itls: list[float] = []
-    tokens = 0
-    try:
-        async with http.stream(
-            "POST",
-            f"{url}/v1/chat/completions",
-            json=body,
-            headers={"Authorization": f"Bearer {key}"},
-        ) as resp:
-            if resp.status_code != 200:
-                return Outcome(
-                    False, error=f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
-                )
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    return Outcome(False, error=str(chunk["error"].get("message")))
-                if chunk.get("usage"):
-                    tokens = int(chunk["usage"]["completion_tokens"])
-                for choice in chunk.get("choices", []):
-                    if choice.get("delta", {}).get("content"):
-                        now = time.perf_counter()
-                        if first is None:
-                            first = now
-                        else:
-                            itls.append(now - last)
-                        last = now
-    except httpx.HTTPError as exc:
-        return Outcome(False, error=repr(exc))
-    if first is None:
-        return Outcome(False, error="no content")
-    return Outcome(True, first - start, itls, tokens)
 
 
 async def run_workload(
