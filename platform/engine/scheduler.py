@@ -1,10 +1,13 @@
 """Scheduler: iteration-level batching of decode tokens and prefill chunks.
 
-Every step it first gives each running request its next tokens (one for a decode, a chunk
-for an unfinished prefill), preempting the newest running requests by recompute when KV
-blocks run out, then admits waiting requests in arrival order while the token budget
+Every step it first gives each running request its next tokens (decodes first, then a chunk
+for each unfinished prefill), preempting the newest running requests by recompute when KV
+blocks run out, then admits waiting requests while the token budget
 (`max_num_batched_tokens`), the sequence limit (`max_num_seqs`), the KV pool and the
-admission policy allow. A request's progress is one number, `num_computed_tokens`, so a
+admission policy allow. Admission is fair across tenants (`tenant_fairness.py`): round-robin,
+the tenant with the fewest running requests first, and running prefill chunks leave room for
+the first prompt of a tenant that has nothing running; one tenant alone is served in arrival
+order. A request's progress is one number, `num_computed_tokens`, so a
 prefill chunk and a decode are the same thing: "run the next N tokens".
 """
 
@@ -18,6 +21,7 @@ from typing import Protocol
 
 from loraplex.platform.engine.prefix_cache import KVCacheManager
 from loraplex.platform.engine.request import Request, RequestStatus
+from loraplex.platform.engine.tenant_fairness import fair_order, prefill_reserve
 
 
 class AdmissionPolicy(Protocol):
@@ -152,15 +156,23 @@ class Scheduler:
     # -- one step ----------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        """Pick this step's batch: running requests first, then waiting ones in order."""
+        """Pick this step's batch: running requests first (decodes, then prefill chunks), then
+        waiting ones in fair order."""
         self.policy.begin_step(self.num_steps, self.waiting)
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        seats = self.max_num_seqs - len(self.running)
+        reserve = prefill_reserve(self.waiting, self.running, budget, seats)
         kept: list[Request] = []
-        queue = list(self.running)
+        # Decodes first (stable: running order within each kind).
+        queue = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
         while queue and budget > 0:
             request = queue.pop(0)
-            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            left = request.num_tokens - request.num_computed_tokens
+            n = min(left, budget if left <= 1 else budget - reserve)
+            if n <= 0:  # a prefill chunk waits a step: its room is held for a new tenant
+                kept.append(request)
+                continue
             while not self.kv.allocate_slots(request, n):
                 victim = queue.pop() if queue else request
                 self._preempt(victim)
@@ -184,11 +196,13 @@ class Scheduler:
         return out
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        skipped: list[Request] = []
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            request = self.waiting[0]
+        if not self.waiting or budget <= 0 or len(self.running) >= self.max_num_seqs:
+            return
+        admitted: set[int] = set()
+        for request in fair_order(self.waiting, self.running):
+            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                break
             if not self.policy.can_admit(request):
-                skipped.append(self.waiting.popleft())
                 continue
             computed, num_cached = self.kv.get_computed_blocks(request)
             n = request.num_tokens - num_cached
@@ -198,7 +212,7 @@ class Scheduler:
                 n = budget
             if not self.kv.allocate_slots(request, n, computed):
                 break
-            self.waiting.popleft()
+            admitted.add(id(request))
             if request.num_preemptions == 0:
                 self.kv.record_lookup(request.num_prompt_tokens, num_cached)
             request.num_cached_tokens = max(request.num_cached_tokens, num_cached)
@@ -208,7 +222,8 @@ class Scheduler:
             self.policy.on_admitted(request)
             out.scheduled.append(ScheduledRequest(request, n, num_cached))
             budget -= n
-        self.waiting.extendleft(reversed(skipped))
+        if admitted:
+            self.waiting = deque(r for r in self.waiting if id(r) not in admitted)
 
     def _preempt(self, request: Request) -> None:
         """Recompute-style preemption: drop the KV, send the request back to the queue's head."""
