@@ -107,6 +107,7 @@ class DeploymentOut(_Out):
     deterministic: bool
     routing_weight: float | None
     nameable: bool
+    tool_call_format: str | None
     created_at: str | None
 
 

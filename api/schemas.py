@@ -89,6 +89,7 @@ class DeploymentPatch(_Strict):
     replicas: StrictInt | None = None
     routing_weight: float | None = None
     nameable: bool | None = None
+    tool_call_format: str | None = None  # null: from the chat template (checked by the service)
 
 
 class DeploymentCreate(_Strict):
@@ -107,6 +108,8 @@ class DeploymentCreate(_Strict):
     # Share of its base model's routed traffic (null: by capacity); see gateway/router.py.
     routing_weight: float | None = Field(default=None, ge=0, le=1000)
     nameable: bool = False  # requests may pick it with the X-Loraplex-Deployment header
+    # How tool calls are read in free output (tokenizing/tool_calls.py); null: from the template.
+    tool_call_format: str | None = Field(default=None, max_length=64)
 
 
 class PresignedUploadCreate(_Strict):
@@ -199,6 +202,7 @@ def deployment_view(d: Deployment) -> dict[str, Any]:
         "deterministic": bool(d.deterministic),
         "routing_weight": d.routing_weight,
         "nameable": bool(d.nameable),
+        "tool_call_format": d.tool_call_format,
         "created_at": _ts(d.created_at),
     }
 

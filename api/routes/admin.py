@@ -178,6 +178,7 @@ async def create_deployment(
         deterministic=body.deterministic,
         routing_weight=body.routing_weight,
         nameable=body.nameable,
+        tool_call_format=body.tool_call_format,
     )
 
     def handler() -> dict[str, Any]:
@@ -211,12 +212,13 @@ def patch_deployment(
     actor: str = Depends(require_admin),
 ) -> dict[str, Any]:
     """Change a deployment's replica count (0 stops serving it), its routing weight among
-    the deployments of its base model, or whether requests may name it."""
+    the deployments of its base model, whether requests may name it, or its tool-call format
+    (null: from the chat template)."""
     did = _uuid(deployment_id, "deployment")
     given = body.model_fields_set
     if not given:
         raise InvalidInput(
-            "nothing to change: give replicas, routing_weight or nameable",
+            "nothing to change: give replicas, routing_weight, nameable or tool_call_format",
             code="invalid_value",
         )
     for field in ("replicas", "nameable"):
@@ -230,6 +232,8 @@ def patch_deployment(
         if "routing_weight" in given:
             routing["routing_weight"] = body.routing_weight
         dep = deployments.set_routing(session, did, actor=actor, **routing)
+    if "tool_call_format" in given:
+        dep = deployments.set_tool_call_format(session, did, body.tool_call_format, actor=actor)
     assert dep is not None
     return deployment_view(dep)
 

@@ -30,6 +30,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from loraplex.platform.tokenizing.tool_calls import FAMILIES as TOOL_CALL_FORMATS
+
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -154,6 +156,10 @@ class Deployment(Base):
             "routing_weight IS NULL OR (routing_weight >= 0 AND routing_weight <= 1000)",
             name="routing_weight",
         ),
+        CheckConstraint(
+            f"tool_call_format IS NULL OR {_in('tool_call_format', TOOL_CALL_FORMATS)}",
+            name="tool_call_format",
+        ),
     )
 
     id: Mapped[uuid.UUID] = _uuid_pk()
@@ -177,6 +183,9 @@ class Deployment(Base):
     routing_weight: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Whether a request may pick it by name (the `X-Loraplex-Deployment` header).
     nameable: Mapped[bool] = mapped_column(Boolean, server_default="false")
+    # How the gateway reads tool calls in free output (tokenizing/tool_calls.py); NULL: from
+    # the chat template.
+    tool_call_format: Mapped[str | None] = mapped_column(String(16), nullable=True)
     created_at: Mapped[datetime] = _created()
 
     base_model: Mapped[BaseModel] = relationship(lazy="joined")

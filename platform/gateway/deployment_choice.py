@@ -34,6 +34,7 @@ class DeploymentRoute:
     weight: float | None  # None: by capacity
     nameable: bool
     cold_start_wait_s: float
+    tool_call_format: str | None = None  # how `auto` tool calls are read; None: the template
 
 
 def weighted(routes: Sequence[DeploymentRoute]) -> bool:

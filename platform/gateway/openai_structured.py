@@ -288,8 +288,11 @@ class Constraints:
         return {"structured": self.structured, "logit_bias": self.logit_bias}
 
 
-def request_constraints(body: Any, vocab_size: int, template_source: str | None) -> Constraints:
-    """Constraints of a parsed chat (`template_source` given) or text completion body."""
+def request_constraints(
+    body: Any, vocab_size: int, template_source: str | None, tool_call_format: str | None = None
+) -> Constraints:
+    """Constraints of a parsed chat (`template_source` given) or text completion body;
+    `tool_call_format` (the deployment's option) overrides the template's tool-call format."""
     given = output_constraint(body)
     param, structured = given if given is not None else ("", None)
     out = Constraints(structured, body.token_logit_bias())
@@ -298,7 +301,7 @@ def request_constraints(body: Any, vocab_size: int, template_source: str | None)
         raise HttpError(400, f"logit_bias token ids must be in [0, {vocab_size}); got {bad[0]}.",
                         param="logit_bias", code="invalid_value")  # fmt: skip
     if template_source is not None:
-        out.tools = _tools(body, template_source, out)
+        out.tools = _tools(body, template_source, out, tool_call_format)
         if out.tools.constrained:
             param = "tools"
     if out.structured is not None:
@@ -310,8 +313,11 @@ def request_constraints(body: Any, vocab_size: int, template_source: str | None)
     return out
 
 
-def _tools(body: Any, template_source: str, out: Constraints) -> ToolPlan:
-    """The chat request's tool plan; a required or named choice sets the output constraint."""
+def _tools(
+    body: Any, template_source: str, out: Constraints, tool_call_format: str | None
+) -> ToolPlan:
+    """The chat request's tool plan; a required or named choice sets the output constraint.
+    Under `auto`, calls are read in the deployment's format, else in the template's."""
     plan = tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls)
     if plan.mode == "auto":
         if "tools" not in template_source:
@@ -319,7 +325,7 @@ def _tools(body: Any, template_source: str, out: Constraints) -> ToolPlan:
                             'so it cannot choose to call them; use tool_choice "required" or a '
                             "named function (the output is then constrained to the call).",
                             param="tools", code="unsupported_parameter")  # fmt: skip
-        plan.family = tool_call_family(template_source)
+        plan.family = tool_call_format or tool_call_family(template_source)
     if plan.constrained:
         if out.structured is not None:
             raise HttpError(400, "A required or named tool_choice cannot be combined with "

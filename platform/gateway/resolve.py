@@ -89,6 +89,9 @@ class ResolvedModel:
     deployment_names: tuple[str, ...] = ()
     # The same deployments with the operator's routing weights (`deployment_choice.py`).
     deployment_routes: tuple[DeploymentRoute, ...] = ()
+    # How tool calls in free output are read: the resolved deployment's `tool_call_format`
+    # (None: the format the chat template teaches).
+    tool_call_format: str | None = None
 
     @property
     def adapter_key(self) -> str | None:
@@ -190,9 +193,11 @@ def _resolved(session: Session, model: str, base: BaseModel, **adapter: Any) -> 
                 weight=d.routing_weight,
                 nameable=bool(d.nameable),
                 cold_start_wait_s=float(d.cold_start_wait_s),
+                tool_call_format=d.tool_call_format,
             )
             for d in deps
         ),
+        tool_call_format=dep.tool_call_format,
         base_created=int(base.created_at.timestamp()),
         **adapter,
     )
@@ -228,6 +233,7 @@ def with_named_deployment(resolved: ResolvedModel, name: str | None) -> Resolved
         cold_start_wait_s=route.cold_start_wait_s,
         deployment_names=(route.name,),
         deployment_routes=(route,),
+        tool_call_format=route.tool_call_format,
     )
 
 

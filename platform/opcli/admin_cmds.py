@@ -171,6 +171,8 @@ def cmd_deployments_create(args: argparse.Namespace) -> int:
         body["max_lora_rank"] = args.max_lora_rank
     if args.cold_start_wait is not None:
         body["cold_start_wait_s"] = args.cold_start_wait
+    if args.tool_call_format is not None:
+        body["tool_call_format"] = args.tool_call_format
     with connect(args.url, "admin") as api:
         dep = api.json("POST", "/admin/v1/deployments", json=body)
         emit(dep, args.json, lambda d: print_object(d, DEPLOYMENT_COLUMNS))
@@ -217,6 +219,24 @@ def cmd_deployments_route(args: argparse.Namespace) -> int:
 
         def show(d: dict[str, Any]) -> None:
             print(f"{d['name']}: weight {weight}, nameable {str(d['nameable']).lower()}")
+
+        emit(dep, args.json, show)
+    return 0
+
+
+def cmd_deployments_tools(args: argparse.Namespace) -> int:
+    """Set how the gateway reads tool calls in a deployment's free output (`auto`): a format,
+    or the one its chat template teaches."""
+    with connect(args.url, "admin") as api:
+        ref = args.deployment
+        if not _is_uuid(ref):
+            ref = find_by_name(api, "/admin/v1/deployments", ref, "deployment")["id"]
+        body = {"tool_call_format": None if args.from_template else args.format}
+        dep = api.json("PATCH", f"/admin/v1/deployments/{ref}", json=body)
+
+        def show(d: dict[str, Any]) -> None:
+            how = d["tool_call_format"] or "the chat template teaches"
+            print(f"{d['name']}: tool calls read as {how}")
 
         emit(dep, args.json, show)
     return 0
@@ -295,6 +315,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--cold-start-wait", type=float, metavar="SECONDS",
                    help="how long a request waits for a starting replica (default 120)")  # fmt: skip
+    p.add_argument("--tool-call-format", metavar="FORMAT",
+                   help="how tool calls are read (hermes, llama3_json, qwen3_xml; default: "
+                        "the chat template's)")  # fmt: skip
     p.set_defaults(func=guarded(cmd_deployments_create))
     p = ds.add_parser("list", parents=[common], help="list deployments")
     p.set_defaults(func=guarded(cmd_deployments_list))
@@ -312,6 +335,12 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                       help="requests may pick it (X-Loraplex-Deployment header)")  # fmt: skip
     name.add_argument("--not-nameable", dest="nameable", action="store_false")
     p.set_defaults(func=guarded(cmd_deployments_route))
+    p = ds.add_parser("tools", parents=[common], help="how tool calls are read")
+    p.add_argument("deployment", help="deployment id or name")
+    fmt = p.add_mutually_exclusive_group(required=True)
+    fmt.add_argument("--format", help="hermes, llama3_json or qwen3_xml")
+    fmt.add_argument("--from-template", action="store_true", help="the chat template's format")
+    p.set_defaults(func=guarded(cmd_deployments_tools))
     p = ds.add_parser("status", parents=[common], help="ready and starting replicas")
     p.add_argument("deployment", help="deployment id or name")
     p.set_defaults(func=guarded(cmd_deployments_status))

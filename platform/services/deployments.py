@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from loraplex.platform.db.models import (
     KV_CACHE_DTYPES,
+    TOOL_CALL_FORMATS,
     WEIGHT_QUANTIZATIONS,
     Deployment,
 )
@@ -53,6 +54,7 @@ class DeploymentSpec:
     deterministic: bool = False
     routing_weight: float | None = None  # share of its base model's traffic; None: by capacity
     nameable: bool = False  # a request may pick it with the X-Loraplex-Deployment header
+    tool_call_format: str | None = None  # how tool calls are read in free output; None: template
 
 
 def _check_range(value: int, what: str, low: int, high: int) -> int:
@@ -77,6 +79,18 @@ def _check_weight(weight: float | None) -> float | None:
             param="routing_weight",
         )
     return float(weight)
+
+
+def _check_tool_format(fmt: str | None) -> str | None:
+    """A tool-call format: None (read from the chat template) or one the gateway parses."""
+    if fmt is not None and fmt not in TOOL_CALL_FORMATS:
+        raise InvalidInput(
+            f"tool_call_format must be null (from the chat template) or one of "
+            f"{list(TOOL_CALL_FORMATS)}, got {fmt!r}",
+            code="invalid_value",
+            param="tool_call_format",
+        )
+    return fmt
 
 
 def create_deployment(
@@ -150,6 +164,7 @@ def create_deployment(
             param="cold_start_wait_s",
         )
     weight = _check_weight(spec.routing_weight)
+    tool_format = _check_tool_format(spec.tool_call_format)
     stmt = (
         insert(Deployment)
         .values(
@@ -167,6 +182,7 @@ def create_deployment(
             deterministic=bool(spec.deterministic),
             routing_weight=weight,
             nameable=bool(spec.nameable),
+            tool_call_format=tool_format,
         )
         .on_conflict_do_nothing()
         .returning(Deployment.id)
@@ -259,6 +275,33 @@ def set_routing(
             "routing_weight": dep.routing_weight,
             "nameable": dep.nameable,
         },
+    )
+    return dep
+
+
+def set_tool_call_format(
+    session: Session,
+    deployment_id: uuid.UUID,
+    tool_call_format: str | None,
+    *,
+    actor: str = audit.ADMIN_ACTOR,
+) -> Deployment:
+    """Change how the gateway reads tool calls in this deployment's free output (None: from
+    the chat template); one audited update, seen by gateways within their resolve TTL."""
+    fmt = _check_tool_format(tool_call_format)
+    locked = select(Deployment).where(Deployment.id == deployment_id)
+    dep = session.scalars(locked.with_for_update(of=Deployment)).one_or_none()
+    if dep is None:
+        raise NotFound(f"no deployment with id {deployment_id}", code="deployment_not_found")
+    before, dep.tool_call_format = dep.tool_call_format, fmt
+    session.flush()
+    audit.record(
+        session,
+        actor=actor,
+        action="deployment.tool_call_format",
+        resource_type="deployment",
+        resource_id=dep.id,
+        detail={"name": dep.name, "before": before, "tool_call_format": fmt},
     )
     return dep
 

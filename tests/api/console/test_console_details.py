@@ -141,6 +141,7 @@ def test_deployment_page_has_its_audit_trail(
     assert page.status_code == 200, page.text[-500:]
     assert "deployment.create" in page.text and "details@example.com" in page.text
     assert "Cold-start wait" in page.text and 'hx-get="/console/deployments/' in page.text
+    assert "<dt>Tool-call format</dt><dd>from the chat template</dd>" in page.text
     live = owner.get(f"/console/deployments/{dep_id}/replicas-now")  # what htmx polls
     assert live.status_code == 200 and "Live state unavailable" in live.text  # no gateway here
     history = owner.get(f"/console/api/deployments/{dep_id}/load").json()  # the load chart's

@@ -14,6 +14,7 @@ from support.gateway_catalog import add_adapter_version, seed_catalog
 from loraplex.platform.db.session import make_sessionmaker
 from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.resolve import ModelResolver, resolve_uncached
+from loraplex.platform.services.deployments import set_tool_call_format
 from loraplex.platform.services.resolution_events import bump_generation
 from loraplex.platform.services.tenants import create_tenant
 from loraplex.platform.wire.auth import cache_salt
@@ -50,6 +51,25 @@ def test_resolution_rules(world) -> None:
             with pytest.raises(HttpError) as info:
                 resolve_uncached(s, t1, model)
             assert info.value.status == 404 and info.value.code == "model_not_found"
+
+
+def test_the_deployments_tool_call_format_is_resolved(world) -> None:
+    """The deployment row's `tool_call_format` (set through the deployments service) reaches
+    the resolved model and its route, for the gateway's reading of `auto` tool calls."""
+    factory, (t1, _, base, dep) = world
+    with factory() as s:
+        assert resolve_uncached(s, t1, "sql").tool_call_format is None
+    try:
+        with factory() as s, s.begin():
+            set_tool_call_format(s, dep.id, "llama3_json")
+        with factory() as s:
+            got = resolve_uncached(s, t1, "sql")
+            assert got.tool_call_format == "llama3_json"
+            assert [r.tool_call_format for r in got.deployment_routes] == ["llama3_json"]
+            assert resolve_uncached(s, t1, base.name).tool_call_format == "llama3_json"
+    finally:
+        with factory() as s, s.begin():
+            set_tool_call_format(s, dep.id, None)
 
 
 def test_adapter_not_ready_says_so_and_why(world) -> None:

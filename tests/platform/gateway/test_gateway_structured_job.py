@@ -4,6 +4,7 @@ the tool plan, and tool calls read back whole and as OpenAI stream deltas."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 
@@ -14,9 +15,10 @@ from support.gateway_catalog import make_model_dir
 from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.assets import ModelAssets
 from loraplex.platform.gateway.completion import build_chat_job, build_text_job
+from loraplex.platform.gateway.deployment_choice import DeploymentRoute
 from loraplex.platform.gateway.openai_schemas import parse_chat_request, parse_completion_request
 from loraplex.platform.gateway.openai_structured import Tool, ToolPlan, tool_call_schema
-from loraplex.platform.gateway.resolve import ResolvedModel
+from loraplex.platform.gateway.resolve import ResolvedModel, with_named_deployment
 from loraplex.platform.gateway.tool_outputs import ToolStream, tool_calls_of
 
 # A Hermes/Qwen-style template: tools in the system turn, calls and results in the history.
@@ -69,6 +71,30 @@ def test_tools_and_tool_history_reach_the_template(assets: ModelAssets) -> None:
     assert "<tool_response>42</tool_response>" in text
     assert job.tools is not None and job.tools.mode == "auto" and job.tools.family == "hermes"
     assert job.sampling.structured is None  # auto: free output, parsed afterwards
+
+
+def test_the_deployments_tool_call_format_wins_over_the_template(assets: ModelAssets) -> None:
+    """A deployment's `tool_call_format` chooses how `auto` output is read (the template here
+    teaches Hermes); without one, the template's format is used."""
+    resolved = dataclasses.replace(_resolved(), tool_call_format="llama3_json")
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [TOOL]}
+    job = build_chat_job(parse_chat_request(body), resolved, assets, TENANT, None, 16)
+    assert job.tools is not None and job.tools.family == "llama3_json"
+    _, calls = tool_calls_of(job.tools, '{"name": "add", "parameters": {"a": 2}}')
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("add", {"a": 2})
+    ]
+    assert chat_job(assets, tools=[TOOL]).tools.family == "hermes"
+
+
+def test_the_named_deployments_tool_call_format_is_used() -> None:
+    """Routed by the X-Loraplex-Deployment header, a request reads tool calls in the format of
+    the deployment it named."""
+    a = DeploymentRoute("a", uuid.uuid4(), None, True, 1.0, tool_call_format=None)
+    b = DeploymentRoute("b", uuid.uuid4(), None, True, 1.0, tool_call_format="qwen3_xml")
+    resolved = dataclasses.replace(_resolved(), deployment_routes=(a, b))
+    assert with_named_deployment(resolved, "b").tool_call_format == "qwen3_xml"
+    assert with_named_deployment(resolved, "a").tool_call_format is None
 
 
 def test_each_field_becomes_one_wire_constraint(assets: ModelAssets) -> None:

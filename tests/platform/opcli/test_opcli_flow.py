@@ -164,3 +164,10 @@ def test_deployments_create_list_scale(op_stack) -> None:
     assert "by capacity" in shell.ok("deployments", "route", "demo-dep", "--by-capacity").stdout
     bad_weight = shell.fails("deployments", "route", "demo-dep", "--weight", "-2")
     assert "routing_weight" in bad_weight.stderr
+    # The tool-call format (how `auto` tool calls are read): a format, or back to the template.
+    tools = shell.ok("deployments", "tools", "demo-dep", "--format", "llama3_json").stdout
+    assert "demo-dep: tool calls read as llama3_json" in tools
+    back = shell.ok("deployments", "tools", "demo-dep", "--from-template").stdout
+    assert "demo-dep: tool calls read as the chat template teaches" in back
+    bad_format = shell.fails("deployments", "tools", "demo-dep", "--format", "mistral")
+    assert "tool_call_format must be null" in bad_format.stderr
