@@ -5,8 +5,9 @@ shared key `k_pe` [rope_dim]: one row for all heads, `kv_lora_rank + rope_dim` v
 of `heads * (qk_head_dim + v_head_dim)` for the expanded K/V. Attention never expands it: the
 up-projection is absorbed into the query and the output (`q_nope W_UK` scores against `c`, the
 attended `c` goes through `W_UV`), which is exact algebra, so the block tables, prefix cache and
-chunked prefill work on latent rows like on any other KV block. This is the torch path (CPU,
-and GPUs without a kernel for it).
+chunked prefill work on latent rows like on any other KV block. On CUDA the rows are stored
+and decode-only steps attended by the Triton kernels (`mla_triton`); everything else runs the
+torch path here.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ import torch.nn.functional as F
 from loraplex.platform.engine.forward_context import get_forward_context
 from loraplex.platform.engine.layers.attention import Attention
 from loraplex.platform.engine.layers.attention_metadata import AttentionMetadata
+from loraplex.platform.engine.layers.mla_triton import (
+    mla_decode_triton,
+    mla_triton_available_for,
+    write_latent_triton,
+)
 from loraplex.platform.engine.layers.paged_attention_torch import is_fp8_cache
 
 
@@ -56,8 +62,19 @@ class MLAAttention(Attention):
             raise NotImplementedError("the deterministic mode does not cover MLA attention yet")
         if is_fp8_cache(cache):
             raise NotImplementedError("an fp8 KV cache is not served for MLA models yet")
-        write_latent(cache, torch.cat((latent, k_pe), dim=-1), md.slot_mapping)
+        rows = torch.cat((latent, k_pe), dim=-1)
         q = torch.cat((q_lat, q_pe), dim=-1)
+        if self.use_triton and mla_triton_available_for(q):
+            write_latent_triton(cache, rows, md.slot_mapping)
+            if md.is_decode_only:
+                s = md.num_seqs
+                out = mla_decode_triton(
+                    q[:s], cache, md.block_tables, md.seq_lens, self.scale, self.kv_lora_rank
+                )
+                pad = q.shape[0] - s
+                return torch.cat((out, out.new_zeros(pad, *out.shape[1:]))) if pad else out
+        else:
+            write_latent(cache, rows, md.slot_mapping)
         return latent_attention(q, cache, md, self.scale, self.kv_lora_rank)
 
 
