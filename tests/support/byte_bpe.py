@@ -3,6 +3,8 @@ some multi-byte characters unmerged so they come out as one token per byte (part
 
 from __future__ import annotations
 
+from typing import Any
+
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from loraplex.platform.tokenizing import DEFAULT_CHAT_TEMPLATE, ChatTemplate, ModelTokenizer
@@ -36,3 +38,37 @@ def byte_tokens(tok: ModelTokenizer, text: str) -> list[int]:
         raw = tok.token_bytes(i)
         assert len(raw) == 1 and raw[0] >= 0x80, (i, raw)
     return ids
+
+
+class WindowOnlyDecoder:
+    """A tokenizer seen only through `decode` (no byte table: the detokenizer's windowed
+    path), counting the tokens it is handed."""
+
+    def __init__(self, tok: ModelTokenizer) -> None:
+        self.tok = tok
+        self.decoded_tokens = 0
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        self.decoded_tokens += len(ids)
+        return self.tok.decode(ids, skip_special_tokens)
+
+
+class CountingDecoder(WindowOnlyDecoder):
+    """The whole tokenizer, its work counted (tokens handed to `decode`, tokens looked up in
+    its byte table): the detokenizer's work, measured without a clock."""
+
+    def token_bytes(self, token_id: int) -> bytes:
+        self.decoded_tokens += 1
+        return self.tok.token_bytes(token_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tok, name)
+
+
+def lone_continuation_byte(tok: ModelTokenizer) -> int:
+    """A token whose bytes are one UTF-8 continuation byte (never valid text alone)."""
+    for tid in range(tok.vocab_size):
+        raw = tok.token_bytes(tid)
+        if len(raw) == 1 and 0x80 <= raw[0] < 0xC0:
+            return tid
+    raise AssertionError("the tokenizer has no lone continuation-byte token")

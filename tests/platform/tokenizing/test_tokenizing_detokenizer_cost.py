@@ -5,10 +5,13 @@ step). Work is counted in tokens handed to `decode`, not in seconds."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from support.byte_bpe import byte_level_tokenizer
+from support.byte_bpe import (
+    CountingDecoder,
+    WindowOnlyDecoder,
+    byte_level_tokenizer,
+    lone_continuation_byte,
+)
 
 from loraplex.platform.tokenizing import IncrementalDetokenizer, ModelTokenizer
 from loraplex.platform.tokenizing.detokenizer import ByteDecodable
@@ -16,37 +19,9 @@ from loraplex.platform.tokenizing.detokenizer import ByteDecodable
 N_TOKENS = 8192
 
 
-class WindowOnly:
-    """A tokenizer seen only through `decode` (no byte table): the windowed path. Counts the
-    tokens it is handed to decode."""
-
-    def __init__(self, tok: ModelTokenizer) -> None:
-        self.tok = tok
-        self.decoded_tokens = 0
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        self.decoded_tokens += len(ids)
-        return self.tok.decode(ids, skip_special_tokens)
-
-
-class CountingDecoder(WindowOnly):
-    """The whole tokenizer (its byte table too), decode calls counted."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.tok, name)
-
-
 @pytest.fixture(scope="module")
 def tok() -> ModelTokenizer:
     return byte_level_tokenizer()
-
-
-def _lone_continuation_byte(tok: ModelTokenizer) -> int:
-    for tid in range(tok.vocab_size):
-        raw = tok.token_bytes(tid)
-        if len(raw) == 1 and 0x80 <= raw[0] < 0xC0:
-            return tid
-    raise AssertionError("the test tokenizer has no lone continuation-byte token")
 
 
 def _run(tok: ModelTokenizer, ids: list[int]) -> tuple[str, int]:
@@ -61,7 +36,7 @@ def _run(tok: ModelTokenizer, ids: list[int]) -> tuple[str, int]:
 
 
 def test_8k_lone_continuation_bytes_cost_linear_work(tok: ModelTokenizer) -> None:
-    cont = _lone_continuation_byte(tok)
+    cont = lone_continuation_byte(tok)
     text, work = _run(tok, [cont] * N_TOKENS)
     assert text == tok.decode([cont] * N_TOKENS)  # every byte shown as U+FFFD, none lost
     # Linear: a bounded window per token (today: ~N^2/2 = 33M tokens decoded).
@@ -69,7 +44,7 @@ def test_8k_lone_continuation_bytes_cost_linear_work(tok: ModelTokenizer) -> Non
 
 
 def test_garbage_then_valid_text_still_decodes_exactly(tok: ModelTokenizer) -> None:
-    cont = _lone_continuation_byte(tok)
+    cont = lone_continuation_byte(tok)
     tail = tok.encode("héllo wörld 🙂 and 日本語", add_special_tokens=False)
     ids = [cont] * 300 + tail + [cont] * 5 + tail
     text, work = _run(tok, ids)
@@ -78,7 +53,7 @@ def test_garbage_then_valid_text_still_decodes_exactly(tok: ModelTokenizer) -> N
 
 
 def test_stop_string_after_garbage_still_cuts(tok: ModelTokenizer) -> None:
-    cont = _lone_continuation_byte(tok)
+    cont = lone_continuation_byte(tok)
     ids = [cont] * 50 + tok.encode("hello END world", add_special_tokens=False)
     counting = CountingDecoder(tok)
     d = IncrementalDetokenizer(counting, [], stop=["END"])
@@ -92,8 +67,8 @@ def test_stop_string_after_garbage_still_cuts(tok: ModelTokenizer) -> None:
 
 
 def test_windowed_path_is_bounded_too(tok: ModelTokenizer) -> None:
-    cont = _lone_continuation_byte(tok)
-    window = WindowOnly(tok)
+    cont = lone_continuation_byte(tok)
+    window = WindowOnlyDecoder(tok)
     d = IncrementalDetokenizer(window, tok.encode("prompt: "), stop=[])
     for t in [cont] * N_TOKENS:
         d.add(t)
