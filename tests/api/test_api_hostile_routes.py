@@ -109,3 +109,51 @@ def test_a_body_declared_over_the_limit_is_a_413_on_every_body_route(
         }
         resp = client.request(method, _fill(path, "x"), content=b"", headers=headers)
         assert resp.status_code == 413, (method, path, resp.status_code, resp.text[:300])
+
+
+NUL_BODY = {
+    "name": "a\x00b", "model": "m\x00", "base_model": "b\x00", "prompt": "p\x00q",
+    "messages": [{"role": "user", "content": "\x00"}], "email": "x\x00@y", "key\x00": 1,
+}  # fmt: skip
+
+
+def test_a_nul_in_every_body_is_never_a_5xx(
+    client: TestClient, cp_settings: Any, tenant_key: str
+) -> None:
+    checked = 0
+    for method, path in _routes(client.app):
+        if method not in ("POST", "PUT", "PATCH"):
+            continue
+        resp = client.request(
+            method, _fill(path, "x"), json=NUL_BODY, headers=_auth(path, cp_settings, tenant_key)
+        )
+        assert resp.status_code < 500, (method, path, resp.status_code, resp.text[:300])
+        if not path.startswith("/console") and resp.status_code >= 400:
+            _json_error(resp)
+        checked += 1
+    assert checked >= 10
+
+
+HOSTILE_HEADERS = {  # raw bytes: HTTP carries them as latin-1
+    "X-Request-Id": b"r" * 100_000,
+    "X-Loraplex-Deployment": b"\x7f" * 5_000,
+    "Idempotency-Key": b"\xff" * 300,
+    "Accept-Language": b"\x01" * 64,
+    "Cookie": b"lpx_session=" + b"\xfe" * 4096,
+}
+
+
+def test_hostile_headers_on_every_route_are_never_a_5xx(
+    client: TestClient, cp_settings: Any, tenant_key: str
+) -> None:
+    """Very long and control- or high-byte header values (what HTTP lets through; a NUL ends
+    a header line on the wire), on every route: 4xx at most, OpenAI-shaped on the JSON API,
+    and no echo of a huge value."""
+    for method, path in _routes(client.app):
+        headers = {**_auth(path, cp_settings, tenant_key), **HOSTILE_HEADERS}
+        body = {"model": "m", "prompt": "hi"} if method in ("POST", "PUT", "PATCH") else None
+        resp = client.request(method, _fill(path, "x"), json=body, headers=headers)
+        assert resp.status_code < 500, (method, path, resp.status_code, resp.text[:300])
+        assert len(resp.content) < 20_000, (method, path, len(resp.content))
+        if not path.startswith("/console") and resp.status_code >= 400:
+            _json_error(resp)
