@@ -38,7 +38,7 @@ from loraplex.platform.gateway.ratelimit import TenantLimits, tenant_limits
 from loraplex.platform.gateway.resolve import NoDeployment, with_named_deployment
 from loraplex.platform.gateway.service import Gateway
 from loraplex.platform.gateway.streaming import bounded_relay
-from loraplex.platform.services import model_catalog
+from loraplex.platform.services import model_catalog, request_log
 from loraplex.platform.services.api_keys import use_api_key
 from loraplex.platform.services.names import has_control_characters
 from loraplex.platform.services.upload_limits import limits_view_for
@@ -92,7 +92,7 @@ class ClosingStreamingResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             with anyio.CancelScope(shield=True):
-                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]  # an async generator here
 
 
 def _gateway(request: Request) -> Gateway:
@@ -253,10 +253,11 @@ async def _run(request: Request, kind: str, adapter: str | None) -> Response:
     _check_model_name(model)
     resolved = await gw.resolver.resolve(gw.session_factory, tenant_id, model)
     resolved = with_named_deployment(resolved, request.headers.get(DEPLOYMENT_HEADER))
+    request_log.note_route(resolved, [])  # a refusal from here on still names the version
     assets = await gw.model_assets(resolved)
     build = completion.build_chat_job if kind == "chat" else completion.build_text_job
     job = await gw.text.run(
-        build,  # type: ignore[arg-type]  # the parser above matched `kind`
+        build,
         parsed,
         resolved,
         assets,

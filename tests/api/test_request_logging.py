@@ -139,6 +139,16 @@ def test_a_refusal_after_routing_names_the_replica_and_version(stack: dict[str, 
     assert (e.adapter, e.adapter_version, e.replica) == (a["name"], a["version"], info.replica_id)
 
 
+def test_a_refusal_before_dispatch_names_the_adapter_version(stack: dict[str, Any]) -> None:
+    """Refused after resolution but before any replica (here: more tokens asked than the
+    context holds): the entry still names the adapter and version the model resolved to."""
+    a = stack["adapter"]()
+    r = _chat(stack, a["name"], max_tokens=10_000_000)
+    assert r.status_code == 400, r.text
+    e = _logged(stack, r.headers["x-request-id"])["RequestLog"]
+    assert (e.adapter, e.adapter_version, e.replica) == (a["name"], a["version"], None)
+
+
 def test_a_stream_that_ends_well_is_not_logged(stack: dict[str, Any]) -> None:
     from loraplex.platform.services import request_log
 
