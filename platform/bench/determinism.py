@@ -13,7 +13,8 @@ work (one step of each in turn, each timed on its own steps; the median of `--re
 - determinism.gateway_distinct_on / _off: the same count over `--gateway-requests` (1,000)
   identical chat completions sent at once through the gateway of a fresh local platform
   (`_determinism_gateway.py`) whose deployment has the deterministic option on, then off
-  (target 1 with it; 0 requests skips this part).
+  (target 1 with it; 0 requests skips this part); determinism.gateway_resent_on / _off: how
+  many sends were repeated (refused with 429/503, or the connection dropped).
 """
 
 from __future__ import annotations
@@ -104,10 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--gateway-requests",
         type=int,
-        default=1000,
-        help="identical requests sent at once through the platform (0: skip)",
+        default=None,
+        help="identical requests sent at once through the platform (default 1000; --quick: "
+        "0; 0 skips)",
     )
     ap.add_argument("--gateway-tokens", type=int, default=16, help="max_tokens of each")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch (and kernel) threads of both engines; default torch's own",
+    )
     ap.add_argument("--quick", action="store_true", help="tiny sizes (the test's smoke run)")
     args = ap.parse_args(argv)
     if args.quick:
@@ -115,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         args.identical, args.per_step = 12, 3
     if args.gateway_requests is None:
         args.gateway_requests = 0 if args.quick else 1000
+    if args.threads is not None:  # process-wide: both engines alike
+        import torch
+
+        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as name:
         engines = _engines(make_demo_model(Path(name) / "demo"), args.dtype)
         results = ratios(engines, args.batch, args.prompt_len, args.max_tokens, args.repeats)
@@ -125,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         from loraplex.platform.bench._determinism_gateway import gateway_distinct_outputs
 
         for mode, on in (("on", True), ("off", False)):
-            count = gateway_distinct_outputs(on, args.gateway_requests, args.gateway_tokens)
+            count, resent = gateway_distinct_outputs(on, args.gateway_requests, args.gateway_tokens)
             results[f"determinism.gateway_distinct_{mode}"] = count
+            results[f"determinism.gateway_resent_{mode}"] = resent
         results["determinism.gateway_requests"] = args.gateway_requests
     for key, value in results.items():
         print(f"RESULT {key}={value:.4g}")

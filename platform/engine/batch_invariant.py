@@ -30,7 +30,7 @@ from loraplex.platform.engine.layers.fixed_order_cpu import (
 from loraplex.platform.engine.layers.fixed_order_experts import FixedOrderExperts
 from loraplex.platform.engine.layers.linear import Linear
 from loraplex.platform.engine.layers.norm import RMSNorm
-from loraplex.platform.engine.layers.onednn_weights import dense
+from loraplex.platform.engine.layers.onednn_weights import dense, is_packed
 from loraplex.platform.engine.layers.paged_attention_cpu import LIBRARY as ATTENTION_LIBRARY
 from loraplex.platform.engine.layers.quant.base import frozen
 from loraplex.platform.engine.layers.quant.fixed_order import fixed_order_weight, uncovered_scheme
@@ -50,11 +50,13 @@ class FixedOrderHead(nn.Module):
 
     def __init__(self, head: nn.Module) -> None:
         super().__init__()
+        if is_packed(head.weight):  # an untied head packed for oneDNN: unpacked once, here
+            head.weight = nn.Parameter(dense(head.weight.data), requires_grad=False)
         self.head = head
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> logits [N, V] in the weight's dtype."""
-        return fixed_order_linear(hidden, dense(self.head.weight))
+        return fixed_order_linear(hidden, self.head.weight)
 
 
 def _fixed_order_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,14 @@
  * vectorise across the independent lanes but never reorder a lane's own sums. With AVX-512
  * the full 4-row blocks run as vector FMAs on the same lanes, then the same tree (`dot_4x4`);
  * any other row runs the portable lanes: both give the same bits (a test holds them equal).
+ * bf16 activations against bf16-exact weights (bf16, int8 or fp8 codes) on a CPU with
+ * AVX512_BF16 take VDPBF16PS instead, for every row whatever the block (`linear_bf16`).
+ * Threads split a projection by output columns only, which never changes a sum's order.
  *
- * dtype: 0 = fp32, 1 = bf16 (x, w, bias and y share it). Math is fp32, y rounded once.
+ * Weights may be quantized (`kind`: int8 per channel or grouped, int4 two a byte, fp8 e4m3),
+ * read in their codes and decoded row by row; a per-channel scale multiplies the row's dot.
+ * dtype: 0 = fp32, 1 = bf16 (x, bias and y share it; a float weight too). Math is fp32, y
+ * rounded once.
  */
 #include <math.h>
 #include <stdint.h>
@@ -21,6 +27,11 @@
 #define LANES 16
 #define ROWS 4    /* rows sharing one pass over a weight row */
 #define COLS 16   /* output columns per work item */
+/* Multiply-adds from which a projection is split between threads (by output columns, which
+ * never changes a sum's order): below, a parallel region's start and join cost more than the
+ * halved work saves (each is a barrier, and a long wait on a busy machine). */
+#define PARALLEL_MACS (1 << 21)
+#define SMALL_WORK 65536 /* elements below which a per-row loop stays on one thread */
 
 static inline float tree16(float *acc) {
     for (int s = LANES / 2; s > 0; s /= 2)
@@ -150,15 +161,42 @@ static void decode_row(const weight_t *wt, int64_t n, int64_t K, int dtype, floa
  * row runs this same code whatever R or the columns beside it; K's tail is zero-padded. */
 #define HAVE_BF16_DOT 1
 #define BF16_COLS 4
-static inline __attribute__((always_inline)) void dot_bf16(const uint16_t *x, int64_t x_stride,
+
+/* tree16_vec of all 16 accumulators at once, the same additions pairing the same lanes (l with
+ * l + 8, then + 4, + 2, + 1; a sum's operands only change places, and IEEE addition commutes),
+ * by shuffling two vectors' halves together at each level: 15 additions instead of 64. */
+static inline __attribute__((always_inline)) __m512 reduce_4x4(__m512 a[ROWS][BF16_COLS]) {
+    __m512 b[8], c[4], d[2];
+    for (int i = 0; i < 8; i++) { /* l + 8: b_i = [a_2i | a_2i+1], eight lanes each */
+        const __m512 p = a[(2 * i) / 4][(2 * i) % 4], q = a[(2 * i + 1) / 4][(2 * i + 1) % 4];
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(p, q, 0x44), _mm512_shuffle_f32x4(p, q, 0xEE));
+    }
+    for (int m = 0; m < 4; m++) /* l + 4: quarter Q of c_m holds a_4m+Q */
+        c[m] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * m], b[2 * m + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * m], b[2 * m + 1], 0xDD));
+    for (int p = 0; p < 2; p++) /* l + 2, within each quarter */
+        d[p] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * p], c[2 * p + 1], 0x44),
+                             _mm512_shuffle_ps(c[2 * p], c[2 * p + 1], 0xEE));
+    /* l + 1: element 4Q + i of e is the sum of a_4i+Q */
+    return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+}
+static inline __attribute__((always_inline)) void acc_bf16(const uint16_t *x, int64_t x_stride,
                                                            int R, const uint16_t *const *w,
                                                            int C, int64_t K,
-                                                           float out[ROWS][BF16_COLS]) {
-    __m512 a[ROWS][BF16_COLS];
+                                                           __m512 a[ROWS][BF16_COLS]) {
     for (int r = 0; r < ROWS; r++)
         for (int c = 0; c < BF16_COLS; c++) a[r][c] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 32) {
-        const __mmask32 mask = K - k >= 32 ? 0xffffffffu : (__mmask32)((1u << (K - k)) - 1u);
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        __m512bh b[BF16_COLS];
+        for (int c = 0; c < C; c++) b[c] = (__m512bh)_mm512_loadu_si512(w[c] + k);
+        for (int r = 0; r < R; r++) {
+            const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + r * x_stride + k);
+            for (int c = 0; c < C; c++) a[r][c] = _mm512_dpbf16_ps(a[r][c], xv, b[c]);
+        }
+    }
+    if (k < K) { /* the tail, zero-padded: the same step for every row */
+        const __mmask32 mask = (__mmask32)((1u << (K - k)) - 1u);
         __m512bh b[BF16_COLS];
         for (int c = 0; c < C; c++)
             b[c] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w[c] + k);
@@ -167,8 +205,27 @@ static inline __attribute__((always_inline)) void dot_bf16(const uint16_t *x, in
             for (int c = 0; c < C; c++) a[r][c] = _mm512_dpbf16_ps(a[r][c], xv, b[c]);
         }
     }
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) out[r][c] = tree16_vec(a[r][c]);
+}
+
+/* A full block's 16 sums (element 4c + r: row r, column c) times post[c] plus bias[c], rounded
+ * to bf16 as f32_to_bf16 does (nearest even; NaN kept quiet), stored at y[r][c]. */
+static inline void store_4x4_bf16(uint16_t *y, int64_t y_stride, __m512 e, const float *post,
+                                  const float *bias) {
+    const __m512i by_col = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512 pv = _mm512_permutexvar_ps(by_col, _mm512_castps128_ps512(_mm_loadu_ps(post)));
+    const __m512 bv = _mm512_permutexvar_ps(by_col, _mm512_castps128_ps512(_mm_loadu_ps(bias)));
+    const __m512i u = _mm512_castps_si512(_mm512_add_ps(_mm512_mul_ps(e, pv), bv));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i h = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
+    h = _mm512_srli_epi32(h, 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    h = _mm512_mask_mov_epi32(h, nan,
+                              _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    uint16_t t[16];
+    _mm256_storeu_si256((__m256i *)t, _mm512_cvtepi32_epi16(h));
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < BF16_COLS; c++) y[r * y_stride + c] = t[c * 4 + r];
 }
 
 /* Weight row n as bf16 (exact for the kinds `bf16_exact` accepts), into dst. */
@@ -192,7 +249,7 @@ static int linear_bf16(const uint16_t *x, int64_t x_stride, const weight_t *wt,
                        int64_t N) {
     const int64_t items = (N + COLS - 1) / COLS;
     int failed = 0;
-#pragma omp parallel if (items > 1 && M * N * K > 65536) reduction(| : failed)
+#pragma omp parallel if (items > 1 && M * N * K >= PARALLEL_MACS) reduction(| : failed)
     {
         uint16_t *scratch = NULL;
         if (wt->kind != W_FLOAT) scratch = malloc(sizeof(uint16_t) * (size_t)(COLS * K + 1));
@@ -220,12 +277,19 @@ static int linear_bf16(const uint16_t *x, int64_t x_stride, const weight_t *wt,
                 const int R = M - m0 < ROWS ? (int)(M - m0) : ROWS;
                 for (int64_t n = n0; n < n1; n += BF16_COLS) {
                     const int C = n1 - n < BF16_COLS ? (int)(n1 - n) : BF16_COLS;
-                    float out[ROWS][BF16_COLS];
-                    dot_bf16(x + m0 * x_stride, x_stride, R, rows + (n - n0), C, K, out);
+                    __m512 a[ROWS][BF16_COLS];
+                    if (R == ROWS && C == BF16_COLS) { /* constants: sums stay in registers */
+                        acc_bf16(x + m0 * x_stride, x_stride, ROWS, rows + (n - n0), BF16_COLS,
+                                 K, a);
+                        store_4x4_bf16((uint16_t *)y + m0 * y_stride + n, y_stride,
+                                       reduce_4x4(a), post + (n - n0), b + (n - n0));
+                        continue;
+                    } /* else the same operations for each (row, column), fewer of them */
+                    acc_bf16(x + m0 * x_stride, x_stride, R, rows + (n - n0), C, K, a);
                     for (int r = 0; r < R; r++)
                         for (int c = 0; c < C; c++)
-                            store_out(y, y_stride, m0 + r, n + c, out[r][c], post[n + c - n0],
-                                      b[n + c - n0], 1);
+                            store_out(y, y_stride, m0 + r, n + c, tree16_vec(a[r][c]),
+                                      post[n + c - n0], b[n + c - n0], 1);
                 }
             }
         }
@@ -252,7 +316,7 @@ int fixed_order_linear(const void *x, int64_t x_stride, int kind, const void *w,
     for (int64_t m = 0; m < M; m++) load_row(x, m * x_stride, K, dtype, xf + m * K);
     const int64_t items = (N + COLS - 1) / COLS;
     int failed = 0;
-#pragma omp parallel if (items > 1 && M * N * K > 65536) reduction(| : failed)
+#pragma omp parallel if (items > 1 && M * N * K >= PARALLEL_MACS) reduction(| : failed)
     {
         float *wf = malloc(sizeof(float) * (size_t)(COLS * K + 1));
         const int err = !wf;
@@ -307,7 +371,7 @@ int fixed_order_linear(const void *x, int64_t x_stride, int kind, const void *w,
 int fixed_order_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y,
                         int64_t y_stride, int64_t M, int64_t H, float eps, int dtype) {
     int failed = 0;
-#pragma omp parallel for schedule(static) if (M > 1) reduction(| : failed)
+#pragma omp parallel for schedule(static) if (M > 1 && M * H >= SMALL_WORK) reduction(| : failed)
     for (int64_t m = 0; m < M; m++) {
         float acc[LANES];
         memset(acc, 0, sizeof acc);
@@ -339,30 +403,51 @@ int fixed_order_rmsnorm(const void *x, int64_t x_stride, const void *w, void *y,
     return failed ? -1 : 0;
 }
 
-/* y[m, i] = silu(x[m, i]) * x[m, I + i] (gate, then up, side by side in x), every element by the
- * same scalar code (libm's expf, never a vector variant), so no element's bits depend on which
- * thread or loop tail computes it. bf16: silu rounded to bf16, then the product, as the
- * reference's two ops. */
+/* e^x from IEEE adds and multiplies alone (range reduction by ln 2 in two parts, a degree-6
+ * polynomial, 2^n through the exponent bits), within 2 ulp for |x| < 87. Built without
+ * reassociation or contraction, the compiler's vector code for it does the same operations in
+ * the same order as its scalar code, so an element's bits never depend on which loop (vector
+ * body or tail) or thread computes it, as libm's scalar and vector variants could. */
+static inline float exp_fixed(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f; /* round(x / ln 2) */
+    const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return p * two_n;
+}
+
+#define SILU_CHUNK 64
+
+/* y[m, i] = silu(x[m, i]) * x[m, I + i] (gate, then up, side by side in x), each element by the
+ * same operations (`exp_fixed`) whatever the loop or thread. bf16: silu rounded to bf16, then
+ * the product, as the reference's two ops. */
 void fixed_order_silu_mul(const void *x, int64_t x_stride, void *y, int64_t y_stride, int64_t M,
                           int64_t I, int dtype) {
-#pragma omp parallel for schedule(static) if (M > 1)
+#pragma omp parallel for schedule(static) if (M > 1 && M * I >= SMALL_WORK)
     for (int64_t m = 0; m < M; m++) {
-        for (int64_t i = 0; i < I; i++) {
-            float g, u;
+        float g[SILU_CHUNK], u[SILU_CHUNK], out[SILU_CHUNK];
+        for (int64_t i0 = 0; i0 < I; i0 += SILU_CHUNK) {
+            const int64_t n = I - i0 < SILU_CHUNK ? I - i0 : SILU_CHUNK;
+            load_row(x, m * x_stride + i0, n, dtype, g);
+            load_row(x, m * x_stride + I + i0, n, dtype, u);
             if (dtype == 0) {
-                g = ((const float *)x)[m * x_stride + i];
-                u = ((const float *)x)[m * x_stride + I + i];
+                for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + exp_fixed(-g[i])) * u[i];
             } else {
-                g = bf16_to_f32(((const uint16_t *)x)[m * x_stride + i]);
-                u = bf16_to_f32(((const uint16_t *)x)[m * x_stride + I + i]);
+                for (int64_t i = 0; i < n; i++) {
+                    const float s = bf16_to_f32(f32_to_bf16(g[i] / (1.0f + exp_fixed(-g[i]))));
+                    out[i] = s * u[i];
+                }
             }
-            float s = g / (1.0f + expf(-g));
-            if (dtype == 0) {
-                ((float *)y)[m * y_stride + i] = s * u;
-            } else {
-                s = bf16_to_f32(f32_to_bf16(s));
-                ((uint16_t *)y)[m * y_stride + i] = f32_to_bf16(s * u);
-            }
+            store_row(y, m * y_stride + i0, n, dtype, out);
         }
     }
 }
