@@ -20,6 +20,7 @@ class DeepseekForCausalLM(MoEDecoderMixin, MLAForCausalLM):
     """The layers from `first_k_dense_replace` on are sparse (transformers' rule)."""
 
     def is_sparse_layer(self, config: DecoderConfig, layer_idx: int) -> bool:
+        """Dense below `first_k_dense_replace`, sparse from there on."""
         return layer_idx >= int(config.raw.get("first_k_dense_replace") or 0)
 
 
@@ -33,4 +34,5 @@ class DeepseekV3ForCausalLM(DeepseekForCausalLM):
     """DeepSeek-V3 / R1 layout (its multi-token-prediction layer is not run)."""
 
     def interleaved_rope(self, config: dict[str, Any]) -> bool:
+        """`rope_interleave` (transformers' default: True)."""
         return bool(config.get("rope_interleave", True))

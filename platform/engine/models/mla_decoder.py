@@ -42,6 +42,7 @@ class MLAConfig:
 
     @property
     def qk_head_dim(self) -> int:
+        """Query/key width per head: the no-rope part plus the rotary part."""
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
     @classmethod
@@ -161,6 +162,7 @@ class MLADecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: MLARotary
     ) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden]."""
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -188,6 +190,7 @@ class MLADecoderModel(nn.Module):
         )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions [T] -> final hidden states [T, hidden]."""
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(positions, h.dtype)
         for layer in self.layers:
@@ -224,12 +227,15 @@ class MLAForCausalLM(nn.Module):
         return config
 
     def make_mlp(self, config: DecoderConfig, layer_idx: int, dtype: torch.dtype) -> nn.Module:
+        """The dense SwiGLU MLP (the MoE mixin returns sparse blocks past the dense layers)."""
         return DenseMLP(config, layer_idx, dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids [T], positions [T] -> hidden [T, hidden] (forward context set)."""
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> logits [N, V] in the model's dtype."""
         return self.lm_head(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
