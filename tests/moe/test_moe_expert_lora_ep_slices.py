@@ -6,27 +6,17 @@ before and after the rebalance."""
 
 from __future__ import annotations
 
-import copy
 import os
 import types
 
 import pytest
 import torch
+from support.peft_logprobs import peft_logprobs
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("peft")
 
 PER_EXPERT = ("w13_a", "w13_b", "w2_a", "w2_b")
-
-
-def _peft_logprobs(hf, adapter_dir, tokens: list[int]) -> torch.Tensor:
-    from peft import PeftModel
-
-    model = copy.deepcopy(hf)
-    if adapter_dir is not None:
-        model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
-    with torch.no_grad():
-        return torch.log_softmax(model(torch.tensor([tokens])).logits[0].float(), dim=-1)
 
 
 def _expert_row_bytes(adapter) -> dict[int, int]:
@@ -94,6 +84,6 @@ def test_followers_receive_only_their_experts_slices(tmp_path):
     assert mirror.sent_expert_bytes[1] == first + moved
     for prompt, ref, req in zip(prompts, refs, reqs, strict=True):
         seq = prompt + list(req.output_token_ids)
-        want = _peft_logprobs(hf, ref, seq[:-1])[len(prompt) - 1 :]
+        want = peft_logprobs(hf, ref, seq[:-1])[len(prompt) - 1 :]
         got = torch.log_softmax(torch.stack(rows[req.request_id]), dim=-1)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)

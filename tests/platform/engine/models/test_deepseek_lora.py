@@ -5,26 +5,15 @@ one batch, give peft's fp32 logprobs within 1e-5 and its greedy tokens; a kv_b_p
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
+from support.peft_logprobs import peft_logprobs
 
 from loraplex.platform.engine import LLM, SamplingParams
 
 pytest.importorskip("peft")
 
 EXPERT_PARAMS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj", "mlp.gate.weight"]
-
-
-def _peft_logprobs(hf, adapter_dir, tokens: list[int]) -> torch.Tensor:
-    from peft import PeftModel
-
-    model = copy.deepcopy(hf)
-    if adapter_dir is not None:
-        model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
-    with torch.no_grad():
-        return torch.log_softmax(model(torch.tensor([tokens])).logits[0].float(), dim=-1)
 
 
 @pytest.mark.parametrize(
@@ -49,7 +38,7 @@ def test_deepseek_lora_matches_peft(tmp_path, case, attention):
     prompts = [torch.randint(3, 128, (n,), generator=g).tolist() for n in (11, 5, 17)]
     refs = [attn_only, None, experts]
     for ref in (attn_only, experts):
-        delta = _peft_logprobs(hf, ref, prompts[0]) - _peft_logprobs(hf, None, prompts[0])
+        delta = peft_logprobs(hf, ref, prompts[0]) - peft_logprobs(hf, None, prompts[0])
         assert delta.abs().max() > 1e-2  # each adapter really changes the output
     llm = LLM(str(tmp_path / "base"), dtype="float32", max_loras=2, block_size=4,
               max_num_batched_tokens=16, max_num_seqs=4, max_lora_rank=8)  # fmt: skip
@@ -59,7 +48,7 @@ def test_deepseek_lora_matches_peft(tmp_path, case, attention):
     by_prompt = {int(rid.split("-")[-2]): torch.stack(rs) for rid, rs in rows.items()}
     for i, (prompt, ref, out) in enumerate(zip(prompts, refs, outs, strict=True)):
         seq = prompt + out.outputs[0].token_ids
-        want = _peft_logprobs(hf, ref, seq[:-1])[len(prompt) - 1 :]
+        want = peft_logprobs(hf, ref, seq[:-1])[len(prompt) - 1 :]
         got = torch.log_softmax(by_prompt[i], dim=-1)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
         assert out.outputs[0].token_ids == want.argmax(-1).tolist()
@@ -124,7 +113,7 @@ def test_deepseek_lora_on_the_ep2_engine_matches_peft(tmp_path):
         engine.close()
     for prompt, ref, req in zip(prompts, refs, reqs, strict=True):
         seq = prompt + list(req.output_token_ids)
-        want = _peft_logprobs(hf, ref, seq[:-1])[len(prompt) - 1 :]
+        want = peft_logprobs(hf, ref, seq[:-1])[len(prompt) - 1 :]
         got = torch.log_softmax(torch.stack(rows[req.request_id]), dim=-1)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
         assert list(req.output_token_ids) == want.argmax(-1).tolist()
