@@ -18,20 +18,22 @@ import httpx
 PROMPT = "Tell me about the weather in the mountains in winter."
 
 
-async def _ask(http: httpx.AsyncClient, url: str, key: str, body: dict, resent: list[int]) -> str:
+async def _ask(
+    http: httpx.AsyncClient, url: str, key: str, body: dict, resent: dict[str, int]
+) -> str:
     """One completion's answer as a canonical string (text and logprobs); each repeated send
-    is counted in `resent`."""
+    is counted in `resent` by why ("dropped" connections, "refused" with 429/503)."""
     for _ in range(100):
         try:
             r = await http.post(
                 f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
             )
         except httpx.TransportError:
-            resent[0] += 1
+            resent["dropped"] += 1
             await asyncio.sleep(0.5)
             continue
         if r.status_code in (429, 503):
-            resent[0] += 1
+            resent["refused"] += 1
             await asyncio.sleep(float(r.headers.get("Retry-After", "0.5") or 0.5))
             continue
         r.raise_for_status()
@@ -40,7 +42,9 @@ async def _ask(http: httpx.AsyncClient, url: str, key: str, body: dict, resent: 
     raise RuntimeError("an identical request failed 100 times (429/503 or dropped connections)")
 
 
-async def _send_all(url: str, key: str, requests: int, max_tokens: int) -> tuple[list[str], int]:
+async def _send_all(
+    url: str, key: str, requests: int, max_tokens: int
+) -> tuple[list[str], dict[str, int]]:
     body = {
         "model": "demo",
         "messages": [{"role": "user", "content": PROMPT}],
@@ -49,13 +53,13 @@ async def _send_all(url: str, key: str, requests: int, max_tokens: int) -> tuple
         "logprobs": True,
         "top_logprobs": 2,
     }
-    resent = [0]
+    resent = {"refused": 0, "dropped": 0}
     limits = httpx.Limits(max_connections=requests + 8)
     async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as http:
         answers = await asyncio.gather(
             *(_ask(http, url, key, body, resent) for _ in range(requests))
         )
-    return answers, resent[0]
+    return answers, resent
 
 
 def gateway_distinct_outputs(

@@ -13,8 +13,8 @@ work (one step of each in turn, each timed on its own steps; the median of `--re
 - determinism.gateway_distinct_on / _off: the same count over `--gateway-requests` (1,000)
   identical chat completions sent at once through the gateway of a fresh local platform
   (`_determinism_gateway.py`) whose deployment has the deterministic option on, then off
-  (target 1 with it; 0 requests skips this part); determinism.gateway_resent_on / _off: how
-  many sends were repeated (refused with 429/503, or the connection dropped).
+  (target 1 with it; 0 requests skips this part); determinism.gateway_refused_on / _off and
+  _dropped_on / _off: sends repeated after a 429/503, or after the connection dropped.
 """
 
 from __future__ import annotations
@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         for mode, on in (("on", True), ("off", False)):
             count, resent = gateway_distinct_outputs(on, args.gateway_requests, args.gateway_tokens)
             results[f"determinism.gateway_distinct_{mode}"] = count
-            results[f"determinism.gateway_resent_{mode}"] = resent
+            for why, n in resent.items():
+                results[f"determinism.gateway_{why}_{mode}"] = n
         results["determinism.gateway_requests"] = args.gateway_requests
     for key, value in results.items():
         print(f"RESULT {key}={value:.4g}")
