@@ -23,7 +23,7 @@ PIP_FLAGS ?= -qq --progress-bar off --disable-pip-version-check
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv install up test lint format clean
+.PHONY: venv install up test lint typecheck format clean
 
 venv install: $(STAMP) $(QUANT_ORACLES_STAMP)
 
@@ -59,9 +59,14 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
+# mypy over the package ([tool.mypy] in pyproject.toml: the parts, the third-party modules
+# without types); exits non-zero on any error. Run from the root: `loraplex/` links the parts.
+typecheck: $(STAMP)
+	$(BIN)/mypy -p loraplex.platform -p loraplex.adapters -p loraplex.moe -p loraplex.loader -p loraplex.api
+
 format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -75,8 +76,8 @@ class PoolStats:
     evictions: int = 0
     compactions: int = 0
     load_seconds: float = 0.0
-    loads_by_key: Counter = field(default_factory=Counter)
-    evictions_by_key: Counter = field(default_factory=Counter)
+    loads_by_key: Counter[str] = field(default_factory=Counter)
+    evictions_by_key: Counter[str] = field(default_factory=Counter)
 
 
 class DevicePool:
@@ -249,7 +250,7 @@ class DevicePool:
         self.stats.load_seconds += time.perf_counter() - t0
         return entry
 
-    def _table(self, values: list[list], dtype: torch.dtype) -> torch.Tensor:
+    def _table(self, values: Sequence[Sequence[float]], dtype: torch.dtype) -> torch.Tensor:
         out = torch.zeros(len(self.specs), self.max_slices, dtype=dtype)
         for lid, row in enumerate(values):
             out[lid, : len(row)] = torch.tensor(row, dtype=dtype)

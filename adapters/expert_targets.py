@@ -22,8 +22,9 @@ Target names in `ResolvedTargets`: `experts.gate_up_proj`, `experts.down_proj` (
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 FUSED_MODULES = ("experts.gate_up_proj", "experts.down_proj")
 PER_EXPERT_MODULES = ("per_expert.gate_proj", "per_expert.up_proj", "per_expert.down_proj")
@@ -86,7 +87,7 @@ class MoeShape:
     shared_intermediate: int = 0  # Qwen2-MoE's shared expert (0: none)
 
 
-def moe_shape(hf_config: dict) -> MoeShape | None:
+def moe_shape(hf_config: dict[str, Any]) -> MoeShape | None:
     """The MoE shape of a base config, or None for a dense model (torch-free)."""
     experts = 0
     for key in ("num_local_experts", "num_experts", "n_routed_experts"):
@@ -99,6 +100,7 @@ def moe_shape(hf_config: dict) -> MoeShape | None:
     kind = str(hf_config.get("model_type") or "")
     layers = int(hf_config["num_hidden_layers"])
     hidden = int(hf_config["hidden_size"])
+    sparse: Sequence[int]
     if kind == "mixtral":
         inter, sparse = int(hf_config["intermediate_size"]), range(layers)
     else:

@@ -15,6 +15,9 @@ import torch
 from .expert_targets import ROUTER_MODULE, MoeShape
 from .targets import ResolvedTargets
 
+# (layer, target module, expert or None) -> {"A": lora_A, "B": lora_B}
+ExpertPairs = dict[tuple[int, str, int | None], dict[str, torch.Tensor]]
+
 
 @dataclass(frozen=True)
 class ExpertLoraModule:
@@ -53,16 +56,20 @@ class ExpertLoraModule:
 
 
 def _shared(
-    parts: dict, pairs: dict, targets: ResolvedTargets, layer: int, shape: MoeShape
+    parts: dict[str, torch.Tensor | None],
+    pairs: ExpertPairs,
+    targets: ResolvedTargets,
+    layer: int,
+    shape: MoeShape,
 ) -> None:
     """The shared expert's factors: gate/up as one pair with block-diagonal B, down, gate."""
     s = shape.shared_intermediate
 
-    def scaled(module: str) -> tuple | None:
+    def scaled(module: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         found = pairs.get((layer, module, None))
         if found is None:
             return None
-        factor = targets.get(layer, module).scale  # type: ignore[union-attr]
+        factor = targets.get(layer, module).scale  # type: ignore[union-attr]  # a module with weights has a target
         return found["A"].float(), found["B"].float() * factor
 
     a_rows, b_cols = [], []
@@ -81,7 +88,9 @@ def _shared(
         parts["shared_gate_a"], parts["shared_gate_b"] = p
 
 
-def _fused(a: torch.Tensor, b: torch.Tensor, experts: int, scale: float) -> tuple:
+def _fused(
+    a: torch.Tensor, b: torch.Tensor, experts: int, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """PEFT's fused [r x E, in] / [out, r x E] -> per-expert [E, r, in], [E, out, r]."""
     a_e = a.reshape(experts, -1, a.shape[-1])
     b_e = b.reshape(b.shape[0], -1, experts).permute(2, 0, 1)
@@ -89,7 +98,7 @@ def _fused(a: torch.Tensor, b: torch.Tensor, experts: int, scale: float) -> tupl
 
 
 def build_expert_modules(
-    pairs: dict[tuple[int, str, int | None], dict[str, torch.Tensor]],
+    pairs: ExpertPairs,
     targets: ResolvedTargets,
     shape: MoeShape,
     dtype: torch.dtype,
@@ -104,9 +113,11 @@ def build_expert_modules(
         _shared(parts, pairs, targets, layer, shape)
 
         def scale(module: str) -> float:
-            return targets.get(layer, module).scale  # type: ignore[union-attr]  # noqa: B023
+            return targets.get(layer, module).scale  # type: ignore[union-attr]  # noqa: B023  # a module with weights has a target
 
-        def pair(module: str, expert: int | None = None) -> tuple | None:
+        def pair(
+            module: str, expert: int | None = None
+        ) -> tuple[torch.Tensor, torch.Tensor] | None:
             found = pairs.get((layer, module, expert))  # noqa: B023
             return None if found is None else (found["A"].float(), found["B"].float())
 
@@ -135,8 +146,8 @@ def build_expert_modules(
         if pair("per_expert.down_proj", 0) is not None:
             down = [pair("per_expert.down_proj", x) for x in range(e)]
             s = scale("per_expert.down_proj")
-            parts["w2_a"] = torch.stack([p[0] for p in down])  # type: ignore[index]
-            parts["w2_b"] = torch.stack([p[1] * s for p in down])  # type: ignore[index]
+            parts["w2_a"] = torch.stack([p[0] for p in down])  # type: ignore[index]  # validated: every expert has it
+            parts["w2_b"] = torch.stack([p[1] * s for p in down])  # type: ignore[index]  # validated: every expert has it
         out[layer] = ExpertLoraModule(
             **{k: None if v is None else v.to(dtype).contiguous() for k, v in parts.items()}
         )

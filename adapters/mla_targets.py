@@ -8,6 +8,8 @@ whose weight it absorbs into the latent attention instead of running it (torch-f
 
 from __future__ import annotations
 
+from typing import Any
+
 MLA_MODULES = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa")
 """MLA projections beyond the ones dense attention shares (q_proj, o_proj)."""
 
@@ -16,12 +18,12 @@ UNSERVED_MLA_MODULES = {
 }
 
 
-def is_mla_config(hf_config: dict) -> bool:
+def is_mla_config(hf_config: dict[str, Any]) -> bool:
     """True for a base with multi-head latent attention (its config names `kv_lora_rank`)."""
     return hf_config.get("kv_lora_rank") is not None
 
 
-def mla_module_dims(hf_config: dict) -> dict[str, tuple[int, int]]:
+def mla_module_dims(hf_config: dict[str, Any]) -> dict[str, tuple[int, int]]:
     """(in_features, out_features) of each LoRA-targetable MLA projection."""
     hidden = int(hf_config["hidden_size"])
     heads = int(hf_config["num_attention_heads"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,7 +115,7 @@ def _targets_field(value: Any, what: str) -> list[str] | str:
     return sorted(set(names))
 
 
-def _pattern_dict(value: Any, what: str, check) -> dict:
+def _pattern_dict(value: Any, what: str, check: Callable[[Any, str], Any]) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -129,7 +130,7 @@ def _pattern_dict(value: Any, what: str, check) -> dict:
     return out
 
 
-def _load_json_object(raw: bytes | str | dict) -> dict:
+def _load_json_object(raw: bytes | str | dict[str, Any]) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
     if isinstance(raw, bytes | bytearray | memoryview):
@@ -148,7 +149,7 @@ def _load_json_object(raw: bytes | str | dict) -> dict:
     return obj
 
 
-def _refuse_unsupported(obj: dict) -> None:
+def _refuse_unsupported(obj: dict[str, Any]) -> None:
     peft_type = obj.get("peft_type", "LORA")
     if peft_type is not None and str(peft_type).upper() != "LORA":
         raise AdapterFormatError(f"peft_type {peft_type!r} is not supported: only LORA adapters")
@@ -168,7 +169,7 @@ def _refuse_unsupported(obj: dict) -> None:
         raise AdapterFormatError("fan_in_fan_out=true is not supported (Llama-style Linear only)")
 
 
-def parse_adapter_config(raw: bytes | str | dict) -> PeftAdapterConfig:
+def parse_adapter_config(raw: bytes | str | dict[str, Any]) -> PeftAdapterConfig:
     """Parse and check a PEFT `adapter_config.json` (bytes, text or an already-decoded dict).
 
     Raises AdapterFormatError with a message fit to show the uploader.
@@ -281,7 +282,7 @@ def parse_lora_tensor_name(name: str) -> LoraTensorName:
     )
 
 
-def is_moe_config(hf_config: dict) -> bool:
+def is_moe_config(hf_config: dict[str, Any]) -> bool:
     """True for mixture-of-experts configs (Mixtral, Qwen-MoE, DeepSeek-style)."""
     for key in ("num_local_experts", "num_experts", "n_routed_experts"):
         value = hf_config.get(key)
@@ -290,7 +291,7 @@ def is_moe_config(hf_config: dict) -> bool:
     return False
 
 
-def module_dims(hf_config: dict) -> dict[str, tuple[int, int]]:
+def module_dims(hf_config: dict[str, Any]) -> dict[str, tuple[int, int]]:
     """(in_features, out_features) of each LoRA-targetable projection of a HF decoder config.
 
     MoE configs give the attention projections only: their experts and router are targets of

@@ -13,6 +13,7 @@ kernels' programs all exit). `view(b)` is what one captured size reads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -61,7 +62,7 @@ class StaticLoraMeta:
         self.max_slices = max_slices
         self.max_rank = max_rank
         dev = torch.device(device)
-        i32 = dict(dtype=torch.int32, device=dev)
+        i32: dict[str, Any] = dict(dtype=torch.int32, device=dev)
         self._arange = torch.arange(max_batch, **i32)
         self.token_slot = torch.full((max_batch,), -1, **i32)
         self.sorted_token_ids = self._arange.clone()

@@ -131,15 +131,18 @@ def _group_target(group: Any) -> ModuleTarget:
     rank, alpha, scale = group.get("rank"), group.get("alpha"), group.get("scale")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 < rank <= MAX_RANK:
         raise AdapterFormatError(f"resolved targets have a bad rank {rank!r}")
-    for name, value in (("alpha", alpha), ("scale", scale)):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise AdapterFormatError(f"resolved targets have a bad {name} {value!r}")
-        if not math.isfinite(value) or value <= 0:
-            raise AdapterFormatError(f"resolved targets have a bad {name} {value!r}")
-    return ModuleTarget(rank, float(alpha), float(scale))
+    return ModuleTarget(rank, _positive("alpha", alpha), _positive("scale", scale))
 
 
-def module_paths(hf_config: dict) -> list[tuple[int, str, str]]:
+def _positive(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise AdapterFormatError(f"resolved targets have a bad {name} {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise AdapterFormatError(f"resolved targets have a bad {name} {value!r}")
+    return float(value)
+
+
+def module_paths(hf_config: dict[str, Any]) -> list[tuple[int, str, str]]:
     """(layer, projection, PEFT module name) of every LoRA-targetable module of the base model."""
     dims = module_dims(hf_config)
     try:
@@ -212,7 +215,7 @@ def _in_list(names: list[str], key: str) -> bool:
     return key in names or any(key.endswith("." + n) for n in names)
 
 
-def _pattern_keys(patterns: dict, what: str) -> list[tuple[Any, Any]]:
+def _pattern_keys(patterns: dict[str, Any], what: str) -> list[tuple[Any, Any]]:
     return [
         (compile_pattern(rf"(.*\.)?({key})$", f"{what} key {key!r}"), value)
         for key, value in patterns.items()
@@ -226,7 +229,7 @@ def _first(keys: list[tuple[Any, Any]], key: str, default: Any) -> Any:
     return default
 
 
-def resolve_targets(cfg: PeftAdapterConfig, hf_config: dict) -> ResolvedTargets:
+def resolve_targets(cfg: PeftAdapterConfig, hf_config: dict[str, Any]) -> ResolvedTargets:
     """Apply the config's PEFT rules to the base model's module names (every pattern on RE2).
 
     Raises AdapterFormatError (a TenantPatternError for a refused pattern) with a message fit
@@ -255,7 +258,10 @@ def _target(cfg: PeftAdapterConfig, matchers: _Matchers, key: str) -> ModuleTarg
 
 
 def _resolve_expert_targets(
-    cfg: PeftAdapterConfig, matchers: _Matchers, hf_config: dict, modules: dict
+    cfg: PeftAdapterConfig,
+    matchers: _Matchers,
+    hf_config: dict[str, Any],
+    modules: dict[tuple[int, str], ModuleTarget],
 ) -> None:
     """Add the experts' and router's targets of a MoE base (see `expert_targets`)."""
     shape = moe_shape(hf_config)
@@ -285,7 +291,7 @@ def _resolve_expert_targets(
                     f"target_modules picks {proj} of some experts of layer {layer} but not all: "
                     "LoRA on a subset of a layer's experts is not served"
                 )
-            each = {_target(cfg, matchers, k) for k in found}  # type: ignore[arg-type]
+            each = {_target(cfg, matchers, k) for k in found}  # type: ignore[arg-type]  # no None left (above)
             if len(each) > 1:
                 raise AdapterFormatError(
                     f"rank_pattern/alpha_pattern give the experts of layer {layer} {proj} "
@@ -330,7 +336,9 @@ def keep_present(
     )
 
 
-def resolve_config_targets(config: bytes | str | dict, hf_config: dict) -> ResolvedTargets:
+def resolve_config_targets(
+    config: bytes | str | dict[str, Any], hf_config: dict[str, Any]
+) -> ResolvedTargets:
     """`resolve_targets` of an `adapter_config.json` (bytes, text or dict) for this base."""
     from .peft_format import parse_adapter_config
 

@@ -8,6 +8,7 @@ why. The validation job and the API's synchronous checks both use it, so they ag
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from loraplex.adapters.expert_targets import EXPERT_MODULES, moe_shape
 from loraplex.adapters.expert_tensors import ExpertTensor, classify, target_paths
@@ -23,6 +24,7 @@ from loraplex.adapters.targets import ResolvedTargets, keep_present, resolve_tar
 from loraplex.loader.safetensors_header import (
     SafetensorsError,
     SafetensorsHeader,
+    TensorInfo,
     parse_header,
     read_header_length,
 )
@@ -109,7 +111,7 @@ def parse_weights_header(header_bytes: bytes, file_size: int) -> SafetensorsHead
         ) from None
 
 
-def _base_dims(base_config: dict) -> tuple[dict[str, tuple[int, int]], int]:
+def _base_dims(base_config: dict[str, Any]) -> tuple[dict[str, tuple[int, int]], int]:
     try:
         dims = module_dims(base_config)
         layers = int(base_config["num_hidden_layers"])
@@ -121,7 +123,7 @@ def _base_dims(base_config: dict) -> tuple[dict[str, tuple[int, int]], int]:
 
 
 def check_tensors(
-    config: PeftAdapterConfig, header: SafetensorsHeader, base_config: dict, max_rank: int
+    config: PeftAdapterConfig, header: SafetensorsHeader, base_config: dict[str, Any], max_rank: int
 ) -> ValidationResult:
     """Every tensor maps to a base-model module the config targets, with the right dtype and
     shape; A/B come in pairs; every rank is within `max_rank`."""
@@ -144,7 +146,7 @@ def check_tensors(
         if expert is not None:
             _check_expert(name, info, expert, kinds)
             target = targets.get(expert.parsed.layer_idx, expert.parsed.module)
-            ranks[expert.path] = target.rank  # type: ignore[union-attr]
+            ranks[expert.path] = target.rank  # type: ignore[union-attr]  # classify() found its target
             present.add((expert.parsed.layer_idx, expert.parsed.module))
             continue
         try:
@@ -193,7 +195,7 @@ def check_tensors(
     targets = keep_present(targets, present, config.target_parameters)
     for layer, module in sorted(targets.modules):
         paths = (
-            target_paths(layer, module, shape)  # type: ignore[arg-type]
+            target_paths(layer, module, shape)  # type: ignore[arg-type]  # expert modules imply an MoE shape
             if module in EXPERT_MODULES
             else [module_path(layer, module)]
         )
@@ -223,7 +225,9 @@ def check_tensors(
     )
 
 
-def _check_expert(name: str, info, expert: ExpertTensor, kinds: dict[str, set[str]]) -> None:
+def _check_expert(
+    name: str, info: TensorInfo, expert: ExpertTensor, kinds: dict[str, set[str]]
+) -> None:
     """dtype, shape and A/B uniqueness of one expert/router tensor."""
     if info.dtype not in ALLOWED_DTYPES:
         raise AdapterValidationError(
@@ -247,7 +251,7 @@ def validate_adapter(
     config_bytes: bytes | None,
     header_prefix: bytes,
     file_size: int,
-    base_config: dict,
+    base_config: dict[str, Any],
     *,
     max_rank: int,
     max_config_bytes: int = 64 * 1024,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -17,7 +18,7 @@ from safetensors.torch import load as load_safetensors
 
 from loraplex.adapters.expert_targets import EXPERT_MODULES, moe_shape
 from loraplex.adapters.expert_tensors import classify
-from loraplex.adapters.expert_weights import ExpertLoraModule, build_expert_modules
+from loraplex.adapters.expert_weights import ExpertLoraModule, ExpertPairs, build_expert_modules
 from loraplex.adapters.peft_format import (
     AdapterFormatError,
     module_dims,
@@ -111,8 +112,10 @@ def _check_tensor(name: str, t: torch.Tensor, shape: tuple[int, int]) -> None:
         raise AdapterFormatError(f"{name}: holds NaN or infinite values")
 
 
-def _collect(tensors: dict[str, torch.Tensor]) -> dict[tuple[int, str], dict[str, tuple]]:
-    found: dict[tuple[int, str], dict[str, tuple]] = {}
+def _collect(
+    tensors: dict[str, torch.Tensor],
+) -> dict[tuple[int, str], dict[str, tuple[str, torch.Tensor, str]]]:
+    found: dict[tuple[int, str], dict[str, tuple[str, torch.Tensor, str]]] = {}
     for name, t in tensors.items():
         info = parse_lora_tensor_name(name)
         slot = found.setdefault((info.layer_idx, info.module), {})
@@ -125,7 +128,7 @@ def _collect(tensors: dict[str, torch.Tensor]) -> dict[tuple[int, str], dict[str
 def load_adapter(
     config_bytes: bytes,
     weights_bytes: bytes,
-    hf_config: dict,
+    hf_config: dict[str, Any],
     *,
     targets: ResolvedTargets | None = None,
     key: str | None = None,
@@ -191,16 +194,16 @@ def load_adapter(
         key=key or adapter_version_key(config_bytes, weights_bytes),
         targets=targets,
         modules=modules,
-        experts=build_expert_modules(experts, targets, shape, dtype) if experts else {},  # type: ignore[arg-type]
+        experts=build_expert_modules(experts, targets, shape, dtype) if experts else {},  # type: ignore[arg-type]  # expert weights imply an MoE shape
     )
 
 
 def _expert_pairs(
-    tensors: dict[str, torch.Tensor], targets: ResolvedTargets, hf_config: dict
-) -> tuple[dict, set[tuple[int, str]]]:
+    tensors: dict[str, torch.Tensor], targets: ResolvedTargets, hf_config: dict[str, Any]
+) -> tuple[ExpertPairs, set[tuple[int, str]]]:
     """Pop the expert/router tensors out of `tensors`, checked: (layer, target, expert) -> A/B."""
     shape = moe_shape(hf_config)
-    pairs: dict[tuple[int, str, int | None], dict[str, torch.Tensor]] = {}
+    pairs: ExpertPairs = {}
     for name in list(tensors):
         hit = classify(name, targets, shape)
         if hit is None:
@@ -220,10 +223,12 @@ def _expert_pairs(
     return pairs, {(layer, module) for layer, module, _ in pairs}
 
 
-def _check_expert_complete(pairs: dict, layer: int, module: str, hf_config: dict) -> None:
+def _check_expert_complete(
+    pairs: ExpertPairs, layer: int, module: str, hf_config: dict[str, Any]
+) -> None:
     """Every expert (or the one fused / router pair) of a targeted expert module is there."""
     shape = moe_shape(hf_config)
-    experts = range(shape.num_experts) if module.startswith("per_expert.") else [None]  # type: ignore[union-attr]
+    experts = range(shape.num_experts) if module.startswith("per_expert.") else [None]  # type: ignore[union-attr]  # per-expert modules imply an MoE shape
     for expert in experts:
         if (layer, module, expert) not in pairs:
             where = module if expert is None else f"{module} expert {expert}"
@@ -234,7 +239,7 @@ def _check_expert_complete(pairs: dict, layer: int, module: str, hf_config: dict
 
 def load_adapter_dir(
     path: str | Path,
-    hf_config: dict,
+    hf_config: dict[str, Any],
     *,
     max_rank: int | None = None,
     dtype: torch.dtype = torch.float32,

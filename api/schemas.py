@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic.json_schema import JsonDict
 
 from loraplex.platform.db.models import (
     Adapter,
@@ -23,7 +24,7 @@ class _Strict(BaseModel):
 
 
 # Documented in the OpenAPI (the services check them, answering 400 with the field's name).
-NAME_PATTERN = {"pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]*$"}
+NAME_PATTERN: JsonDict = {"pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]*$"}
 
 
 def _limit(field: str) -> Any:

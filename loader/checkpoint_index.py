@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from loraplex.loader.object_store import ObjectNotFoundError, ObjectStore
+from loraplex.loader.object_store import ObjectNotFoundError, ObjectReader
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -56,7 +56,7 @@ def parse_index(raw: bytes, index_key: str) -> CheckpointFiles:
     return CheckpointFiles(keys, {k: str(v) for k, v in weight_map.items()})
 
 
-def resolve_checkpoint(store: ObjectStore, location: str) -> CheckpointFiles:
+def resolve_checkpoint(store: ObjectReader, location: str) -> CheckpointFiles:
     """The safetensors keys a location stands for (see the module docstring)."""
     if location.endswith(".safetensors"):
         return CheckpointFiles((location,))
@@ -73,7 +73,7 @@ def resolve_checkpoint(store: ObjectStore, location: str) -> CheckpointFiles:
     return CheckpointFiles((single,))
 
 
-def _read_index(store: ObjectStore, key: str) -> CheckpointFiles:
+def _read_index(store: ObjectReader, key: str) -> CheckpointFiles:
     raw, info = store.read_prefix(key, MAX_INDEX_BYTES + 1)
     if info.size > MAX_INDEX_BYTES:
         raise CheckpointLayoutError(f"{key}: index is {info.size} bytes, over {MAX_INDEX_BYTES}")

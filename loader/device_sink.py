@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from loraplex.loader.object_store import ObjectStore
+from loraplex.loader.object_store import ObjectReader
 from loraplex.loader.range_plan import ByteRange
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ class _HasDest(Protocol):
 
 def _byte_view(t: torch.Tensor) -> memoryview:
     """A writable memoryview over a CPU uint8 tensor's memory (no copy)."""
-    return memoryview(t.numpy()).cast("B")
+    return t.numpy().data.cast("B")
 
 
 class Sink(Protocol):
@@ -51,7 +51,7 @@ class Sink(Protocol):
         ...
 
     def fetch(
-        self, store: ObjectStore, key: str, ri: int, r: ByteRange, tasks: Sequence[_HasDest]
+        self, store: ObjectReader, key: str, ri: int, r: ByteRange, tasks: Sequence[_HasDest]
     ) -> None:
         """Read range `r` of `key` and put its bytes into the tensors' destinations (worker thread)."""
         ...
@@ -92,7 +92,7 @@ class CpuSink:
         return views
 
     def fetch(
-        self, store: ObjectStore, key: str, ri: int, r: ByteRange, tasks: Sequence[_HasDest]
+        self, store: ObjectReader, key: str, ri: int, r: ByteRange, tasks: Sequence[_HasDest]
     ) -> None:
         """One ranged GET scattered into the destination tensors."""
         store.get_range_into(key, r.start, self.host_views(ri, r, tasks))
@@ -161,7 +161,7 @@ class StagedSink:
             dest[seg.tensor_offset : seg.tensor_offset + seg.length].copy_(src, non_blocking=True)
 
     def fetch(
-        self, store: ObjectStore, key: str, ri: int, r: ByteRange, tasks: Sequence[_HasDest]
+        self, store: ObjectReader, key: str, ri: int, r: ByteRange, tasks: Sequence[_HasDest]
     ) -> None:
         """Ranged GET into the slot, then copy each segment on (async on a GPU) and wait."""
         slot = self.slots[self.slot_of[ri]]

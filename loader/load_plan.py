@@ -8,6 +8,7 @@ only in part cannot have its sha256 checked; that is logged, not silently skippe
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -119,6 +120,10 @@ def choose_tensors(
     return ShardPlan(key, info, header, blob, wanted, sha if whole else None, sliced)
 
 
+def _in_and_kept(base: Collection[str], keep: Callable[[str], bool], name: str) -> bool:
+    return name in base and keep(name)
+
+
 def narrow_plan(plan: LoadPlan, select: Select = None, rows: Rows = None) -> LoadPlan:
     """A plan reading a subset of `plan`'s tensors (and rows), from the headers already read."""
     available = {n for s in plan.shards for n in s.header.tensors}
@@ -132,7 +137,7 @@ def narrow_plan(plan: LoadPlan, select: Select = None, rows: Rows = None) -> Loa
             s.info,
             s.header,
             s.header_blob,
-            lambda n, base=base: n in base and keep(n),
+            functools.partial(_in_and_kept, base, keep),
             choose,
             s.sha256,
         )

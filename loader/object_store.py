@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import boto3
 import botocore.exceptions
@@ -22,9 +23,17 @@ from botocore.config import Config
 
 from loraplex.loader.storage import RetryPolicy, StorageConfig
 
-__all__ = ["ObjectInfo", "ObjectNotFoundError", "ObjectStore", "ObjectStoreError", "RetryPolicy"]
+__all__ = [
+    "ObjectInfo",
+    "ObjectNotFoundError",
+    "ObjectReader",
+    "ObjectStore",
+    "ObjectStoreError",
+    "RetryPolicy",
+]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _TRANSIENT_CODES = frozenset(
     {
@@ -40,6 +49,23 @@ _TRANSIENT_CODES = frozenset(
         "504",
     }
 )
+
+
+class ObjectReader(Protocol):
+    """The reads a checkpoint's index and the sinks make: an `ObjectStore`, or the node
+    cache's `CachedStore` over one."""
+
+    def head(self, key: str) -> int:
+        """The object's size in bytes."""
+        ...
+
+    def read_prefix(self, key: str, n: int) -> tuple[bytes, ObjectInfo]:
+        """The object's first min(n, size) bytes and its info."""
+        ...
+
+    def get_range_into(self, key: str, start: int, views: Sequence[memoryview]) -> None:
+        """Fill `views` (in order) with the object's bytes from `start`."""
+        ...
 
 
 class ObjectStoreError(RuntimeError):
@@ -95,7 +121,7 @@ def _is_not_found(exc: BaseException) -> bool:
     return status == 404 or code in ("NoSuchKey", "NoSuchBucket", "NotFound", "404")
 
 
-def make_s3_client(storage: StorageConfig, max_pool_connections: int = 64) -> object:
+def make_s3_client(storage: StorageConfig, max_pool_connections: int = 64) -> Any:
     """A boto3 S3 client for `storage`, tuned for many concurrent ranged GETs.
 
     botocore's own retries are off (this module retries whole reads, body included), and
@@ -121,7 +147,7 @@ def make_s3_client(storage: StorageConfig, max_pool_connections: int = 64) -> ob
     )
 
 
-def _fill_from_body(body: object, views: Sequence[memoryview]) -> int:
+def _fill_from_body(body: Any, views: Sequence[memoryview]) -> int:
     """Read a response body into `views` in order; return how many bytes arrived in total."""
     raw = getattr(body, "_raw_stream", None)
     fp = getattr(raw, "_fp", None)
@@ -129,7 +155,7 @@ def _fill_from_body(body: object, views: Sequence[memoryview]) -> int:
     if direct:
         headers = getattr(raw, "headers", {}) or {}
         direct = headers.get("content-encoding", "identity") in ("identity", "")
-    reader: Callable[[memoryview], int] = fp.readinto if direct else body.readinto  # type: ignore[union-attr]
+    reader: Callable[[memoryview], int] = fp.readinto if direct else body.readinto  # type: ignore[union-attr]  # `direct`: fp is an HTTPResponse
     total = 0
     for view in views:
         filled = 0
@@ -152,16 +178,17 @@ class ObjectStore:
         storage: StorageConfig,
         *,
         max_pool_connections: int = 64,
-        client: object | None = None,
+        client: Any = None,
     ) -> None:
         self.bucket = storage.bucket
         self.retry: RetryPolicy = storage.retry
-        self.client = client or make_s3_client(storage, max_pool_connections)
+        # A boto3 S3 client (or a stand-in with its methods): boto3 ships no types.
+        self.client: Any = client or make_s3_client(storage, max_pool_connections)
         self._lock = threading.Lock()
         self.retries = 0
         """Transient failures retried so far (for metrics and tests)."""
 
-    def _with_retries(self, what: str, fn: Callable[[], object]) -> object:
+    def _with_retries(self, what: str, fn: Callable[[], T]) -> T:
         attempt = 0
         while True:
             attempt += 1
@@ -192,7 +219,7 @@ class ObjectStore:
             size, etag = int(resp["ContentLength"]), resp.get("ETag")
             return ObjectInfo(key, size, sha.lower() if sha else None, etag)
 
-        return self._with_retries(f"HEAD {key}", call)  # type: ignore[return-value]
+        return self._with_retries(f"HEAD {key}", call)
 
     def head(self, key: str) -> int:
         """The object's size in bytes."""
@@ -228,7 +255,7 @@ class ObjectStore:
         got = self._with_retries(f"GET {key} bytes=0-{n - 1}", call)
         if got is None:
             return b"", self.stat(key)
-        return got  # type: ignore[return-value]
+        return got
 
     def get_range_into(self, key: str, start: int, views: Sequence[memoryview]) -> None:
         """Fill `views` (in order) with the object's bytes from `start`, retrying transient errors.

@@ -119,7 +119,7 @@ def read_header_length(
             f"file too short: a safetensors file needs at least 8 bytes for the header length, "
             f"got {min(file_size, len(first8))}"
         )
-    (n,) = struct.unpack("<Q", bytes(first8[:8]))
+    n: int = struct.unpack("<Q", bytes(first8[:8]))[0]
     if n > max_header_bytes:
         raise SafetensorsError(
             f"header too large: length {n} exceeds the cap of {max_header_bytes}"

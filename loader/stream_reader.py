@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -37,7 +38,7 @@ from loraplex.loader.load_plan import (
 )
 from loraplex.loader.node_cache import CachedStore, NodeCache
 from loraplex.loader.object_store import ObjectInfo, ObjectStore
-from loraplex.loader.quantize import Quantizer
+from loraplex.loader.quant.quantizer import TensorQuantizer
 from loraplex.loader.range_plan import ByteRange, plan_pieces
 from loraplex.loader.safetensors_header import (
     MAX_HEADER_BYTES,
@@ -59,7 +60,7 @@ def torch_dtype(dtype_str: str) -> torch.dtype:
     name = TORCH_DTYPE_NAMES.get(dtype_str)
     if name is None:
         raise SafetensorsError(f"unknown dtype {dtype_str!r}")
-    dtype = getattr(torch, name, None)
+    dtype: torch.dtype | None = getattr(torch, name, None)
     if dtype is None:
         raise SafetensorsError(f"dtype {dtype_str} is not supported by this torch build")
     return dtype
@@ -95,15 +96,15 @@ class StreamConfig:
             raise ValueError(f"window_bytes must be >= 1, got {self.window_bytes}")
 
     @classmethod
-    def from_storage(cls, storage: StorageConfig, **overrides: object) -> StreamConfig:
+    def from_storage(cls, storage: StorageConfig, **overrides: Any) -> StreamConfig:
         """The loader knobs a storage configuration asks for (plus any explicit overrides)."""
-        values: dict[str, object] = {
+        values: dict[str, Any] = {
             "chunk_bytes": storage.chunk_bytes,
             "concurrency": storage.concurrency,
             "max_header_bytes": MAX_HEADER_BYTES,
         }
         values.update(overrides)
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(**values)
 
     def window(self) -> int:
         """The in-flight byte window actually used."""
@@ -130,9 +131,16 @@ class _Task:
     dest: torch.Tensor | None = None
 
 
+class _Digest(Protocol):
+    """What a shard's hasher needs of a `hashlib` hash."""
+
+    def update(self, data: memoryview, /) -> None: ...
+    def hexdigest(self) -> str: ...
+
+
 @dataclass
 class _Hasher:
-    sha: object
+    sha: _Digest
     expected: str
     key: str
     next_offset: int
@@ -207,7 +215,7 @@ class StreamLoader:
         *,
         device: str | torch.device = "cpu",
         select: Select = None,
-        quantizer: Quantizer | None = None,
+        quantizer: TensorQuantizer | None = None,
         expected_sha256: Mapping[str, str] | None = None,
         staging: bool | None = None,
         rows: Rows = None,
@@ -231,7 +239,7 @@ class StreamLoader:
         *,
         device: str | torch.device = "cpu",
         select: Select = None,
-        quantizer: Quantizer | None = None,
+        quantizer: TensorQuantizer | None = None,
         expected_sha256: Mapping[str, str] | None = None,
         staging: bool | None = None,
         rows: Rows = None,
@@ -263,7 +271,7 @@ class _Run:
     """One pass of the streaming loop over a plan (main thread: planning, bookkeeping, yields)."""
 
     def __init__(
-        self, loader: StreamLoader, plan: LoadPlan, sink: Sink, quantizer: Quantizer | None
+        self, loader: StreamLoader, plan: LoadPlan, sink: Sink, quantizer: TensorQuantizer | None
     ) -> None:
         self.loader, self.plan, self.sink, self.quantizer = loader, plan, sink, quantizer
         self.cfg = loader.config
@@ -335,7 +343,7 @@ class _Run:
         while hasher.next_offset in hasher.waiting:
             rj = hasher.waiting.pop(hasher.next_offset)
             for view in self.sink.host_views(rj, self.ranges[rj], self.tasks):
-                hasher.sha.update(view)  # type: ignore[attr-defined]
+                hasher.sha.update(view)
             hasher.next_offset = self.ranges[rj].end
             self._release(rj)
         self._check_hash(r.file_index)
@@ -345,7 +353,7 @@ class _Run:
         hasher = self.hashers[shard]
         if hasher.next_offset != hasher.end:
             return
-        got = hasher.sha.hexdigest()  # type: ignore[attr-defined]
+        got = hasher.sha.hexdigest()
         del self.hashers[shard]
         if got != hasher.expected:
             # A node-local copy that went bad is dropped, so the next load streams S3 again.
@@ -357,7 +365,7 @@ class _Run:
                 + ("; the node cache's copy was dropped" if dropped else "")
             )
 
-    def _submit(self, pool: ThreadPoolExecutor, ri: int) -> Future:
+    def _submit(self, pool: ThreadPoolExecutor, ri: int) -> Future[None]:
         r = self.ranges[ri]
         for seg in r.segments:
             task = self.tasks[seg.tensor]
@@ -378,7 +386,7 @@ class _Run:
         self.ready = []
         self.inflight = 0
         window = cfg.window()
-        pending: dict[Future, int] = {}
+        pending: dict[Future[None], int] = {}
         nxt = 0
         t0 = time.perf_counter()
         pool = ThreadPoolExecutor(max(1, cfg.concurrency), thread_name_prefix="loraplex-fetch")

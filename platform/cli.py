@@ -8,9 +8,13 @@ import importlib
 import pkgutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loraplex.platform.settings import Settings
 
 
-def _settings(**overrides: object):
+def _settings(**overrides: Any) -> Settings:
     from loraplex.platform.settings import Settings
 
     return Settings(**{k: v for k, v in overrides.items() if v is not None})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -96,7 +97,7 @@ def build_tokenizer(vocab_size: int = TARGET_VOCAB) -> Tokenizer:
     return tok
 
 
-def llama_config(vocab_size: int) -> dict[str, object]:
+def llama_config(vocab_size: int) -> dict[str, Any]:
     """The HuggingFace `config.json` of the demo model."""
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -126,23 +127,23 @@ def llama_config(vocab_size: int) -> dict[str, object]:
     }
 
 
-def llama_weights(config: dict[str, object], seed: int) -> dict[str, torch.Tensor]:
+def llama_weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
     """Random weights under HuggingFace Llama parameter names, initialised like HF does
     (normal(0, initializer_range) for matrices and embeddings, ones for RMSNorm)."""
     gen = torch.Generator().manual_seed(seed)
-    hidden = int(config["hidden_size"])  # type: ignore[arg-type]
-    inter = int(config["intermediate_size"])  # type: ignore[arg-type]
-    vocab = int(config["vocab_size"])  # type: ignore[arg-type]
-    head_dim = int(config["head_dim"])  # type: ignore[arg-type]
-    q_out = int(config["num_attention_heads"]) * head_dim  # type: ignore[arg-type]
-    kv_out = int(config["num_key_value_heads"]) * head_dim  # type: ignore[arg-type]
-    std = float(config["initializer_range"])  # type: ignore[arg-type]
+    hidden = int(config["hidden_size"])
+    inter = int(config["intermediate_size"])
+    vocab = int(config["vocab_size"])
+    head_dim = int(config["head_dim"])
+    q_out = int(config["num_attention_heads"]) * head_dim
+    kv_out = int(config["num_key_value_heads"]) * head_dim
+    std = float(config["initializer_range"])
 
     def normal(*shape: int) -> torch.Tensor:
         return torch.empty(*shape).normal_(0.0, std, generator=gen)
 
     tensors: dict[str, torch.Tensor] = {"model.embed_tokens.weight": normal(vocab, hidden)}
-    for i in range(int(config["num_hidden_layers"])):  # type: ignore[arg-type]
+    for i in range(int(config["num_hidden_layers"])):
         p = f"model.layers.{i}."
         tensors[p + "self_attn.q_proj.weight"] = normal(q_out, hidden)
         tensors[p + "self_attn.k_proj.weight"] = normal(kv_out, hidden)

@@ -82,7 +82,7 @@ def serve(app: Any, *, drain_timeout_s: float, **config: Any) -> int:
     """Run `app` (an ASGI app or an import string; `config` is uvicorn's: fd or host/port,
     log_level, factory) until SIGTERM/SIGINT, drain for up to `drain_timeout_s`; returns 0."""
     server = GracefulServer(
-        uvicorn.Config(app, timeout_graceful_shutdown=drain_timeout_s, **config)
+        uvicorn.Config(app, timeout_graceful_shutdown=drain_timeout_s, **config)  # type: ignore[arg-type]  # hinted int; asyncio waits a float
     )
     server.run()
     return 0

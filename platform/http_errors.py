@@ -162,8 +162,8 @@ async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
 
 def install_error_handlers(app: FastAPI, *, trust_incoming_request_id: bool = False) -> None:
     """Register the handlers that turn every error into the OpenAI shape, and request ids."""
-    app.add_exception_handler(LoraplexError, _loraplex_error)  # type: ignore[arg-type]
-    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
-    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(LoraplexError, _loraplex_error)  # type: ignore[arg-type]  # hinted over Exception; called for its class
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]  # hinted over Exception; called for its class
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]  # hinted over Exception; called for its class
     app.add_exception_handler(Exception, _unhandled)
     app.add_middleware(RequestIdMiddleware, trust_incoming=trust_incoming_request_id)

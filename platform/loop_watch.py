@@ -88,7 +88,7 @@ def watch(threshold_ms: float, on_stall: Callable[[Stall], None]) -> Callable[[]
             if on_stall in _watchers:
                 _watchers.remove(on_stall)
             if not _watchers and _original_run is not None:
-                asyncio.Handle._run = _original_run  # type: ignore[method-assign]
+                asyncio.Handle._run = _original_run  # type: ignore[method-assign, assignment]  # puts the saved function back
                 gc.callbacks.remove(_on_gc)
                 _original_run = None
                 _threshold_ms = float("inf")

@@ -52,7 +52,11 @@ class Supervised:
 
     name: str
     process: ServiceProcess
-    restart: Callable[[], None]
+    restart: Callable[[], object]  # what it returns (a URL, say) is not used
+
+
+# A restart a child's thread runs: the child, its state, the delay before it.
+_Restart = tuple[Supervised, ChildState, float]
 
 
 class Supervisor:
@@ -80,7 +84,7 @@ class Supervisor:
         self.states: dict[str, ChildState] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._restarters: dict[str, queue.SimpleQueue[float]] = {}
+        self._restarters: dict[str, queue.SimpleQueue[_Restart]] = {}
 
     def add(self, child: Supervised) -> None:
         """Watch `child` (already started)."""
@@ -150,7 +154,7 @@ class Supervisor:
             ).start()
         self._restarters[child.name].put((child, st, delay))
 
-    def _restarter(self, todo: queue.SimpleQueue) -> None:
+    def _restarter(self, todo: queue.SimpleQueue[_Restart]) -> None:
         while True:  # never returns: see the module docstring
             self._restart(*todo.get())
 

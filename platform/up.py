@@ -326,7 +326,7 @@ def run_up(
 ) -> int:
     """Run `loraplex up` until Ctrl-C / SIGTERM; returns the exit code."""
     with contextlib.suppress(AttributeError, ValueError):
-        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # a TextIOWrapper when it is a TTY or pipe
     console = Console(highlight=False)
     signal.signal(signal.SIGTERM, _raise_on_term)
     data_dir = settings.data_dir.expanduser().resolve()

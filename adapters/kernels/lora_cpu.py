@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -117,7 +118,7 @@ class NativeLoraLinear:
 
     def serves(self, a_buf: torch.Tensor, b_buf: torch.Tensor) -> bool:
         """Whether these are still the buffers this Linear's struct points at."""
-        return a_buf.data_ptr() == self.args.a_buf and b_buf.data_ptr() == self.args.b_buf
+        return bool(a_buf.data_ptr() == self.args.a_buf and b_buf.data_ptr() == self.args.b_buf)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, meta: LoraBatchMeta, lid: int) -> None:
         """Add every adapter token's delta for Linear `lid` into `y` [T, out] in place."""
@@ -135,7 +136,7 @@ class NativeLoraLinear:
         ):
             raise ValueError(f"x {tuple(x.shape)} / y {tuple(y.shape)} do not fit the pool's "
                              f"{self.d_in} -> {self.d_out} over {meta.num_tokens} tokens")  # fmt: skip
-        step = meta.native_step
+        step = cast("LoraStepArgs | None", meta.native_step)  # only this module sets it
         if step is None:  # once per step, shared by every Linear
             step = meta.native_step = _step_args(meta)
         if step.num_active == 0:

@@ -113,9 +113,10 @@ def lora_delta_packed(
     k, c = plan.num_chunks, plan.chunk_size
     a = packed.a
     d_in = a.shape[1]
-    run = plan.run_start is not None  # the chunks are one run of tokens: views, no gather
-    if run:
-        s, e = plan.run_start, plan.run_start + k * c
+    start = plan.run_start
+    run = start is not None  # the chunks are one run of tokens: views, no gather
+    if start is not None:
+        s, e = start, start + k * c
         xg = x[s:e]
     else:
         xg = x.index_select(0, plan.tok_index)
@@ -149,7 +150,7 @@ class PackCache:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._layout: tuple | None = None
+        self._layout: tuple[tuple[tuple[str, int, int], ...], int, torch.dtype] | None = None
         self._packs: dict[int, PackedLinear] = {}
         self._bytes = 0
 

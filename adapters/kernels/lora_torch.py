@@ -45,6 +45,7 @@ def lora_delta_torch(
             xg, idx = x[s:e], None
         else:
             idx = g.token_idx
+            assert idx is not None  # more than one run: the group carries its token indices
             xg = x.index_select(0, idx)
         if len(targeted) == 1:
             si = targeted[0]

@@ -181,7 +181,11 @@ if HAS_TRITON:
 
 
 def lora_shrink_triton(
-    x: torch.Tensor, a_buf: torch.Tensor, meta: LoraBatchMeta, lid: int, max_rank: int
+    x: torch.Tensor,
+    a_buf: torch.Tensor,
+    meta: LoraBatchMeta | StaticLoraView,
+    lid: int,
+    max_rank: int,
 ) -> torch.Tensor:
     """`h [num_slices, T, max_rank]` (fp32): each token's shrink by its adapter's A, per slice."""
     if not HAS_TRITON:
@@ -222,7 +226,7 @@ def lora_expand_triton(
     h: torch.Tensor,
     b_buf: torch.Tensor,
     y: torch.Tensor,
-    meta: LoraBatchMeta,
+    meta: LoraBatchMeta | StaticLoraView,
     lid: int,
     slice_offsets: Sequence[int],
     slice_sizes: Sequence[int],

@@ -96,7 +96,9 @@ class AwqGptqReader:
                 f"{prefix}g_idx permutes the groups but the checkpoint says desc_act false"
             )
 
-    def _canonical(self, prefix: str, parts: dict[str, torch.Tensor]) -> list:
+    def _canonical(
+        self, prefix: str, parts: dict[str, torch.Tensor]
+    ) -> list[tuple[str, torch.Tensor]]:
         inp, group = self.in_features[prefix], self.scheme.group_size
         groups = inp // group
         if self.scheme.name == "awq":

@@ -156,7 +156,9 @@ class CompressedTensorsReader:
         parts = self._parts.add(prefix, piece, tensor, self._needs())
         return [] if parts is None else self._canonical(prefix, parts)
 
-    def _canonical(self, prefix: str, parts: dict[str, torch.Tensor]) -> list:
+    def _canonical(
+        self, prefix: str, parts: dict[str, torch.Tensor]
+    ) -> list[tuple[str, torch.Tensor]]:
         scale = parts["weight_scale"].float()
         if self.scheme.kind == "int8" and self.scheme.group_size:
             weight = parts["weight"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -19,6 +20,15 @@ _CASTABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 # Without the model's list: leave embeddings, the head, norms, routers and MoE experts alone.
 DEFAULT_SKIP = re.compile(r"(embed|wte|wpe|lm_head|norm|\.gate\.weight$|router|experts)")
+
+
+class TensorQuantizer(Protocol):
+    """What the loader applies to each tensor as it arrives: a `Quantizer`, or the reader of
+    a pre-quantized checkpoint (`compressed_tensors`, `awq_gptq`)."""
+
+    def apply(self, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        """The tensors to hand on for one checkpoint tensor (none while a module is partial)."""
+        ...
 
 
 class Quantizer:

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import CursorResult, Engine, Result, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -123,3 +123,8 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def rowcount(result: Result[Any]) -> int:
+    """Rows an executed UPDATE or DELETE matched (its result is a `CursorResult`)."""
+    return cast(CursorResult[Any], result).rowcount

@@ -20,6 +20,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypedDict
 
 _PR_SET_PDEATHSIG = 1
 
@@ -109,7 +110,15 @@ def find_executable(name: str, candidates: Sequence[Path] = ()) -> Path:
     )
 
 
-def as_user(user: str | None) -> dict[str, object]:
+class UserArgs(TypedDict, total=False):
+    """`as_user`'s Popen keyword arguments."""
+
+    user: int
+    group: int
+    extra_groups: list[int]
+
+
+def as_user(user: str | None) -> UserArgs:
     """Popen keyword arguments that run a child as `user` with that user's own group only
     (`user=` alone keeps root's group, which then decides access to root's 0700 folders)."""
     if user is None:
@@ -175,7 +184,7 @@ class ServiceProcess:
                 start_new_session=True,
                 preexec_fn=_die_with_parent(death_signal),
                 pass_fds=tuple(pass_fds),
-                **as_user(user),  # type: ignore[arg-type]
+                **as_user(user),
             )
 
     def start_again(self) -> None:
@@ -183,7 +192,7 @@ class ServiceProcess:
         if self._last_start is None:
             raise EmbeddedServiceError(f"{self.name} was never started")
         argv, options = self._last_start
-        self.start(argv, **options)  # type: ignore[arg-type]
+        self.start(argv, **options)
 
     @property
     def pid(self) -> int | None:
@@ -248,7 +257,7 @@ def stop_together(procs: Sequence[ServiceProcess], sig: int, timeout: float = 20
     running = [p for p in procs if p.running()]
     for p in running:
         with contextlib.suppress(ProcessLookupError):
-            p.proc.send_signal(sig)  # type: ignore[union-attr]
+            p.proc.send_signal(sig)  # type: ignore[union-attr]  # running(): proc is set
     deadline = time.monotonic() + timeout
     for p in running:
         p.stop(signal.SIGKILL, timeout=max(0.0, deadline - time.monotonic()) + 0.01)

@@ -116,7 +116,7 @@ class EmbeddedSeaweedFS:
         logs.mkdir(exist_ok=True)
         self.ports = pick_ports(self.data_dir / "ports.json", _PORTS)
         p = self.ports
-        argv = [
+        argv: list[str | Path] = [
             find_executable("weed"),
             f"-logdir={logs}",
             "server",

@@ -163,9 +163,9 @@ class EngineLoop:
                     q.put_nowait(exc)
                 continue
             for d in deltas:
-                q = self.queues.get(d.request_id)
-                if q is not None:
-                    q.put_nowait(d)
+                out = self.queues.get(d.request_id)
+                if out is not None:
+                    out.put_nowait(d)
                     if d.finished:
                         self.queues.pop(d.request_id, None)
             if not deltas and self.core.last_num_scheduled_tokens == 0:

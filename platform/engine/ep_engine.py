@@ -29,6 +29,7 @@ from loraplex.platform.engine.request import Request
 from loraplex.platform.engine.sampling_params import SamplingParams
 from loraplex.platform.engine.scheduler import ScheduledRequest, SchedulerOutput
 from loraplex.platform.engine_spec.config import EngineConfig
+from loraplex.platform.wire import ReplicaState
 
 
 def _portable(out: SchedulerOutput) -> SchedulerOutput:
@@ -111,7 +112,7 @@ class EPEngine:
         """Requests wait or run on rank 0."""
         return self.core.has_unfinished()
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> ReplicaState:
         """Rank 0's /state."""
         return self.core.state()
 

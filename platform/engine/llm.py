@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any
+from typing import Any, cast
 
 from loraplex.platform.engine.engine_core import EngineCore
 from loraplex.platform.engine.outputs import CompletionOutput, RequestOutput
@@ -19,10 +19,10 @@ def _as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
     if isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts):
-        return [prompts]  # one prompt given as token ids
+        return [cast(list[int], prompts)]  # one prompt given as token ids
     if not isinstance(prompts, list | tuple):
         raise TypeError("prompts must be a string, a list of token ids, or a list of those")
-    return list(prompts)
+    return list(cast(list[Prompt], prompts))  # not token ids (above): a list of prompts
 
 
 def _per_prompt(value: Any, n: int, name: str) -> list[Any]:
@@ -89,6 +89,7 @@ class LLM:
                     req = self.core.add_request(prompt, one, rid, adapter_refs[i], salts[i])
                     subs[rid] = (i, k)
                     first = first or req
+                assert first is not None  # sp.n >= 1 (SamplingParams checks it)
                 results.append(
                     RequestOutput(
                         str(i),

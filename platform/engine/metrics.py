@@ -6,6 +6,8 @@ benchmark) never clash and `/metrics` shows only this engine.
 
 from __future__ import annotations
 
+from typing import TypeVar, cast
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -16,6 +18,9 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 
 __all__ = ["CONTENT_TYPE_LATEST", "EngineMetrics"]
+
+
+_Metric = TypeVar("_Metric", Counter, Gauge, Histogram)
 
 
 class EngineMetrics:
@@ -84,12 +89,12 @@ class EngineMetrics:
         self.memory_bytes.labels(model_name=name, kind="kv_cache", dtype=kv_dtype).set(kv_bytes)
         self.label(self.kv_blocks).set(blocks)
 
-    def label(self, metric):  # type: ignore[no-untyped-def]
+    def label(self, metric: _Metric) -> _Metric:
         """The metric's child for this engine's model (cached: `labels()` is not free)."""
         child = self._children.get(id(metric))
         if child is None:
             child = self._children[id(metric)] = metric.labels(model_name=self.model_name)
-        return child
+        return cast(_Metric, child)  # the child `labels()` gave for this very metric
 
     def update_totals(self, queries: int, hits: int, preemptions: int) -> None:
         """Advance the prefix-cache and preemption counters to the engine's running totals."""

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from loraplex.loader.object_store import ObjectNotFoundError
-from loraplex.loader.quantize import Quantizer
+from loraplex.loader.quant.quantizer import TensorQuantizer
 from loraplex.loader.select import ExpertShare
 from loraplex.loader.stream_reader import LoadPlan, StreamLoader, narrow_plan, open_loader
 from loraplex.loader.timeline import Timeline
@@ -69,7 +69,10 @@ class ModelSource(Protocol):
         ...
 
     def iter_weights(
-        self, device: torch.device, quantizer: Quantizer | None, share: ExpertShare | None = None
+        self,
+        device: torch.device,
+        quantizer: TensorQuantizer | None,
+        share: ExpertShare | None = None,
     ) -> Weights:
         """(name, tensor) pairs in HuggingFace checkpoint names, quantized if asked; with a
         `share`, only the tensors (and fused-expert rows) an expert-parallel rank holds."""
@@ -130,7 +133,10 @@ class LocalModelSource:
             safetensors_files(self.path)
 
     def iter_weights(
-        self, device: torch.device, quantizer: Quantizer | None, share: ExpertShare | None = None
+        self,
+        device: torch.device,
+        quantizer: TensorQuantizer | None,
+        share: ExpertShare | None = None,
     ) -> Weights:
         """The folder's tensors read from disk (timed as fetch), quantized on the way; with a
         `share`, other ranks' experts are skipped unread and fused experts read by rows."""
@@ -150,7 +156,7 @@ class LocalModelSource:
             self.timeline.count("weight_tensors", tensors)
             self.timeline.count("weight_bytes", nbytes)
 
-    def _quantized(self, weights: Weights, quantizer: Quantizer | None) -> Weights:
+    def _quantized(self, weights: Weights, quantizer: TensorQuantizer | None) -> Weights:
         for name, tensor in weights:
             if quantizer is None:
                 yield name, tensor
@@ -238,19 +244,24 @@ class S3ModelSource:
         )
 
     def iter_weights(
-        self, device: torch.device, quantizer: Quantizer | None, share: ExpertShare | None = None
+        self,
+        device: torch.device,
+        quantizer: TensorQuantizer | None,
+        share: ExpertShare | None = None,
     ) -> Weights:
         """Each tensor on `device` as soon as its bytes are in (the loader times the fetch);
         with a `share`, only the rank's tensors and fused-expert rows are fetched at all."""
         if self.plan is None:
             self.prepare_weights()
-        plan = self.plan if share is None else narrow_plan(self.plan, share.keep, share.rows)
+        full = self.plan
+        assert full is not None  # prepare_weights sets it
+        plan = full if share is None else narrow_plan(full, share.keep, share.rows)
         if share is not None:
             log.info(
                 "%s: this rank fetches %.1f of %.1f MiB (its experts only)",
                 self.model_id,
                 plan.total_bytes / 2**20,
-                self.plan.total_bytes / 2**20,
+                full.total_bytes / 2**20,
             )
         stream = self._counted(self.loader.iter_tensors(plan, device=device, quantizer=quantizer))
         return _timed(stream, self.timeline, consumer_phase="device_copy")

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from loraplex.platform.engine.request import Request
     from loraplex.platform.engine.sampling_params import SamplingParams
     from loraplex.platform.engine.scheduler import AdmissionPolicy
+    from loraplex.platform.wire import ReplicaState
 
 
 class LoraRuntimeProtocol(Protocol):
@@ -53,6 +54,11 @@ class LoraRuntimeProtocol(Protocol):
     @property
     def resident_adapters(self) -> list[str]:
         """Version keys of adapters in device memory (for /state and the router)."""
+        ...
+
+    @property
+    def adapter_references(self) -> int:
+        """Device-slot references running requests hold (0 when the replica is idle)."""
         ...
 
 
@@ -105,7 +111,7 @@ class ServedEngine(Protocol):
         """One engine step; what changed for each request."""
         ...
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> ReplicaState:
         """The /state snapshot."""
         ...
 

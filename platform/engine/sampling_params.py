@@ -80,7 +80,7 @@ class SamplingParams:
                 raise bad(name, f"must be an integer in [0, {MAX_LOGPROBS}]")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise bad("seed", "must be a non-negative integer")
-        if any(not isinstance(s, str) or not s for s in self.stop):
+        if any(not isinstance(s, str) or not s for s in self.stop or ()):
             raise bad("stop", "must be non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative integers")

@@ -161,7 +161,7 @@ def create_app(core: ServedEngine, secret: str) -> FastAPI:
             raise HttpError(501, str(exc), code="not_implemented", param="adapter") from None
         except ValueError as exc:
             raise HttpError(400, str(exc), code="invalid_value", param="adapter") from None
-        return JSONResponse(WarmResult(outcome=outcome).model_dump())  # type: ignore[arg-type]
+        return JSONResponse(WarmResult(outcome=outcome).model_dump())  # type: ignore[arg-type]  # a runtime warm outcome; the model checks it
 
     @app.post("/abort/{request_id}")
     async def abort(request_id: str) -> Response:
@@ -216,7 +216,7 @@ class _AbortingStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._watcher.cancel()
-            await asyncio.shield(self.body_iterator.aclose())  # type: ignore[attr-defined]
+            await asyncio.shield(self.body_iterator.aclose())  # type: ignore[attr-defined]  # an async generator here
 
 
 async def _sse(

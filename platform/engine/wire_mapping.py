@@ -8,7 +8,7 @@ tokenizing package, so the gateway never decodes tokens).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from loraplex.platform.engine.outputs import RequestDelta
 from loraplex.platform.engine.sampling_params import SamplingParams
@@ -18,6 +18,7 @@ from loraplex.platform.wire import (
     AdapterRef,
     DeltaEvent,
     FinishEvent,
+    FinishReason,
     SamplingOptions,
     TokenLogprobs,
     TopLogprob,
@@ -101,5 +102,8 @@ class EventWriter:
                 completion_tokens=self.num_output_tokens,
                 cached_tokens=d.num_cached_tokens,
             )
-            out.append(encode_event(FinishEvent(finish_reason=d.finish_reason, usage=usage)))
+            # A finished request's reason is its RequestStatus value: "stop", "length", "abort"
+            # (the strict model checks it again).
+            reason = cast(FinishReason, d.finish_reason)
+            out.append(encode_event(FinishEvent(finish_reason=reason, usage=usage)))
         return out

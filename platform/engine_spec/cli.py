@@ -67,7 +67,7 @@ def _cli_fields(cls: type) -> list[tuple[dataclasses.Field, Any]]:
     ]
 
 
-def _add_options(parser: argparse.ArgumentParser, cls: type) -> None:
+def _add_options(parser: argparse._ActionsContainer, cls: type) -> None:
     for f, kind in _cli_fields(cls):
         required = f.default is dataclasses.MISSING
         default = None if required else f.default

@@ -29,24 +29,40 @@ from loraplex.platform.engine_spec.supported_models import (
 
 
 class BaseModelRow(Protocol):
-    """What the mapping reads of a base model row."""
+    """What the mapping reads of a base model row (read-only: a frozen snapshot serves too)."""
 
-    name: str
-    object_prefix: str
-    config: dict[str, Any]  # the checkpoint's HuggingFace config (quantization checks)
+    @property
+    def name(self) -> str: ...
+    @property
+    def object_prefix(self) -> str: ...
+    @property
+    def config(self) -> dict[str, Any]:
+        """The checkpoint's HuggingFace config (quantization checks)."""
+        ...
 
 
 class DeploymentRow(Protocol):
-    """What the mapping reads of a deployment row (`db.models.Deployment`)."""
+    """What the mapping reads of a deployment row (`db.models.Deployment`, or a snapshot)."""
 
-    name: str
-    weight_quantization: str
-    kv_cache_dtype: str
-    max_loras: int
-    max_lora_rank: int
-    expert_parallel_size: int
-    deterministic: bool  # batch-invariant kernels (EngineConfig.deterministic)
-    base_model: BaseModelRow
+    @property
+    def name(self) -> str: ...
+    @property
+    def weight_quantization(self) -> str: ...
+    @property
+    def kv_cache_dtype(self) -> str: ...
+    @property
+    def max_loras(self) -> int: ...
+    @property
+    def max_lora_rank(self) -> int: ...
+    @property
+    def expert_parallel_size(self) -> int: ...
+    @property
+    def deterministic(self) -> bool:
+        """Batch-invariant kernels (EngineConfig.deterministic)."""
+        ...
+
+    @property
+    def base_model(self) -> BaseModelRow: ...
 
 
 class UnservableDeploymentError(ValueError):
@@ -97,18 +113,19 @@ def engine_config_for_deployment(
             raise ValueError("give the bucket holding the base model (or a model location)")
         model = model_location(deployment.base_model, bucket)
     dtype: dict[str, str] = {}
+    choice: str | None = quant  # None: auto on a checkpoint without a scheme
     if quant == AUTO:
         # The device's native compute type (EngineConfig.dtype "auto": bf16 on CPUs with
         # AVX512_BF16/AMX and on GPUs, else fp32), or a pre-quantized checkpoint's scheme.
-        quant = checkpoint_choice(dict(getattr(deployment.base_model, "config", None) or {}))
-        dtype = {"dtype": "auto"} if quant is None else {}
+        choice = checkpoint_choice(dict(getattr(deployment.base_model, "config", None) or {}))
+        dtype = {"dtype": "auto"} if choice is None else {}
     fields: dict[str, Any] = {
         "model": model,
         "model_id": deployment.base_model.name,
-        "quantization": quant,
+        "quantization": choice,
         **dtype,
         "kv_cache_dtype": deployment.kv_cache_dtype,
-        **({"dtype": "bfloat16"} if quant in QUANTIZED_WEIGHTS else {}),
+        **({"dtype": "bfloat16"} if choice in QUANTIZED_WEIGHTS else {}),
         "max_loras": deployment.max_loras,
         "max_lora_rank": deployment.max_lora_rank,
         "ep_size": deployment.expert_parallel_size,

@@ -95,6 +95,8 @@ def check_prompt_length(text: str, assets: ModelAssets, requested: int | None, p
             f"are at least {floor} tokens."
         )
     else:
+        # floor < ctx, so the early return above saw a `requested` (not None) that does not fit.
+        assert requested is not None
         message = (
             f"This model's maximum context length is {ctx} tokens. However, you requested at "
             f"least {floor + requested} tokens (the prompt's {size} bytes are at least {floor} "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -156,7 +156,7 @@ class SamplingFields(ConstraintFields):
 
     def stops(self) -> list[str]:
         """The stop sequences as a list (validated above)."""
-        return list(self.stop or [])  # type: ignore[arg-type]
+        return list(self.stop or [])
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -217,7 +217,7 @@ class CompletionRequest(SamplingFields):
             return first
         if isinstance(first, list):
             return list(first)
-        return list(p)  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]  # p[0] is an int: p is one prompt's token ids
 
 
 def _param_of(loc: tuple[Any, ...]) -> str | None:
@@ -247,7 +247,10 @@ def _served(model: type[BaseModel]) -> set[str]:
     return {f.alias or name for name, f in model.model_fields.items()}
 
 
-def _parse(model: type[BaseModel], body: Any) -> Any:
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+def _parse(model: type[_Body], body: Any) -> _Body:
     if not isinstance(body, dict):
         raise HttpError(400, "The request body must be a JSON object.", code="invalid_json")
     check_fields(body, _served(model))

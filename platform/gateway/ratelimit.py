@@ -86,11 +86,14 @@ class TenantLimits:
 
 
 class HasLimits(Protocol):
-    """A tenant row, or anything carrying its three limit columns."""
+    """A tenant row, or anything carrying its three limit columns (read-only)."""
 
-    requests_per_minute: int | None
-    tokens_per_minute: int | None
-    monthly_token_quota: int | None
+    @property
+    def requests_per_minute(self) -> int | None: ...
+    @property
+    def tokens_per_minute(self) -> int | None: ...
+    @property
+    def monthly_token_quota(self) -> int | None: ...
 
 
 def tenant_limits(tenant: HasLimits, settings: Settings) -> TenantLimits:

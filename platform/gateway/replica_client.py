@@ -12,7 +12,7 @@ was sent yet; `ReplicaRejected` (a 4xx) is not retried.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import httpx
 from pydantic import ValidationError
@@ -104,7 +104,7 @@ class ReplicaClient:
 
     async def generate(
         self, url: str, req: GenerateRequest
-    ) -> AsyncIterator[DeltaEvent | FinishEvent]:
+    ) -> AsyncGenerator[DeltaEvent | FinishEvent, None]:
         """Stream `req` from the replica at `url`: delta events, then its finish event."""
         headers = self._headers(**{"content-type": "application/json"})
         try:

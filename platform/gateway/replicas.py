@@ -194,10 +194,10 @@ class ReplicaRegistry:
         dep_key = _dep_key(self._prefix, deployment)
         now_ms = int(time.time() * 1000)
         await self._redis.zremrangebyscore(dep_key, "-inf", now_ms)
-        ids = await self._redis.zrange(dep_key, 0, -1)
-        if not ids:
+        raw_ids = await self._redis.zrange(dep_key, 0, -1)
+        if not raw_ids:
             return []
-        ids = [i.decode() if isinstance(i, bytes) else i for i in ids]
+        ids = [i.decode() if isinstance(i, bytes) else str(i) for i in raw_ids]
         raws = await self._redis.mget([_rep_key(self._prefix, i) for i in ids])
         return [ReplicaInfo.from_json(r) for r in raws if r is not None]
 

@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from sqlalchemy import select
@@ -317,7 +317,8 @@ class ModelResolver:
 
     async def generation(self, tenant_id: uuid.UUID | str) -> bytes | None:
         """The tenant's current cache generation."""
-        return await self._redis.get(GEN_KEY.format(tenant=tenant_id))
+        # The gateway's client does not decode responses: bytes (or None), never str.
+        return cast("bytes | None", await self._redis.get(GEN_KEY.format(tenant=tenant_id)))
 
     async def invalidate(self, tenant_id: uuid.UUID | str) -> None:
         """Async twin of `services.resolution_events.bump_generation`."""

@@ -63,12 +63,12 @@ async def complete(gw: Gateway, job: Job) -> dict[str, Any]:
     finally:
         finish_job(gw, job, tally)
     choices = []
-    for i, events in per_choice.items():
-        finish = next((e.finish_reason for e in reversed(events) if e.finish_reason), "stop")
-        text = "".join(e.text for e in events)
+    for i, got in per_choice.items():
+        finish = next((e.finish_reason for e in reversed(got) if e.finish_reason), "stop")
+        text = "".join(e.text for e in got)
         if job.kind == "chat":
             lps = (
-                [entry for e in events for entry in chat_logprobs(e)]
+                [entry for e in got for entry in chat_logprobs(e)]
                 if job.top_n is not None
                 else None
             )
@@ -79,8 +79,10 @@ async def complete(gw: Gateway, job: Job) -> dict[str, Any]:
                     choice.update(text=content, tool_calls=calls, finish_reason="tool_calls")
             choices.append(choice)
         else:
-            lps = text_logprobs(events) if job.top_n is not None else None
-            choices.append({"index": i, "text": text, "logprobs": lps, "finish_reason": finish})
+            text_lps = text_logprobs(got) if job.top_n is not None else None
+            choices.append(
+                {"index": i, "text": text, "logprobs": text_lps, "finish_reason": finish}
+            )
     build = oa.chat_completion if job.kind == "chat" else oa.text_completion
     return build(job.cid, job.created, job.model, choices, tally.usage())
 
@@ -151,7 +153,7 @@ async def sse_frames(
                     with_usage_field=u,
                 )
             )
-        lps = text_logprobs([event], offsets[event.index]) if job.top_n is not None else None
+        text_lps = text_logprobs([event], offsets[event.index]) if job.top_n is not None else None
         offsets[event.index] += len(event.text)
         return sse(
             oa.text_chunk(
@@ -160,7 +162,7 @@ async def sse_frames(
                 job.model,
                 event.index,
                 event.text,
-                logprobs=lps,
+                logprobs=text_lps,
                 finish_reason=event.finish_reason,
                 with_usage_field=u,
             )

@@ -34,12 +34,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from loraplex.platform.errors import GENERIC_MESSAGE, LoraplexError
@@ -260,7 +261,7 @@ class Router:
         if task is None:
             task = asyncio.ensure_future(self._refresh(replica, cached))
             self._refreshing[rid] = task
-            task.add_done_callback(lambda t, rid=rid: self._refresh_done(rid, t))
+            task.add_done_callback(functools.partial(self._refresh_done, rid))
         if cached is not None and cached[0] + self._max_stale > now:
             return cached[1]
         return await asyncio.shield(task)
@@ -425,7 +426,7 @@ class Router:
         on_dispatch: Callable[[Dispatch], None] | None = None,
         cold_start_wait_s: float = 0.0,
         routes: Sequence[DeploymentRoute] | None = None,
-    ) -> AsyncIterator[DeltaEvent | FinishEvent]:
+    ) -> AsyncGenerator[DeltaEvent | FinishEvent, None]:
         """Stream `req` from the best replica; retry on the next one until a token arrives.
 
         `on_dispatch` is told where each attempt runs (for aborts) and what the router

@@ -25,7 +25,7 @@ def create_celery(settings: Settings) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_transport_options={"visibility_timeout": max(60, settings.job_stale_after_s * 2)},
     )
-    app.loraplex_settings = settings  # type: ignore[attr-defined]
+    app.loraplex_settings = settings
     from .tasks import register_tasks
 
     register_tasks(app)

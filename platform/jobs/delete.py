@@ -9,7 +9,8 @@ import uuid
 from sqlalchemy import delete
 
 from loraplex.platform.db.models import Adapter, Job
-from loraplex.platform.db.session import make_sessionmaker, session_scope
+from loraplex.platform.db.session import session_scope
+from loraplex.platform.jobs.sessions import job_sessions
 from loraplex.platform.object_keys import is_adapter_key
 from loraplex.platform.services import job_records as records
 from loraplex.platform.services import objects
@@ -18,7 +19,7 @@ from loraplex.platform.settings import Settings
 
 def run_delete(settings: Settings, job_id: uuid.UUID) -> int:
     """Delete the objects under the job's prefix; returns how many were removed."""
-    factory = make_sessionmaker(settings.database_url)
+    factory = job_sessions(settings)
     with session_scope(factory) as session:
         job = session.get(Job, job_id, with_for_update=True)
         if job is None or job.kind != records.DELETE_OBJECTS or job.status == "succeeded":

@@ -19,7 +19,8 @@ from typing import Any
 from sqlalchemy import delete, select
 
 from loraplex.platform.db.models import Adapter, AdapterVersion
-from loraplex.platform.db.session import make_sessionmaker, session_scope
+from loraplex.platform.db.session import session_scope
+from loraplex.platform.jobs.sessions import job_sessions
 from loraplex.platform.object_keys import TENANTS_ROOT, adapter_prefix, version_prefix_of
 from loraplex.platform.services import objects
 from loraplex.platform.settings import Settings
@@ -47,7 +48,7 @@ def _remove(client: Any, settings: Settings, prefix: str) -> bool:
 
 
 def _finish_deletions(settings: Settings, client: Any, report: ReconcileReport) -> None:
-    factory = make_sessionmaker(settings.database_url)
+    factory = job_sessions(settings)
     with session_scope(factory) as session:
         versions = session.execute(
             select(AdapterVersion.id, AdapterVersion.adapter_id, AdapterVersion.object_prefix)
@@ -77,7 +78,7 @@ def reconcile_objects(settings: Settings, grace_s: float | None = None) -> Recon
     report = ReconcileReport()
     client = objects.s3_client(settings)
     _finish_deletions(settings, client, report)
-    with session_scope(make_sessionmaker(settings.database_url)) as session:
+    with session_scope(job_sessions(settings)) as session:
         known = set(session.scalars(select(AdapterVersion.object_prefix)))
         failed = session.execute(
             select(AdapterVersion.id, AdapterVersion.object_prefix).where(

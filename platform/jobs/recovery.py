@@ -14,7 +14,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from loraplex.platform.db.models import ADAPTER_WEIGHTS_FILE, AdapterVersion, Job
-from loraplex.platform.db.session import make_sessionmaker, session_scope
+from loraplex.platform.db.session import session_scope
+from loraplex.platform.jobs.sessions import job_sessions
 from loraplex.platform.services import job_records as records
 from loraplex.platform.services import objects
 from loraplex.platform.services.job_records import JobDispatcher
@@ -69,7 +70,7 @@ def requeue_stale_validations(
     limit = settings.job_stale_after_s if older_than_s is None else older_than_s
     sent: list[uuid.UUID] = []
     gave_up: list[tuple[uuid.UUID, str]] = []
-    with session_scope(make_sessionmaker(settings.database_url)) as session:
+    with session_scope(job_sessions(settings)) as session:
         cutoff = session.execute(select(func.now())).scalar_one() - timedelta(seconds=limit)
         versions = session.scalars(
             select(AdapterVersion)
@@ -119,7 +120,7 @@ def resend_stale_deletes(
 ) -> list[uuid.UUID]:
     """Re-send deletion jobs that never finished."""
     limit = settings.job_stale_after_s if older_than_s is None else older_than_s
-    with session_scope(make_sessionmaker(settings.database_url)) as session:
+    with session_scope(job_sessions(settings)) as session:
         cutoff = session.execute(select(func.now())).scalar_one() - timedelta(seconds=limit)
         jobs = session.scalars(
             select(Job)
@@ -147,7 +148,7 @@ def expire_abandoned_uploads(
         if older_than_s is None
         else older_than_s
     )
-    with session_scope(make_sessionmaker(settings.database_url)) as session:
+    with session_scope(job_sessions(settings)) as session:
         cutoff = session.execute(select(func.now())).scalar_one() - timedelta(seconds=limit)
         rows = session.execute(
             update(AdapterVersion)

@@ -37,7 +37,8 @@ from loraplex.platform.db.models import (
     BaseModel,
     Job,
 )
-from loraplex.platform.db.session import make_sessionmaker, session_scope
+from loraplex.platform.db.session import rowcount, session_scope
+from loraplex.platform.jobs.sessions import job_sessions
 from loraplex.platform.services import job_records as records
 from loraplex.platform.services import objects
 from loraplex.platform.services.deployments import max_lora_rank_for
@@ -82,7 +83,7 @@ def _checked(fn: Callable[..., Any], *args: Any) -> Any:
 
 def _claim(settings: Settings, job_id: uuid.UUID) -> tuple[AdapterVersion, dict, int] | None:
     """Mark the job running; return (version, base config, rank limit), or None if nothing to do."""
-    with session_scope(make_sessionmaker(settings.database_url)) as session:
+    with session_scope(job_sessions(settings)) as session:
         job = session.get(Job, job_id, with_for_update=True)
         if job is None or job.kind != records.VALIDATE or job.status in ("succeeded", "failed"):
             return None
@@ -158,7 +159,7 @@ def _heartbeater(settings: Settings, job_id: uuid.UUID) -> Callable[[], None]:
         if now - began > limit:
             raise ValidationTimeout(limit)
         if now - last_box[0] >= HEARTBEAT_EVERY_S:
-            with session_scope(make_sessionmaker(settings.database_url)) as session:
+            with session_scope(job_sessions(settings)) as session:
                 records.heartbeat(session, job_id)
             last_box[0] = time.monotonic()
 
@@ -169,13 +170,13 @@ def _finish(
     settings: Settings, job_id: uuid.UUID, version_id: uuid.UUID, values: dict, outcome: dict
 ) -> bool:
     """Write the version's final state if still validating; returns whether it was written."""
-    with session_scope(make_sessionmaker(settings.database_url)) as session:
+    with session_scope(job_sessions(settings)) as session:
         stmt = (
             update(AdapterVersion)
             .where(AdapterVersion.id == version_id, AdapterVersion.status == "validating")
             .values(**values)
         )
-        written = session.execute(stmt).rowcount == 1
+        written = rowcount(session.execute(stmt)) == 1
         job = session.get(Job, job_id)
         if job is not None:
             records.finish(session, job, ok=True, outcome={**outcome, "written": written})
@@ -257,7 +258,7 @@ def fail_version(
 
 def mark_transient_failure(settings: Settings, job_id: uuid.UUID, error: str, final: bool) -> None:
     """Record an infrastructure error; the version stays `validating` (re-runnable)."""
-    with session_scope(make_sessionmaker(settings.database_url)) as session:
+    with session_scope(job_sessions(settings)) as session:
         job = session.get(Job, job_id)
         if job is None:
             return
@@ -271,7 +272,7 @@ def mark_transient_failure(settings: Settings, job_id: uuid.UUID, error: str, fi
 def backfill_targets(settings: Settings, limit: int = 100) -> list[uuid.UUID]:
     """Resolve the targets of `ready` versions validated before targets were recorded (the
     gateway hands replicas the resolved list; such a version could not be served without)."""
-    factory = make_sessionmaker(settings.database_url)
+    factory = job_sessions(settings)
     with session_scope(factory) as session:
         rows = session.execute(
             select(AdapterVersion.id, AdapterVersion.object_prefix, BaseModel.config)

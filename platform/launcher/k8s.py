@@ -170,7 +170,11 @@ class KubernetesLauncher:
 
     def _apply(self, doc: dict[str, Any]) -> None:
         name, ns = doc["metadata"]["name"], doc["metadata"]["namespace"]
-        common = {"field_manager": FIELD_MANAGER, "force": True, "_content_type": APPLY}
+        common: dict[str, Any] = {
+            "field_manager": FIELD_MANAGER,
+            "force": True,
+            "_content_type": APPLY,
+        }
         kind = doc["kind"]
         if kind == "Deployment":
             self.apps.patch_namespaced_deployment(name, ns, doc, **common)
@@ -222,8 +226,14 @@ class KubernetesLauncher:
             if exc.status == 404:
                 return DeploymentStatus(deployment, 0, [])
             raise
-        selector = ",".join(f"{k}={v}" for k, v in dep.spec.selector.match_labels.items())
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+        labels = dep.spec.selector.match_labels
+        assert labels is not None  # the rendered Deployments select their pods by labels
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        # Any: the API server fills every listed pod's metadata.name and status (the client's
+        # types leave each one optional).
+        pods: list[Any] = self.core.list_namespaced_pod(
+            self.namespace, label_selector=selector
+        ).items
         port = self.release.values["engine"]["port"]
         out = []
         for pod in sorted(pods, key=lambda p: p.metadata.name):

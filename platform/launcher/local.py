@@ -211,7 +211,7 @@ class LocalLauncher:
         for r in everything:
             with contextlib.suppress(ProcessLookupError):
                 if r.process.running():
-                    r.process.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+                    r.process.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]  # running(): proc is set
         for r in everything:
             r.process.stop(signal.SIGTERM, timeout=self.drain_timeout_s)
             r.socket.close()

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -29,6 +30,7 @@ class BaseModelSnapshot:
 
     name: str
     object_prefix: str
+    config: dict[str, Any] = field(default_factory=dict)  # HF config: pre-quantized schemes
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class DeploymentSnapshot:
     expert_parallel_size: int
     replicas: int
     base_model: BaseModelSnapshot
+    deterministic: bool = False
 
 
 def snapshot(row: Deployment) -> DeploymentSnapshot:
@@ -55,7 +58,10 @@ def snapshot(row: Deployment) -> DeploymentSnapshot:
         max_lora_rank=row.max_lora_rank,
         expert_parallel_size=row.expert_parallel_size,
         replicas=row.replicas,
-        base_model=BaseModelSnapshot(row.base_model.name, row.base_model.object_prefix),
+        base_model=BaseModelSnapshot(
+            row.base_model.name, row.base_model.object_prefix, dict(row.base_model.config or {})
+        ),
+        deterministic=bool(row.deterministic),
     )
 
 

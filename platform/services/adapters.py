@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from loraplex.adapters.validation import AdapterValidationError, parse_config, sniff_pickle
 from loraplex.platform.db.models import Adapter, AdapterVersion
-from loraplex.platform.db.session import session_scope
+from loraplex.platform.db.session import rowcount, session_scope
 from loraplex.platform.object_keys import adapter_prefix, adapter_version_prefix
 from loraplex.platform.services import job_records as records
 from loraplex.platform.services.job_records import JobDispatcher
@@ -195,11 +195,13 @@ def drop_version_row(session: Session, version_id: uuid.UUID, adapter_id: uuid.U
 def _start_validation(up: Uploader, version: AdapterVersion, action: str) -> AdapterVersion:
     """Move an `uploading` version to `validating` with a job; send the job after commit."""
     with session_scope(up.sessions) as session:
-        moved = session.execute(
-            update(AdapterVersion)
-            .where(AdapterVersion.id == version.id, AdapterVersion.status == "uploading")
-            .values(status="validating", s3_upload_id=None)
-        ).rowcount
+        moved = rowcount(
+            session.execute(
+                update(AdapterVersion)
+                .where(AdapterVersion.id == version.id, AdapterVersion.status == "uploading")
+                .values(status="validating", s3_upload_id=None)
+            )
+        )
         if moved != 1:
             raise NotFound("the adapter was deleted during the upload", code="adapter_not_found")
         job = records.create_job(

@@ -127,10 +127,10 @@ def _upsert(
     detail: dict[str, Any],
 ) -> uuid.UUID:
     """Insert or update the base model row `name` and audit it; its id."""
-    stmt = insert(BaseModel).values(
+    insert_row = insert(BaseModel).values(
         id=uuid.uuid4(), name=name, family=family, object_prefix=prefix, config=config
     )
-    stmt = stmt.on_conflict_do_update(
+    stmt = insert_row.on_conflict_do_update(
         index_elements=[BaseModel.name],
         set_={"family": family, "object_prefix": prefix, "config": config},
     ).returning(BaseModel.id)

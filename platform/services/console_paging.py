@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.sql import ColumnElement
+from sqlalchemy import ColumnExpressionArgument
 
 from .errors import InvalidInput
 
@@ -72,7 +72,9 @@ def parse_sort(table: str, key: str = "", direction: str = "") -> Sort:
     return Sort(key, direction == "desc")
 
 
-def ordered(sort: Sort, columns: dict[str, Any], tiebreak: ColumnElement[Any]) -> list[Any]:
+def ordered(
+    sort: Sort, columns: dict[str, Any], tiebreak: ColumnExpressionArgument[Any]
+) -> list[Any]:
     """ORDER BY terms for `sort` over `columns` (a nullable column's empty values last either
     way; NOT NULL columns keep plain order, which their indexes serve), then a unique column
     so pages never overlap."""

@@ -9,7 +9,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Float, and_, cast, func, select, text
+from sqlalchemy import ColumnElement, Float, and_, cast, func, select, text
 from sqlalchemy.orm import Session
 
 from loraplex.platform.db.models import (
@@ -182,7 +182,7 @@ def adapters_page(
     adapters are left out."""
     sort = sort or parse_sort("adapters")
     page = page_number(page)
-    where = [Adapter.deleted_at.is_(None)]
+    where: list[ColumnElement[bool]] = [Adapter.deleted_at.is_(None)]
     if status:
         where.append(AdapterVersion.status == status)
     if base_model:

@@ -57,8 +57,7 @@ def create_tenant(
     check_display_name(name, "name", MAX_TENANT_NAME)
     own = check_limits(limits or {})
     stmt = insert(Tenant).values(id=uuid.uuid4(), name=name, **own).on_conflict_do_nothing()
-    stmt = stmt.returning(Tenant.id)
-    tenant_id = session.execute(stmt).scalar_one_or_none()
+    tenant_id = session.execute(stmt.returning(Tenant.id)).scalar_one_or_none()
     if tenant_id is None:
         raise Conflict(
             f"a tenant named {name!r} exists already", code="tenant_exists", param="name"

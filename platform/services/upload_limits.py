@@ -56,7 +56,8 @@ def upload_usage(session: Session, tenant_id: uuid.UUID) -> tuple[int, int]:
             func.coalesce(func.sum(AdapterVersion.bytes), 0),
         ).where(AdapterVersion.tenant_id == tenant_id, AdapterVersion.status.in_(HOLDING_STATUSES))
     ).one()
-    return int(uploading), int(stored)
+    # Neither is ever NULL (count, and a coalesced sum): `or 0` only tells the types so.
+    return int(uploading or 0), int(stored or 0)
 
 
 def reserve_upload(session: Session, tenant_id: uuid.UUID, settings: Settings, size: int) -> None:

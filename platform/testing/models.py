@@ -123,7 +123,8 @@ def save_random_model(
     """Build `random_model(hf_config(arch, tiny=tiny, **fields), seed, init)`, save it (and,
     if asked, the character tokenizer) to `path`; returns the transformers model."""
     config = hf_config(arch, tiny=tiny, **fields)
-    model = random_model(config, seed, init)
+    # A transformers PreTrainedModel (a test extra, not imported here for its types).
+    model: Any = random_model(config, seed, init)
     extra = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(str(path), **extra)
     if with_tokenizer:

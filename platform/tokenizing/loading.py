@@ -121,8 +121,9 @@ def load_tokenizer(path: str | Path) -> ModelTokenizer:
     bos = _token_text(cfg.get("bos_token"))
     eos = _token_text(cfg.get("eos_token"))
     eos_ids: list[int] = []
-    if eos is not None and tokenizer.token_to_id(eos) is not None:
-        eos_ids.append(tokenizer.token_to_id(eos))
+    eos_id = None if eos is None else tokenizer.token_to_id(eos)
+    if eos_id is not None:
+        eos_ids.append(eos_id)
     for extra in ("generation_config.json", "config.json"):
         value = _read_json(folder / extra).get("eos_token_id")
         for tid in value if isinstance(value, list) else [value]:

@@ -16,11 +16,13 @@ one place (`engine/sampling_params.py`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-WIRE_VERSION = 1
+# The version as a type (the models' fields) and as a value (the header); mypy checks they agree.
+WireVersion = Literal[1]
+WIRE_VERSION: Final[WireVersion] = 1
 WIRE_VERSION_HEADER = "x-loraplex-wire"
 MAX_PROMPT_TOKENS = 1_000_000
 MAX_STOP = 16
@@ -36,7 +38,8 @@ class WireModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-STRUCTURED_VERSION = 1
+StructuredVersion = Literal[1]
+STRUCTURED_VERSION: Final[StructuredVersion] = 1
 MAX_GRAMMAR_CHARS = 512 * 1024
 MAX_CHOICES = 1024
 MAX_LOGIT_BIAS = 1024
@@ -51,7 +54,7 @@ class StructuredOutput(WireModel):
     output is exactly one of them). `version` is this message's own version: a replica refuses
     a version it does not know instead of guessing."""
 
-    version: Literal[1] = STRUCTURED_VERSION  # type: ignore[valid-type]
+    version: StructuredVersion = STRUCTURED_VERSION
     kind: Literal["json_schema", "json_object", "regex", "grammar", "choice"]
     value: str = Field(default="", max_length=MAX_GRAMMAR_CHARS)
     choices: list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]] | None = Field(
@@ -170,11 +173,14 @@ class Usage(WireModel):
     cached_tokens: int
 
 
+FinishReason = Literal["stop", "length", "abort"]
+
+
 class FinishEvent(WireModel):
     """The last event of a stream that ended normally."""
 
     type: Literal["finish"] = "finish"
-    finish_reason: Literal["stop", "length", "abort"]
+    finish_reason: FinishReason
     usage: Usage
 
 
@@ -243,7 +249,7 @@ class ReplicaState(WireModel):
     requests hold (both 0 when idle); `model_id`, `block_size` and
     `prefix_caching` are the inputs of the replica's block hashes (`wire.prefix_hash`)."""
 
-    wire_version: Literal[WIRE_VERSION]  # type: ignore[valid-type]
+    wire_version: WireVersion
     model_id: str
     block_size: int = Field(ge=1)
     prefix_caching: bool

@@ -56,7 +56,7 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 
 def is_packed(weight: torch.Tensor) -> bool:
     """Whether `weight` is a oneDNN-packed tensor (multiply it with `packed_linear`)."""
-    return weight.layout == torch._mkldnn
+    return weight.layout == torch._mkldnn  # type: ignore[attr-defined]  # missing from torch's stubs
 
 
 def dense(weight: torch.Tensor) -> torch.Tensor:

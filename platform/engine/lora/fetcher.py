@@ -151,9 +151,10 @@ class AdapterFetcher:
         if fut is None or not fut.done():
             return False
         self._fetches.pop(key, None)
-        if fut.exception() is not None:
-            self._failed[key] = fut.exception()
-            raise self._failed[key]
+        error = fut.exception()
+        if error is not None:
+            self._failed[key] = error
+            raise error
         return True
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import nn
@@ -26,7 +27,7 @@ from loraplex.adapters.kernels.lora_cpu import (
     native_lora_status,
 )
 from loraplex.adapters.kernels.lora_packed import PackCache, lora_compute_dtype, lora_delta_packed
-from loraplex.adapters.kernels.lora_sgmv import build_sgmv_plan
+from loraplex.adapters.kernels.lora_sgmv import SgmvPlan, build_sgmv_plan
 from loraplex.adapters.kernels.lora_triton import (
     lora_delta_triton,
     lora_delta_triton_static,
@@ -111,7 +112,7 @@ class LoraHooks:
             dtype = lora_compute_dtype(x)
             if meta.sgmv_plan is None:
                 meta.sgmv_plan = build_sgmv_plan(meta, pool.num_rows, dtype)
-            plan = meta.sgmv_plan
+            plan = cast("SgmvPlan | None", meta.sgmv_plan)  # only build_sgmv_plan sets it
             if plan is None:  # the active adapters have no tokens this step
                 return
             packed = self.packs.get(

@@ -7,13 +7,13 @@
 
 The runtime wires them and adds what spans them: the per-step LoRA metadata the model runner
 puts in `ForwardContext.lora`, graph-capture buffers, and metrics. The engine sees it only
-through `engine.lora_port.LoraPort` (`EngineCore.install_lora_runtime`).
+through `engine.ports.LoraRuntimeProtocol` (`EngineCore.install_lora_runtime`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from torch import nn
 
@@ -74,7 +74,7 @@ class LoraRuntime:
     ) -> None:
         if max_loras < 1 or max_lora_rank < 1:
             raise ValueError("max_loras and max_lora_rank must be >= 1 to serve adapters")
-        hf_config = dict(hf_config if hf_config is not None else model.hf_config)
+        hf_config = dict(hf_config if hf_config is not None else _hf_config(model))
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
         first = next(model.parameters())
@@ -130,7 +130,7 @@ class LoraRuntime:
             adapter_rank_rows=cfg.adapter_rank_rows(),
         )
         args.update(overrides)
-        runtime = cls(core.model, core.model.hf_config, **args)
+        runtime = cls(core.model, _hf_config(core.model), **args)
         runtime.hooks.fixed_order = cfg.deterministic
         from loraplex.platform.engine.lora.metrics import LoraCollector
 
@@ -144,7 +144,7 @@ class LoraRuntime:
             self.experts.detach()
         self.fetcher.close()
 
-    # -- LoraPort ------------------------------------------------------------------------
+    # -- LoraRuntimeProtocol ---------------------------------------------------------------
 
     def resolve_adapter(self, ref: object) -> tuple[str, AdapterHandle]:
         """A request's adapter reference -> (version key, handle); see `AdapterFetcher.resolve`."""
@@ -264,3 +264,8 @@ class LoraRuntime:
             "host_evictions": self.host.stats.evictions,
             "adapters": per_adapter,
         }
+
+
+def _hf_config(model: nn.Module) -> dict[str, Any]:
+    """The HuggingFace config an engine model keeps (`models/`: `self.hf_config`, a dict)."""
+    return cast(dict[str, Any], model.hf_config)

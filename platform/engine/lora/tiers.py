@@ -14,7 +14,7 @@ the engine to finish.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 import torch
 
@@ -85,7 +85,7 @@ class LoraTiers:
         """Device rows the adapter needs if its weights are here; None while fetching."""
         self.fetcher.raise_if_failed(key)
         if self._pool is not None and key in self._pool:
-            return self._pool.get(key).rows  # type: ignore[union-attr]
+            return self._pool.get(key).rows  # type: ignore[union-attr]  # `key in` the pool (above)
         adapter = self._staged.get(key) or self.host.get(key)
         if adapter is not None:
             self._check_expert_bytes(adapter)
@@ -182,7 +182,7 @@ class LoraTiers:
         out, self._failed_requests = self._failed_requests, []
         return out
 
-    def unstage_except(self, waiting: set[str] | dict[str, object]) -> None:
+    def unstage_except(self, waiting: Container[str]) -> None:
         """Drop staged adapters no waiting request wants any more."""
         for key in [k for k in self._staged if k not in waiting]:
             del self._staged[key]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -55,7 +55,11 @@ def make_quant_method(scheme: QuantScheme) -> QuantMethod:
     from loraplex.platform.engine.layers.quant.int4 import Int4Method
     from loraplex.platform.engine.layers.quant.int8 import Int8Method
 
-    methods = {"int8": Int8Method, "int4": Int4Method, "fp8": Fp8Method}
+    methods: dict[str, Callable[[QuantScheme], QuantMethod]] = {
+        "int8": Int8Method,
+        "int4": Int4Method,
+        "fp8": Fp8Method,
+    }
     if scheme.kind not in methods:
         raise ValueError(f"{scheme.name!r} stores no quantized linear weights")
     return methods[scheme.kind](scheme)
