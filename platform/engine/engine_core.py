@@ -273,6 +273,7 @@ class EngineCore:
 
     def step(self) -> list[RequestDelta]:
         """Schedule, run one forward, sample, and return what changed for each request."""
+        step_start = time.perf_counter()
         if self.lora_runtime is not None:
             for rid in self.lora_runtime.take_failed_request_ids():
                 self.abort_request(rid)  # its adapter failed to load (the runtime logged why)
@@ -289,17 +290,15 @@ class EngineCore:
         drafted = spec.plan(sched) if spec is not None else 0
         if self.before_forward is not None:
             self.before_forward(sched)
-        started = time.perf_counter()
         result = self.runner.execute(sched)
-        if spec is not None:
-            spec.observe_step(sched.num_tokens + drafted, time.perf_counter() - started)
         for rid, entries in result.prompt_logprobs.items():
             self.scheduler.requests[rid].prompt_logprobs.extend(entries)
         finished = {
             r.request_id for r in self.scheduler.update(sched, result.sampled, result.accepted)
         }
+        emitted = self._emitted(result) if spec is not None else {}
         if spec is not None:
-            spec.settle(sched, self._emitted(result))
+            spec.settle(sched, emitted)
         now = time.monotonic()
         for s in sched.scheduled:
             r = s.request
@@ -322,6 +321,9 @@ class EngineCore:
             self._observe_tokens(r, len(kept), prev_times[r.request_id], now)
             deltas.append(self._delta(r, kept, lps[: len(kept)]))
         self._update_gauges()
+        if spec is not None:
+            num_emitted = sum(len(t) for t in emitted.values())
+            spec.end_step(sched, drafted, num_emitted, time.perf_counter() - step_start)
         return deltas
 
     @staticmethod

@@ -12,6 +12,7 @@ from loraplex.platform.engine.request import Request
 from loraplex.platform.engine.scheduler import SchedulerOutput
 from loraplex.platform.engine.speculative.config import SpecConfig
 from loraplex.platform.engine.speculative.controller import Controller
+from loraplex.platform.engine.speculative.guard import DraftGuard
 from loraplex.platform.engine.speculative.ngram import NgramIndex
 from loraplex.platform.engine.speculative.suffix_table import AdapterTables
 
@@ -45,6 +46,7 @@ class Speculator:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.controller = Controller(config.k_min, config.k_max, config.adaptive)
+        self.guard = DraftGuard()
         self.tables = (
             AdapterTables(config.ngram_min, config.ngram_max, config.adapter_table_tokens)
             if config.adapter_tables
@@ -63,8 +65,12 @@ class Speculator:
     def plan(self, sched: SchedulerOutput) -> int:
         """Set `spec_token_ids` (and reserve their KV slots) on the step's sampling requests
         the controller gives a K; returns the number of draft tokens added to the step."""
-        cands = [s for s in sched.scheduled if s.samples and self.eligible(s.request)]
+        if not _decode_only(sched):  # a prefill chunk in the step: its attention path would
+            return 0  # run every drafting request's rows as a prefill too
+        cands = [s for s in sched.scheduled if self.eligible(s.request)]
         if not cands:
+            return 0
+        if self.config.adaptive and not self.guard.allows(len(sched.scheduled)):
             return 0
         num_outputs = sum(1 for s in sched.scheduled if s.samples)
         budget = self.max_num_batched_tokens - sched.num_tokens
@@ -100,9 +106,14 @@ class Speculator:
             drafts = self.tables.propose(request.adapter_key, suffix, k)
         return drafts
 
-    def observe_step(self, num_tokens: int, seconds: float) -> None:
-        """Feed one forward's measured cost to the controller."""
-        self.controller.costs.observe(num_tokens, seconds)
+    def end_step(
+        self, sched: SchedulerOutput, num_drafted: int, num_emitted: int, seconds: float
+    ) -> None:
+        """Feed one whole engine step's measured cost to the controller (forward tokens with
+        their drafts) and, for a decode step, to the guard (seconds per emitted token)."""
+        self.controller.costs.observe(sched.num_tokens + num_drafted, seconds)
+        if _decode_only(sched):
+            self.guard.record(len(sched.scheduled), num_drafted > 0, seconds, num_emitted)
 
     def settle(self, sched: SchedulerOutput, emitted: Mapping[str, list[int]]) -> None:
         """After the scheduler applied the step: record each drafting request's acceptance,
@@ -133,3 +144,8 @@ class Speculator:
         self._rates.pop(request.request_id, None)
         if self.tables is not None and request.status.finish_reason != "abort":
             self.tables.add_output(request.adapter_key, request.output_token_ids)
+
+
+def _decode_only(sched: SchedulerOutput) -> bool:
+    """Whether every scheduled request runs one known token (a decode step)."""
+    return all(s.num_tokens == 1 and s.samples for s in sched.scheduled)

@@ -14,6 +14,7 @@ from loraplex.platform.engine.sampling_params import SamplingParams
 from loraplex.platform.engine.scheduler import Scheduler
 from loraplex.platform.engine.speculative import SpecConfig
 from loraplex.platform.engine.speculative.controller import Controller, StepCostModel
+from loraplex.platform.engine.speculative.guard import DraftGuard
 from loraplex.platform.engine.speculative.speculator import Speculator
 
 
@@ -63,7 +64,7 @@ def test_a_step_given_k0_does_no_proposer_work():
     spec = Speculator(SpecConfig(), kv, 4096, 256)
     for _ in range(5):
         for n in (64, 96, 128):
-            spec.observe_step(n, 0.0001 + 0.0005 * n)
+            spec.controller.costs.observe(n, 0.0001 + 0.0005 * n)
     for i in range(64):
         params = SamplingParams(temperature=0.0, max_tokens=50)
         sched.add_request(Request(f"r{i}", [5, 6, 7, 5, 6, 7, 5, 6], params))
@@ -76,3 +77,18 @@ def test_a_step_given_k0_does_no_proposer_work():
     assert not spec._indexes  # no n-gram index was even built
     assert all(not s.request.spec_token_ids for s in out.scheduled)
     assert pool.num_free_blocks == free  # no lookahead block taken
+
+
+def test_guard_turns_drafting_off_where_it_measured_slower_and_re_measures():
+    guard = DraftGuard(explore=8)
+    assert guard.allows(32)  # nothing measured: measure drafting first
+    guard.record(32, True, 0.050, 40)  # 1.25 ms per token with drafts
+    assert not guard.allows(32)  # then measure the plain step
+    guard.record(32, False, 0.032, 32)  # 1.0 ms per token without
+    modes = [guard.allows(32) for _ in range(32)]
+    assert sum(modes) == 4  # drafting only on the exploration steps (1 in 8)
+    assert guard.allows(1)  # another batch-size bucket is measured on its own
+    guard.record(1, True, 0.010, 4)
+    guard.record(1, False, 0.008, 1)
+    assert sum(guard.allows(1) for _ in range(16)) >= 14  # drafting pays at batch 1
+    assert guard.seconds_per_token(32) == pytest.approx((0.05 / 40, 0.001))

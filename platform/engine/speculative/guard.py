@@ -1,0 +1,60 @@
+"""The draft guard: whether drafting pays at this batch size, from what it measured here.
+
+The controller's linear step-cost model decides K per request, but a verification step also
+pays costs that model misses (the general forward path, more rows to sample). So per batch-size
+bucket (powers of two) the guard keeps the measured seconds per output token of decode steps
+that drafted and of steps that did not, and allows drafting only where drafting measured
+faster; each step it allows the other mode once every `explore` steps, to keep both figures
+current (at most 1/explore of the steps run the slower mode).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EMA = 0.2  # weight of the newest measurement
+EXPLORE_EVERY = 32
+
+
+@dataclass
+class _Bucket:
+    steps: int = 0
+    draft: float | None = None  # seconds per output token, decode steps that drafted
+    plain: float | None = None  # the same, decode steps that did not
+
+
+class DraftGuard:
+    """Measured seconds per output token with and without drafts, per batch-size bucket."""
+
+    def __init__(self, explore: int = EXPLORE_EVERY) -> None:
+        self.explore = explore
+        self._buckets: dict[int, _Bucket] = {}
+
+    def allows(self, batch: int) -> bool:
+        """Whether a decode step of `batch` sequences may draft (counts it as one step)."""
+        b = self._buckets.setdefault(batch.bit_length(), _Bucket())
+        b.steps += 1
+        if b.draft is None:
+            return True  # measure drafting first
+        if b.plain is None:
+            return False
+        better = b.draft < b.plain
+        return not better if b.steps % self.explore == 0 else better
+
+    def record(self, batch: int, drafted: bool, seconds: float, tokens: int) -> None:
+        """One decode step's measurement: `tokens` output in `seconds`."""
+        if tokens <= 0:
+            return
+        b = self._buckets.setdefault(batch.bit_length(), _Bucket())
+        per = seconds / tokens
+        old = b.draft if drafted else b.plain
+        new = per if old is None else (1 - EMA) * old + EMA * per
+        if drafted:
+            b.draft = new
+        else:
+            b.plain = new
+
+    def seconds_per_token(self, batch: int) -> tuple[float | None, float | None]:
+        """(with drafts, without) at this batch size's bucket; None where not measured."""
+        b = self._buckets.get(batch.bit_length(), _Bucket())
+        return b.draft, b.plain
