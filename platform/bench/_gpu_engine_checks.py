@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -70,7 +71,9 @@ def loader_pinned(ctx: CheckContext) -> CheckResult:
 def _small_llama(tmp: Path, arch: str = "llama") -> Path:
     from loraplex.platform.testing.models import save_random_model
 
-    extra = dict(num_local_experts=4, num_experts_per_tok=2) if arch == "mixtral" else {}
+    extra: dict[str, Any] = (
+        dict(num_local_experts=4, num_experts_per_tok=2) if arch == "mixtral" else {}
+    )
     save_random_model(
         tmp / arch, arch, seed=0, init="hf", tiny=False, vocab_size=512, hidden_size=256,
         intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,

@@ -21,13 +21,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 SMALL = dict(hidden=256, layers=4, intermediate=688, heads=8, vocab=32000)
 
 
-GREEDY = dict(temperature=0.0, ignore_eos=True)
+GREEDY: dict[str, Any] = dict(temperature=0.0, ignore_eos=True)
 """Sampling of every bench request: greedy, exactly max_tokens long."""
 
 
@@ -150,7 +151,9 @@ def run_small(
             best[name] = max(best[name], variants[name]())
         summary = ", ".join(f"{k} {v:.0f}" for k, v in best.items())
         progress(f"pass {p + 1}: {summary}")
-    lora_llm.core.lora_runtime.detach()
+    runtime = lora_llm.core.lora_runtime
+    assert runtime is not None  # the LLM was built with LoRA on
+    runtime.detach()
     res = {f"lora.small_{k}_tps": v for k, v in best.items()}
     res["lora.small_mixed4_over_base"] = best["mixed4"] / best["base"]
     if "peft_mixed4" in best:

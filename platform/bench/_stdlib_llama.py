@@ -14,11 +14,12 @@ import sysconfig
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import torch
 
 VOCAB = 259
-CONFIG = dict(
+CONFIG: dict[str, Any] = dict(
     vocab_size=VOCAB,
     hidden_size=128,
     intermediate_size=384,

@@ -54,4 +54,6 @@ def tokenizer_json(size: int = 128_000) -> tuple[str, int]:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(["</s>"])
-    return tok.to_str(), int(tok.token_to_id("</s>"))
+    eos = tok.token_to_id("</s>")
+    assert eos is not None  # added just above
+    return tok.to_str(), eos

@@ -92,6 +92,7 @@ def measure(
     runner = core.runner
     requests = [s.request for s in sched.scheduled]
     if lora_dirs:
+        assert core.lora_runtime is not None  # adapters given: the core serves LoRA
         runner.lora_metadata = core.lora_runtime.prepare_step(requests, [1] * b)
     runner.prepare_decode_inputs(requests, b)
     graph = runner.decode_graphs[b]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 
@@ -33,9 +33,9 @@ _calls = itertools.count()  # request ids stay unique when one engine serves sev
 
 
 def lockstep_times(
-    engines: dict[str, SteppedEngine],
+    engines: Mapping[str, SteppedEngine],
     prompts: Sequence[Any],
-    adapters: dict[str, Sequence[Any]],
+    adapters: Mapping[str, Sequence[Any]],
     params: Any,
     expected_tokens: int,
     clock: Callable[[], float] = time.perf_counter,

@@ -116,7 +116,8 @@ def bench_mixed_step(llm, dirs, prompts, steps: int) -> tuple[float, float, floa
     b = len(reqs)
     runner.prepare_decode_inputs(reqs, b)
     meta = rt.prepare_step(reqs, [1] * b)
-    lora_t, base_t = [], []
+    lora_t: list[float] = []
+    base_t: list[float] = []
     for _ in range(steps):
         for on, out in ((meta, lora_t), (None, base_t)):
             runner.lora_metadata = on
@@ -334,7 +335,9 @@ def _main_workload(args: argparse.Namespace, console) -> dict[str, float]:  # no
             f"host->device swap {swap_ms:.2f} ms; one base decode step {base_s * 1e3:.1f} ms"
         )
         results["lora.warm_swap_ms"] = swap_ms
-        llm.core.lora_runtime.detach()
+        runtime = llm.core.lora_runtime
+        assert runtime is not None  # the LLM was built with LoRA on
+        runtime.detach()
     ratio = results["lora.mixed32_over_base_step"] / results["lora.mixed32_ideal_ratio"]
     console.print(f"measured / ideal = {ratio:.3f} (target <= 1.15)")
     results["lora.torch_sgmv_over_loop"] = bmm_s / loop_s

@@ -143,7 +143,9 @@ def run_ours(
         }
         runs.append(run)
         print(f"[ours] pass {p + 1}: " + ", ".join(f"{k} {run[k]:.0f}" for k in names))
-    llms[True].core.lora_runtime.detach()
+    runtime = llms[True].core.lora_runtime
+    assert runtime is not None  # the LoRA LLM
+    runtime.detach()
     return runs
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Sequence
 from typing import Any, cast
 
 from loraplex.platform.engine.engine_core import EngineCore
@@ -15,14 +16,14 @@ from loraplex.platform.engine_spec.config import EngineConfig
 Prompt = str | list[int]
 
 
-def _as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
+def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
     if isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts):
         return [cast(list[int], prompts)]  # one prompt given as token ids
     if not isinstance(prompts, list | tuple):
         raise TypeError("prompts must be a string, a list of token ids, or a list of those")
-    return list(cast(list[Prompt], prompts))  # not token ids (above): a list of prompts
+    return list(cast(Sequence[Prompt], prompts))  # not token ids (above): a list of prompts
 
 
 def _per_prompt(value: Any, n: int, name: str) -> list[Any]:
@@ -60,7 +61,7 @@ class LLM:
 
     def generate(
         self,
-        prompts: Prompt | list[Prompt],
+        prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         adapters: list[Any | None] | None = None,
         cache_salt: str | list[str | None] | None = None,

@@ -61,6 +61,10 @@ class LoraRuntimeProtocol(Protocol):
         """Device-slot references running requests hold (0 when the replica is idle)."""
         ...
 
+    def detach(self) -> None:
+        """Remove the model's LoRA hooks (it serves the base alone again) and stop fetching."""
+        ...
+
 
 class ServedEngine(Protocol):
     """What the replica's engine loop and HTTP server drive (one thread steps it)."""

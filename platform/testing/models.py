@@ -60,8 +60,9 @@ def hf_config(arch: str = "llama", *, tiny: bool = True, **fields: Any) -> Any:
     return getattr(_transformers(), CONFIG_CLASSES[arch])(**values)
 
 
-def random_model(config: Any, seed: int = 0, init: str = "unit") -> torch.nn.Module:
-    """A random-weight transformers causal LM of `config`, fp32, in eval mode (see module doc)."""
+def random_model(config: Any, seed: int = 0, init: str = "unit") -> Any:
+    """A random-weight transformers causal LM of `config`, fp32, in eval mode (see module doc).
+    Typed Any: transformers is a test extra, and its own types lose the model through `.to`."""
     transformers = _transformers()
     torch.manual_seed(seed)
     if init == "hf":
@@ -123,8 +124,7 @@ def save_random_model(
     """Build `random_model(hf_config(arch, tiny=tiny, **fields), seed, init)`, save it (and,
     if asked, the character tokenizer) to `path`; returns the transformers model."""
     config = hf_config(arch, tiny=tiny, **fields)
-    # A transformers PreTrainedModel (a test extra, not imported here for its types).
-    model: Any = random_model(config, seed, init)
+    model = random_model(config, seed, init)
     extra = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(str(path), **extra)
     if with_tokenizer:
