@@ -206,7 +206,7 @@ def _save_8b_shaped(path: Path, layers: int) -> int:
     a decode step reads (every matrix but the embedding)."""
     from safetensors.torch import save_file
 
-    c = dict(LLAMA_8B, num_hidden_layers=layers, max_position_embeddings=4096)
+    c: dict[str, Any] = dict(LLAMA_8B, num_hidden_layers=layers, max_position_embeddings=4096)
     h, i, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
     kv = h // c["num_attention_heads"] * c["num_key_value_heads"]
     path.mkdir(parents=True)

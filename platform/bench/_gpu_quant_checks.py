@@ -11,6 +11,7 @@ in 256 -> out 72 at M = 1, 3, 17 (how the CPU test proves the check code under
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -88,9 +89,9 @@ def weight_only_gemm(ctx: CheckContext, dtype: torch.dtype, bits: int) -> CheckR
                 if ctx.tiny or kind == "w4a16_sym":
                     continue
                 tag = f"gpu_check.{kind}_{dtype_name(dtype)}_{in_f}x{out_f}_m{m}"
-                t_kernel = timed_ms(lambda x=x, k=kernel: k(x), dev, iters=20)
+                t_kernel = timed_ms(functools.partial(kernel, x), dev, iters=20)
                 t_deq = timed_ms(lambda x=x, d=dequant: F.linear(x, d(dtype)), dev, iters=20)
-                t_dense = timed_ms(lambda x=x, w=dense_w: F.linear(x, w), dev, iters=20)
+                t_dense = timed_ms(functools.partial(F.linear, x, dense_w), dev, iters=20)
                 results[f"{tag}_ms"] = t_kernel
                 results[f"{tag}_speedup_vs_dequant"] = t_deq / t_kernel
                 results[f"{tag}_speedup_vs_dense"] = t_dense / t_kernel

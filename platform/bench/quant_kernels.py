@@ -14,6 +14,7 @@ quant_kernels.bf16_<in>x<out>_b<M>_ms.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable
 
@@ -55,12 +56,15 @@ def paths(w: torch.Tensor, device: str) -> dict[str, Callable[[torch.Tensor], to
 
     def fp8_path(w8a8: bool) -> Callable[[torch.Tensor], torch.Tensor]:
         def run(x: torch.Tensor) -> torch.Tensor:
-            fp8.fp8_w8a8 = w8a8
+            fp8.fp8_w8a8 = w8a8  # type: ignore[assignment]  # the fp8 method's own switch on the layer
             return fp8(x)
 
         return run
 
-    out = {f"int8_{int8.quant_kernel}": int8, f"int4_{int4.quant_kernel}": int4}
+    out: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        f"int8_{int8.quant_kernel}": int8,
+        f"int4_{int4.quant_kernel}": int4,
+    }
     out["fp8_weight_only"] = fp8_path(False)
     if scaled_mm_supported(torch.device(device)):
         out["fp8_scaled_mm"] = fp8_path(True)
@@ -86,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         for m in (int(b) for b in args.batches.split(",")):
             x = torch.randn(m, args.hidden, generator=g).to(torch.bfloat16).to(dev)
             shape = f"{args.hidden}x{out_f}_b{m}"
-            base = best_ms(lambda x=x, d=dense: F.linear(x, d), dev, args.iters)
+            base = best_ms(functools.partial(F.linear, x, dense), dev, args.iters)
             print(f"RESULT quant_kernels.bf16_{shape}_ms={base:.4g}", flush=True)
             for name, fn in runs.items():
-                ms = best_ms(lambda x=x, fn=fn: fn(x), dev, args.iters)
+                ms = best_ms(functools.partial(fn, x), dev, args.iters)
                 _log(f"{name} {shape}: {ms:.3f} ms (bf16 {base:.3f} ms)")
                 print(f"RESULT quant_kernels.{name}_{shape}_speedup={base / ms:.4g}", flush=True)
     return 0
