@@ -42,6 +42,13 @@ def _shapes(ctx: CheckContext) -> tuple[list[tuple[int, int]], list[int]]:
     return [(4096, 4096), (14336, 4096)], [1, 16, 64, 1024]
 
 
+def _dequant_linear(
+    x: torch.Tensor, dequant: Callable[[torch.dtype], torch.Tensor], dtype: torch.dtype
+) -> Callable[[], torch.Tensor]:
+    """The dequantize-then-matmul baseline, dequantizing inside the timed call."""
+    return lambda: F.linear(x, dequant(dtype))
+
+
 def _prepare(kind: str, w: torch.Tensor, dev: str):  # noqa: ANN202
     """(kernel(x), dequantize(dtype)) for one quantized weight: the pair the check compares."""
     from loraplex.platform.engine.layers.quant.triton_weight_only import (
@@ -90,7 +97,7 @@ def weight_only_gemm(ctx: CheckContext, dtype: torch.dtype, bits: int) -> CheckR
                     continue
                 tag = f"gpu_check.{kind}_{dtype_name(dtype)}_{in_f}x{out_f}_m{m}"
                 t_kernel = timed_ms(functools.partial(kernel, x), dev, iters=20)
-                t_deq = timed_ms(lambda x=x, d=dequant: F.linear(x, d(dtype)), dev, iters=20)
+                t_deq = timed_ms(_dequant_linear(x, dequant, dtype), dev, iters=20)
                 t_dense = timed_ms(functools.partial(F.linear, x, dense_w), dev, iters=20)
                 results[f"{tag}_ms"] = t_kernel
                 results[f"{tag}_speedup_vs_dequant"] = t_deq / t_kernel

@@ -129,6 +129,13 @@ def bench_hf(path: str, wl: Workload, seqs: int, repeats: int) -> float:
     return wl.total_output / min(timed(run) for _ in range(repeats))
 
 
+def _generate_call(
+    llm: LLM, prefix: list[int], suffix: list[int], params: SamplingParams, salt: str
+) -> Callable[[], object]:
+    """One timed request: the prompt is joined inside the call, as the request would be."""
+    return lambda: llm.generate([prefix + suffix], params, cache_salt=salt)
+
+
 def bench_prefix(path: str, prefix_len: int, repeats: int) -> tuple[float, float]:
     """(median TTFT cold, median TTFT with the prefix cached), seconds."""
     llm = LLM(path, max_num_seqs=8, max_num_batched_tokens=1024)
@@ -140,10 +147,8 @@ def bench_prefix(path: str, prefix_len: int, repeats: int) -> tuple[float, float
     cold, warm = [], []
     for k in range(repeats):
         suffix = [rng.randrange(3, 2000) for _ in range(16)]
-        cold.append(
-            timed(lambda s=suffix, k=k: llm.generate([prefix + s], one, cache_salt=f"c{k}"))
-        )
-        warm.append(timed(lambda s=suffix: llm.generate([prefix + s], one, cache_salt="warm")))
+        cold.append(timed(_generate_call(llm, prefix, suffix, one, f"c{k}")))
+        warm.append(timed(_generate_call(llm, prefix, suffix, one, "warm")))
     return statistics.median(cold), statistics.median(warm)
 
 
