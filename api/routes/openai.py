@@ -186,9 +186,12 @@ def _parse_request(raw: bytes, kind: str, adapter: str | None) -> Any:
     return parse_chat_request(body) if kind == "chat" else parse_completion_request(body)
 
 
-async def _parsed_body(gw: Gateway, request: Request, kind: str, adapter: str | None) -> Any:
+async def _parsed_body(
+    gw: Gateway, request: Request, kind: str, adapter: str | None, tenant: str
+) -> Any:
     """The body, read under the route's byte limit (the body-limit middleware refuses it as
-    the bytes pass the limit), parsed and validated off the event loop when it is large."""
+    the bytes pass the limit), parsed and validated off the event loop (in `tenant`'s turn)
+    when it is large."""
     raw = await request.body()
     if len(raw) > gw.settings.max_request_bytes:
         raise HttpError(
@@ -198,7 +201,7 @@ async def _parsed_body(gw: Gateway, request: Request, kind: str, adapter: str | 
         )
     if len(raw) <= INLINE_PARSE_BYTES:
         return _parse_request(raw, kind, adapter)
-    return await gw.text.run(_parse_request, raw, kind, adapter)
+    return await gw.text.run_for(tenant, _parse_request, raw, kind, adapter)
 
 
 def _check_model_name(model: str) -> None:
@@ -248,7 +251,7 @@ async def _run(request: Request, kind: str, adapter: str | None) -> Response:
     # Limits first: a request over them costs no parsing, templating or tokenizing.
     admitted = await gw.limiter.admit(str(tenant_id), limits)
     request.state.response_headers = admitted.headers()
-    parsed = await _parsed_body(gw, request, kind, adapter)
+    parsed = await _parsed_body(gw, request, kind, adapter, str(tenant_id))
     model = adapter if adapter is not None else parsed.model
     _check_model_name(model)
     resolved = await gw.resolver.resolve(gw.session_factory, tenant_id, model)
@@ -256,7 +259,8 @@ async def _run(request: Request, kind: str, adapter: str | None) -> Response:
     request_log.note_route(resolved, [])  # a refusal from here on still names the version
     assets = await gw.model_assets(resolved)
     build = completion.build_chat_job if kind == "chat" else completion.build_text_job
-    job = await gw.text.run(
+    job = await gw.text.run_for(
+        str(tenant_id),
         build,
         parsed,
         resolved,
