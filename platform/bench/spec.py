@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--b1-prompts", type=int, default=4)
     p.add_argument("--prompt-tokens", type=int, default=200)
     p.add_argument("--tokens", type=int, default=128, help="output tokens per request")
-    p.add_argument("--batches", default="32,64")
+    p.add_argument("--batches", default="32,64", help="comma-separated; empty: batch 1 only")
+    p.add_argument("--k-max", type=int, default=None, help="default: SpecConfig's")
     p.add_argument("--waves", type=int, default=3, help="requests per batch slot (queued)")
     p.add_argument("--quick", action="store_true", help="a seconds-long run (for tests)")
     return p
@@ -65,7 +66,7 @@ def build_model(path: Path, hidden: int, layers: int, vocab: int) -> None:
     )  # fmt: skip
 
 
-def _engines(path: Path, batch: int) -> dict[str, Any]:
+def _engines(path: Path, batch: int, k_max: int | None) -> dict[str, Any]:
     from loraplex.platform.engine.engine_core import EngineCore
     from loraplex.platform.engine.speculative import SpecConfig
     from loraplex.platform.engine_spec.config import EngineConfig
@@ -76,7 +77,7 @@ def _engines(path: Path, batch: int) -> dict[str, Any]:
                                        cpu_threads=1))  # fmt: skip
 
     off, on = core(), core()
-    on.enable_speculation(SpecConfig())
+    on.enable_speculation(SpecConfig() if k_max is None else SpecConfig(k_max=k_max))
     return {"off": off, "on": on}
 
 
@@ -87,11 +88,11 @@ def prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 
 
 def speedup(
-    path: Path, work: list[list[int]], batch: int, params: Any
+    path: Path, work: list[list[int]], batch: int, params: Any, k_max: int | None = None
 ) -> tuple[float, float, float]:
     """(throughput with speculation over without, mean acceptance length, draft share) on
     `work`, at most `batch` requests running at once (the rest queued: a steady batch)."""
-    engines = _engines(path, batch)
+    engines = _engines(path, batch, k_max)
     refs = {k: [None] * len(work) for k in engines}
     spent = lockstep_times(engines, work, refs, params, params.max_tokens * len(work))
     stats = engines["on"].speculator.stats.get(None)
@@ -114,14 +115,14 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(tmp)
         build_model(path, args.hidden, args.layers, args.vocab)
         work = prompts(args.b1_prompts, args.prompt_tokens, args.vocab, 0)
-        ratio, length, share = speedup(path, work, 1, greedy)
+        ratio, length, share = speedup(path, work, 1, greedy, args.k_max)
         print(f"RESULT spec.ngram_b1_speedup={ratio:.4f}")
         print(f"RESULT spec.ngram_b1_mean_acceptance_length={length:.4f}")
         print(f"RESULT spec.b1_draft_share={share:.4f}")
-        for batch in [int(b) for b in args.batches.split(",")]:
+        for batch in [int(b) for b in args.batches.split(",") if b]:
             work = prompts(batch * args.waves, args.prompt_tokens, args.vocab, batch)
             for name, params in (("", greedy), ("_sampled", sampled)):
-                ratio, length, share = speedup(path, work, batch, params)
+                ratio, length, share = speedup(path, work, batch, params, args.k_max)
                 print(f"RESULT spec.b{batch}{name}_speedup={ratio:.4f}")
                 print(f"RESULT spec.b{batch}{name}_mean_acceptance_length={length:.4f}")
                 print(f"RESULT spec.b{batch}{name}_draft_share={share:.4f}")
