@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from loraplex.loader.object_store import ObjectInfo, ObjectStore
 
@@ -123,8 +124,12 @@ class NodeCache:
         same file finished first (it removed this one's partial: the rename fails, and its
         copy and record are left alone)."""
         data, meta = fill.stem.with_suffix(".data"), fill.stem.with_suffix(".json")
-        record = {"bucket": fill.bucket, "key": fill.info.key, "size": fill.info.size}
-        record["etag"] = fill.info.etag  # type: ignore[assignment]
+        record: dict[str, Any] = {
+            "bucket": fill.bucket,
+            "key": fill.info.key,
+            "size": fill.info.size,
+        }
+        record["etag"] = fill.info.etag
         tmp_meta = fill.partial.with_name(fill.partial.name + ".json")
         try:
             os.fsync(fill.fd)
@@ -300,7 +305,7 @@ def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def _read_meta(path: Path) -> dict | None:
+def _read_meta(path: Path) -> dict[str, Any] | None:
     try:
         meta = json.loads(path.read_text())
     except (OSError, ValueError):

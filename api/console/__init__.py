@@ -4,6 +4,8 @@ under `static/vendor/`, see VENDORED.md). `install_console(app)` adds it to an a
 
 from __future__ import annotations
 
+import inspect
+
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -54,7 +56,8 @@ def install_console(app: FastAPI) -> None:
 
     async def console_error(request: Request, exc: LoraplexError) -> Response:
         if not _is_page(request) and json_handler is not None:
-            return await json_handler(request, exc)
+            answer = json_handler(request, exc)
+            return await answer if inspect.isawaitable(answer) else answer
         message = exc.message if exc.status < 500 or exc.status == 501 else GENERIC_MESSAGE
         who = getattr(request.state, "operator", None)
         page = render(

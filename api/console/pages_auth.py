@@ -108,6 +108,8 @@ def signed_in_response(request: Request, op_id: uuid.UUID) -> Response:
     """A new session for `op_id`: the cookie and a redirect to the overview."""
     with transaction(request) as session:
         op = session.get(Operator, op_id)
+        if op is None:  # removed between the password check and here
+            raise HttpError(401, "Wrong email or password.", code="invalid_credentials")
         token = operators.start_session(session, op)
     resp = RedirectResponse("/console/", status_code=303)
     set_cookie(request, resp, SESSION_COOKIE, token, max_age=None)

@@ -57,7 +57,9 @@ class RedisCounter:
         """Count one failure (one round trip)."""
         k = f"{self.ns}:{key}"
         pipe = self.client.pipeline()
-        pipe.hincrby(k, "n", 1).hset(k, "last", repr(now)).expire(k, window_s)
+        pipe.hincrby(k, "n", 1)
+        pipe.hset(k, "last", repr(now))
+        pipe.expire(k, window_s)
         pipe.execute()
 
     def state(self, key: str) -> tuple[int, float]:

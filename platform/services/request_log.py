@@ -56,17 +56,23 @@ class Entry:
 class Resolved(Protocol):
     """What the log reads of the gateway's resolved model (`gateway.resolve.ResolvedModel`)."""
 
-    deployment_name: str
-    adapter_id: uuid.UUID | None
-    adapter_name: str | None
-    adapter_version: int | None
+    @property
+    def deployment_name(self) -> str: ...
+    @property
+    def adapter_id(self) -> uuid.UUID | None: ...
+    @property
+    def adapter_name(self) -> str | None: ...
+    @property
+    def adapter_version(self) -> int | None: ...
 
 
 class Tried(Protocol):
     """What the log reads of a replica the gateway sent the request to (`ReplicaInfo`)."""
 
-    replica_id: str
-    deployment: str
+    @property
+    def replica_id(self) -> str: ...
+    @property
+    def deployment(self) -> str: ...
 
 
 @dataclass
