@@ -4,7 +4,7 @@ The controller's linear step-cost model decides K per request, but a verificatio
 pays costs that model misses (the general forward path, more rows to sample). So per batch-size
 bucket (powers of two) the guard keeps the measured seconds per output token of decode steps
 that drafted and of steps that did not, and allows drafting only where drafting measured
-faster; each step it allows the other mode once every `explore` steps, to keep both figures
+faster by a margin; each step it allows the other mode once every `explore` steps, to keep both figures
 current (at most 1/explore of the steps run the slower mode).
 """
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 EMA = 0.2  # weight of the newest measurement
 EXPLORE_EVERY = 32
+MARGIN = 0.95  # drafting must measure at least 5% faster: marginal gains drown in noise
 
 
 @dataclass
@@ -38,7 +39,7 @@ class DraftGuard:
             return True  # measure drafting first
         if b.plain is None:
             return False
-        better = b.draft < b.plain
+        better = b.draft < MARGIN * b.plain
         return not better if b.steps % self.explore == 0 else better
 
     def record(self, batch: int, drafted: bool, seconds: float, tokens: int) -> None:
