@@ -117,7 +117,7 @@ class ExpertParallelGroup:
         rank must call this at the same step (it is collective).
         """
         me, world = self.rank, self.world_size
-        first_holder = {}
+        first_holder: dict[int, int] = {}
         for rank, experts in enumerate(old.rank_experts):
             for e in experts:
                 first_holder.setdefault(e, rank)

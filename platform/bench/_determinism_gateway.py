@@ -64,8 +64,8 @@ async def _send_all(
 
 def gateway_distinct_outputs(
     deterministic: bool, requests: int, max_tokens: int
-) -> tuple[int, int]:
-    """(distinct answers, repeated sends) over `requests` identical concurrent requests through
+) -> tuple[int, dict[str, int]]:
+    """(distinct answers, repeated sends by why) over `requests` identical concurrent requests through
     a fresh stack whose deployment runs with the deterministic option `deterministic`."""
     from loraplex.platform.bench.serve_stack import local_stack
 

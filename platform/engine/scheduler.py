@@ -269,7 +269,9 @@ class Scheduler:
                 request.output_token_ids.append(tok)
                 status = self._check_stop(request, tok)
                 if status is not None:
-                    finished.append(self.finish_request(request.request_id, status))
+                    done = self.finish_request(request.request_id, status)
+                    assert done is not None  # it was live a line above
+                    finished.append(done)
                     break
         return finished
 

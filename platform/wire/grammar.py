@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 # Compact JSON: no free whitespace between tokens (a model could otherwise emit spaces until
 # max_tokens), and unknown schema keywords refused instead of ignored.
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "lenient": False}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "lenient": False}
 
 
 def grammar_text(kind: str, value: str = "", choices: tuple[str, ...] | list[str] = ()) -> str:
@@ -27,7 +30,9 @@ def grammar_text(kind: str, value: str = "", choices: tuple[str, ...] | list[str
             raise ValueError(f"the JSON schema is not valid JSON: {exc}") from None
         if not isinstance(schema, (dict, bool)):
             raise ValueError("the JSON schema must be an object")
-        return LLMatcher.grammar_from_json_schema(schema, JSON_OPTIONS)
+        # A boolean schema (true: anything, false: nothing) goes as its JSON text.
+        text_or_doc = schema if isinstance(schema, dict) else json.dumps(schema)
+        return LLMatcher.grammar_from_json_schema(text_or_doc, JSON_OPTIONS)
     if kind == "regex":
         return LLMatcher.grammar_from_regex(value)
     if kind == "grammar":  # Lark, or GBNF (`root ::= ...`, what vLLM's xgrammar takes)

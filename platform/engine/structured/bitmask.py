@@ -16,6 +16,7 @@ import os
 import queue
 import threading
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,7 +99,7 @@ class MaskFiller:
         """True from `start` until `join`: a fill was handed to the worker."""
         return self._mask is not None
 
-    def start(self, states: list[GrammarState | None]) -> bool:
+    def start(self, states: Sequence[GrammarState | None]) -> bool:
         """Hand the worker the rows of `states` (row i for states[i]) and return at once;
         False when none is constrained (nothing started)."""
         self.join_quietly()  # a fill its step never joined (none in the runner's paths)
