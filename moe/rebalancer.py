@@ -9,12 +9,28 @@ expert weights; requests in flight keep their KV cache and continue on the next 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Gauge
 
 from loraplex.moe.eplb import balancedness, rank_loads, rebalance
 from loraplex.moe.placement import ExpertPlacement
 from loraplex.moe.stats import ExpertLoadRecorder
+
+if TYPE_CHECKING:
+    from loraplex.moe.layer import MoEBlock
+
+
+class BalancedModel(Protocol):
+    """What the rebalancer needs of a model: its MoE blocks and a place for the recorder."""
+
+    def moe_blocks(self) -> list[MoEBlock]:
+        """The model's MoE blocks in layer order."""
+        ...
+
+    def attach_load_recorder(self, recorder: ExpertLoadRecorder | None) -> None:
+        """Make every MoE block count its routed tokens into `recorder`."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -32,7 +48,7 @@ class ExpertRebalancer:
 
     def __init__(
         self,
-        model: object,
+        model: BalancedModel,
         num_redundant: int = 0,
         interval_steps: int = 0,
         registry: CollectorRegistry | None = None,
@@ -41,9 +57,9 @@ class ExpertRebalancer:
         if not self.blocks:
             raise ValueError("the model has no MoE blocks to balance")
         first = self.blocks[0]
-        self.ep = first.ep
-        if self.ep is None:
+        if first.ep is None:
             raise ValueError("rebalancing needs an expert-parallel model (ep_size > 1)")
+        self.ep = first.ep
         physical = first.spec.num_experts + num_redundant
         if num_redundant < 0 or physical % self.ep.world_size:
             raise ValueError(
@@ -82,6 +98,7 @@ class ExpertRebalancer:
             load = counts[block.layer_idx]
             if int(load.sum()) == 0:
                 continue
+            assert block.placement is not None  # an expert-parallel block is placed
             before = balancedness(rank_loads(block.placement, load))
             new = rebalance(load, self.ep.world_size, self.num_redundant)
             block.apply_placement(new)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from loraplex.moe.expert_parallel import ExpertParallelGroup
 
 
 class ExpertLoadRecorder:
@@ -30,7 +35,7 @@ class ExpertLoadRecorder:
         """Start a new counting window (after a rebalance)."""
         self.counts.zero_()
 
-    def global_counts(self, ep: object | None = None) -> torch.Tensor:
+    def global_counts(self, ep: ExpertParallelGroup | None = None) -> torch.Tensor:
         """The counts summed over expert-parallel ranks (a copy; collective when `ep` is set)."""
         counts = self.counts.clone()
         if ep is not None:
