@@ -20,6 +20,10 @@ PIP := $(BIN)/python -m pip
 # -qq: errors only (this machine's pip config warns about every missing local index entry).
 PIP_FLAGS ?= -qq --progress-bar off --disable-pip-version-check
 
+# mypy over the package ([tool.mypy] in pyproject.toml); run from the root, where `loraplex/`
+# links the parts.
+MYPY = $(BIN)/mypy -p loraplex.platform -p loraplex.adapters -p loraplex.moe -p loraplex.loader -p loraplex.api
+
 ARGS ?=
 PYTEST_ARGS ?=
 
@@ -51,7 +55,9 @@ $(CHECKOV_STAMP):
 up: $(STAMP)
 	$(BIN)/loraplex up $(ARGS)
 
+# The type checker first (a minute), then the suite.
 test: $(STAMP) $(QUANT_ORACLES_STAMP) $(CHECKOV_STAMP)
+	$(MYPY)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -62,7 +68,7 @@ lint: $(STAMP)
 # mypy over the package ([tool.mypy] in pyproject.toml: the parts, the third-party modules
 # without types); exits non-zero on any error. Run from the root: `loraplex/` links the parts.
 typecheck: $(STAMP)
-	$(BIN)/mypy -p loraplex.platform -p loraplex.adapters -p loraplex.moe -p loraplex.loader -p loraplex.api
+	$(MYPY)
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -13,14 +13,14 @@ A rebalance (EPLB) is broadcast the same way and happens between two steps.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from loraplex.moe.ep_launch import StepChannel, ep_backend, free_loopback_port, init_ep_rank
 from loraplex.moe.expert_parallel import set_process_ep_group
-from loraplex.moe.rebalancer import ExpertRebalancer, LayerRebalance
+from loraplex.moe.rebalancer import BalancedModel, ExpertRebalancer, LayerRebalance
 from loraplex.platform.engine.engine_core import EngineCore
 from loraplex.platform.engine.metrics import EngineMetrics
 from loraplex.platform.engine.outputs import RequestDelta
@@ -180,7 +180,8 @@ def _follower_main(
     dist.broadcast_object_list(box, src=0)  # the leader's KV block count
     core = EngineCore(dataclasses.replace(config, num_gpu_blocks=box[0]))
     dist.gather_object(dict(core.timeline.counts), None, dst=0)
-    rebalancer = ExpertRebalancer(core.model, redundant)
+    # A MoE model (checked on rank 0 before the followers start): its blocks and recorder.
+    rebalancer = ExpertRebalancer(cast(BalancedModel, core.model), redundant)
 
     mirror: list[Any] = [None]
 
@@ -261,7 +262,8 @@ def start_ep_engine(
         dist.gather_object(dict(core.timeline.counts), rank_loads, dst=0)
         if registry is None:  # export balancedness on the engine's own /metrics
             registry = core.metrics.registry
-        rebalancer = ExpertRebalancer(core.model, num_redundant, rebalance_interval, registry)
+        model = cast(BalancedModel, core.model)  # a MoE model: checked just above
+        rebalancer = ExpertRebalancer(model, num_redundant, rebalance_interval, registry)
     except BaseException:
         for p in procs:  # followers wait on the leader forever otherwise
             p.kill()
