@@ -98,6 +98,9 @@ async def sample_once(app: FastAPI, history: LoadHistory) -> None:
         )
 
 
+STOP_WAIT_S = 5.0
+
+
 async def _sample_forever(app: FastAPI, history: LoadHistory) -> None:
     while True:
         try:
@@ -117,5 +120,5 @@ async def sampling(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
+        # Bounded: a sample stuck in a database call must not hold the app's shutdown.
+        await asyncio.wait({task}, timeout=STOP_WAIT_S)

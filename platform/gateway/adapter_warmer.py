@@ -32,6 +32,7 @@ from loraplex.platform.wire import GenerateRequest
 
 log = logging.getLogger(__name__)
 RETRY_S = 1.0  # pause before resubscribing after Redis went away
+STOP_WAIT_S = 5.0
 
 
 def _model_of(
@@ -79,12 +80,13 @@ class AdapterWarmer:
             self._task = asyncio.create_task(self._listen())
 
     async def close(self) -> None:
-        """Stop listening and drop warms in flight."""
-        for task in [self._task, *self._warms]:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+        """Stop listening and drop warms in flight (bounded: a task stuck on a closed Redis or
+        replica connection must not hold the app's shutdown)."""
+        tasks = [t for t in (self._task, *self._warms) if t is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=STOP_WAIT_S)
         self._task = None
 
     async def _listen(self) -> None:
