@@ -2,9 +2,11 @@
 the chat template, tokenizing), so the gateway's event loop only waits. Tenants take turns
 for its threads: waiting jobs are queued per tenant and a freed thread goes to the next tenant
 in round-robin order, so one tenant's queue of long prompts never holds another's request
-behind it. Sized to the cores; a tenant with `queue_limit // 4` jobs already waiting, or a
-pool with `queue_limit` waiting in all, answers new ones 503 `server_busy` at once instead of
-queueing without end."""
+behind it. Sized to the cores, with at most `queue_limit` jobs waiting: one tenant alone may
+fill that room, but when it is full a job of a tenant with fewer waiting takes the place of
+the newest job of the tenant with the most (which gets the 503 `server_busy`), so a flood
+cannot crowd the others out; a job that finds the room full of its own tenant's (or of as
+few as its own) is answered 503 at once instead of queueing without end."""
 
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ from loraplex.platform.errors import HttpError
 P = ParamSpec("P")
 T = TypeVar("T")
 BUSY_RETRY_AFTER_S = 1
-TENANT_SHARE = 4  # one tenant may hold 1/TENANT_SHARE of the waiting room
 
 
 def busy() -> HttpError:
@@ -36,12 +37,11 @@ def busy() -> HttpError:
 
 class TextWorkers:
     """Run blocking text work in `workers` threads, tenants in turn, at most `queue_limit`
-    waiting (and `queue_limit // TENANT_SHARE` of one tenant's)."""
+    waiting (the largest tenant's newest job makes way for another tenant's)."""
 
     def __init__(self, workers: int = 0, queue_limit: int = 256) -> None:
         self.workers = workers if workers > 0 else (os.cpu_count() or 1)
         self.queue_limit = queue_limit
-        self.tenant_limit = max(1, queue_limit // TENANT_SHARE)
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="loraplex-text")
         self._pending = 0
         self._running = 0
@@ -62,10 +62,8 @@ class TextWorkers:
     ) -> T:
         """`fn(*args, **kwargs)` on the pool in `tenant`'s turn; raises `busy()` when too many
         already wait (in all, or of this tenant's)."""
-        queue = self._waiting.get(tenant)
-        waiting = self._pending - self._running
-        if waiting >= self.queue_limit or (queue is not None and len(queue) >= self.tenant_limit):
-            raise busy()
+        if self._pending - self._running >= self.queue_limit:
+            self._make_room(tenant)  # raises busy() when this tenant is the one to refuse
         self._pending += 1
         granted = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(tenant, deque()).append(granted)
@@ -74,9 +72,9 @@ class TextWorkers:
             await granted
         except BaseException:
             self._pending -= 1
-            if granted.done() and not granted.cancelled():
+            if granted.done() and not granted.cancelled() and granted.exception() is None:
                 self._running -= 1  # granted, then cancelled before it ran: free the turn
-            else:
+            else:  # cancelled while waiting, or refused to make room (already off its queue)
                 self._forget(tenant, granted)
             self._grant()
             raise
@@ -86,6 +84,20 @@ class TextWorkers:
             self._pending -= 1
             self._running -= 1
             self._grant()
+
+    def _make_room(self, tenant: str | None) -> None:
+        """The room is full: refuse the newest job of the tenant with the most waiting, if it
+        has more than `tenant` would after this one; else refuse this one."""
+        mine = len(self._waiting.get(tenant, ()))
+        hog = max(self._waiting, key=lambda t: len(self._waiting[t]), default=None)
+        if hog is None or hog == tenant or len(self._waiting[hog]) <= mine + 1:
+            raise busy()
+        queue = self._waiting[hog]
+        refused = queue.pop()
+        if not queue:
+            del self._waiting[hog]
+        if not refused.done():
+            refused.set_exception(busy())
 
     def _forget(self, tenant: str | None, granted: asyncio.Future[None]) -> None:
         queue = self._waiting.get(tenant)

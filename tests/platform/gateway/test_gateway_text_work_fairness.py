@@ -84,3 +84,20 @@ def test_run_still_runs_plain_jobs(tenant: str | None) -> None:
         return out
 
     assert asyncio.run(body()) == "x"
+
+
+def test_one_tenant_alone_may_fill_the_whole_room() -> None:
+    """Work-conserving: with nobody else waiting, a single tenant's burst uses every place
+    (the load bench's 120 streams of one tenant must not be refused)."""
+
+    async def body() -> tuple[int, int]:
+        pool = TextWorkers(workers=1, queue_limit=16)
+        done: list[str] = []
+        tasks = [asyncio.create_task(pool.run_for("solo", _job, f"s{i}", done)) for i in range(17)]
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        pending = pool.pending
+        pool.close()
+        return sum(isinstance(r, HttpError) for r in results), pending
+
+    refused, pending = asyncio.run(body())
+    assert refused == 0 and pending == 0
