@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -157,8 +158,6 @@ def main(python: str | None, dtype_arg: str, requests: int, max_tokens: int, pas
             model_dir = info.model_dir
             if not ours_only and python:
                 # Copy the model out: the stack's temp folder goes when it stops.
-                import shutil
-
                 shutil.copytree(model_dir, tmp / "model")
         results.update({f"peer.served.loraplex.{k}_tok_s": v for k, v in ours.items()})
         if not ours_only and python:

@@ -8,7 +8,6 @@ runs under uvicorn in its own process over real PostgreSQL, S3 and Redis; script
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -16,12 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
-from redis.asyncio import Redis
 from sqlalchemy import select
 from support.control_plane import control_plane
 from support.gateway_catalog import make_model_dir, seed_catalog
 from support.gateway_stack import Api, settings_env
-from support.scripted_replica import ScriptedReplica
+from support.scripted_replica import ScriptedReplica, register_url
 
 from loraplex.platform.db.models import Deployment, UsageRecord
 from loraplex.platform.db.session import make_sessionmaker, session_scope
@@ -30,16 +28,6 @@ from loraplex.platform.services.tenants import create_tenant
 
 pytestmark = pytest.mark.timeout(240)
 HEADER = "X-Loraplex-Deployment"
-
-
-async def _register(redis_url: str, deployment: str, url: str) -> None:
-    from loraplex.platform.gateway.replicas import ReplicaInfo, ReplicaRegistry
-
-    redis = Redis.from_url(redis_url)
-    try:
-        await ReplicaRegistry(redis).register(ReplicaInfo(deployment, url), ttl_s=600)
-    finally:
-        await redis.aclose()
 
 
 def test_a_request_names_its_deployment_where_allowed(
@@ -71,8 +59,8 @@ def test_a_request_names_its_deployment_where_allowed(
             tenant_id = tenant.id
             _, key = create_api_key(session, tenant.id, "k")
         with ScriptedReplica([5]) as on_old, ScriptedReplica([6]) as on_new:
-            asyncio.run(_register(redis_url, old_name, on_old.url))
-            asyncio.run(_register(redis_url, new_name, on_new.url))
+            register_url(redis_url, old_name, on_old.url)
+            register_url(redis_url, new_name, on_new.url)
             api = Api(settings_env(cp, usage_flush_interval_s=0.2), work)
             try:
                 _check_named(api.url, key, base, cp, (old_id, old_name, new_name), on_old, on_new)

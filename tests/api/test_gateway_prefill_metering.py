@@ -7,7 +7,6 @@ holding its first token back."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import time
@@ -16,12 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
-from redis.asyncio import Redis
 from sqlalchemy import func, select
 from support.control_plane import control_plane
 from support.gateway_catalog import make_model_dir, seed_catalog
 from support.gateway_stack import Api, settings_env
-from support.scripted_replica import ScriptedReplica
+from support.scripted_replica import ScriptedReplica, register_url
 
 from loraplex.platform.db.models import UsageRecord
 from loraplex.platform.db.session import make_sessionmaker, session_scope
@@ -54,7 +52,7 @@ def test_leaving_before_the_first_token_meters_the_computed_prompt(
             tenant_id = tenant.id
             _, key = create_api_key(session, tenant.id, "k")
         with ScriptedReplica([5, 6, 7], delay_s=30.0, computed_prompt_tokens=COMPUTED) as replica:
-            asyncio.run(_register(redis_url, dep_name, replica.url))
+            register_url(redis_url, dep_name, replica.url)
             api = Api(settings_env(cp, usage_flush_interval_s=0.2), work)
             try:
                 _leave_before_first_token(api.url, key, base, replica)
@@ -76,16 +74,6 @@ def test_leaving_before_the_first_token_meters_the_computed_prompt(
                 assert limits["monthly_tokens"]["used"] == COMPUTED
             finally:
                 api.stop()
-
-
-async def _register(redis_url: str, deployment: str, url: str) -> None:
-    from loraplex.platform.gateway.replicas import ReplicaInfo, ReplicaRegistry
-
-    redis = Redis.from_url(redis_url)
-    try:
-        await ReplicaRegistry(redis).register(ReplicaInfo(deployment, url), ttl_s=600)
-    finally:
-        await redis.aclose()
 
 
 def _leave_before_first_token(url: str, key: str, model: str, replica: ScriptedReplica) -> None:

@@ -45,6 +45,23 @@ def replica_state(**fields: Any) -> ReplicaState:
     return ReplicaState(**doc)
 
 
+def register_url(redis_url: str, deployment: str, url: str) -> None:
+    """Register `url` in the gateway's replica registry as a live replica of `deployment`
+    (for ten minutes: long enough for any test)."""
+    from redis.asyncio import Redis
+
+    from loraplex.platform.gateway.replicas import ReplicaInfo, ReplicaRegistry
+
+    async def register() -> None:
+        redis = Redis.from_url(redis_url)
+        try:
+            await ReplicaRegistry(redis).register(ReplicaInfo(deployment, url), ttl_s=600)
+        finally:
+            await redis.aclose()
+
+    asyncio.run(register())
+
+
 def refusing_url() -> tuple[str, socket.socket]:
     """A URL where connections are refused for as long as the returned socket stays open (bound,
     never listening: no other process can take the port meanwhile)."""
