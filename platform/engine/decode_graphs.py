@@ -114,7 +114,7 @@ def make_decode_step(
         )
         lora = static_lora.view(b) if static_lora is not None else None
         with forward_context(ForwardContext(attn=md, lora=lora)):
-            return runner.model.compute_logits(runner.model(ids, positions))
+            return runner.compute_logits(runner.model(ids, positions))
 
     return step
 

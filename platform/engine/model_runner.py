@@ -62,6 +62,15 @@ def group_by_adapter(scheduled: list[ScheduledRequest]) -> list[ScheduledRequest
     return sorted(scheduled, key=lambda s: first[s.request.adapter_key])
 
 
+def logits_fn(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The model's `compute_logits` (hidden -> logits), checked once here so the step calls a
+    typed function rather than an `nn.Module` attribute (typed `Tensor | Module`)."""
+    fn = getattr(model, "compute_logits", None)
+    if not callable(fn):
+        raise TypeError(f"{type(model).__name__} has no compute_logits(hidden) method")
+    return fn
+
+
 class ModelRunner:
     """Owns the model, its paged KV cache, the static decode buffers and the sampler."""
 
@@ -77,6 +86,7 @@ class ModelRunner:
         seed: int = 0,
     ) -> None:
         self.model = model
+        self.compute_logits = logits_fn(model)
         self.device = torch.device(device)
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
@@ -167,7 +177,7 @@ class ModelRunner:
             hidden = self.model(
                 self.decode_input_ids[:batch_size], self.decode_positions[:batch_size]
             )
-            return self.model.compute_logits(hidden)
+            return self.compute_logits(hidden)
 
     # -- one step ------------------------------------------------------------------------
 
@@ -271,7 +281,7 @@ class ModelRunner:
         logits = None
         if sampling:
             rows = torch.tensor(sample_rows, dtype=torch.int64, device=dev)
-            logits = self.model.compute_logits(hidden[rows])
+            logits = self.compute_logits(hidden[rows])
         return self._sample(sampling, logits, prompt_lps)
 
     @staticmethod
@@ -300,12 +310,14 @@ class ModelRunner:
             entries: list[dict[int, float] | None] = [None] if not r.prompt_logprobs else []
             if i in plp_rows:
                 row, count, first_pos = plp_rows[i]
-                logits = self.model.compute_logits(hidden[row : row + count])
+                logits = self.compute_logits(hidden[row : row + count])
                 lps = torch.log_softmax(logits.float(), dim=-1)
                 targets = torch.tensor(
                     r.prompt_token_ids[first_pos + 1 : first_pos + 1 + count], device=lps.device
                 )
-                entries += topn_logprobs(lps, targets, r.sampling_params.prompt_logprobs)
+                top_n = r.sampling_params.prompt_logprobs
+                assert top_n is not None  # wants_prompt_logprobs: prompt logprobs were asked for
+                entries += topn_logprobs(lps, targets, top_n)
             if entries:
                 out[r.request_id] = entries
         return out

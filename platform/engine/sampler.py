@@ -112,12 +112,13 @@ class Sampler:
 
         out_lp: list[dict[int, float] | None] = [None] * len(requests)
         if raw_logprobs is not None:
-            rows = [i for i, p in enumerate(params) if p.logprobs is not None]
-            n = max(params[i].logprobs for i in rows)
+            asked = {i: p.logprobs for i, p in enumerate(params) if p.logprobs is not None}
+            rows = list(asked)
+            n = max(asked.values())
             sel = torch.tensor(rows, device=logits.device)
             dicts = topn_logprobs(raw_logprobs[sel], tokens[sel], n)
             for row, d in zip(rows, dicts, strict=True):
-                keep = params[row].logprobs
+                keep = asked[row]
                 if keep < n:  # trim rows that asked for fewer alternatives than the batch max
                     tok = int(tokens[row])
                     top = sorted(((v, k) for k, v in d.items()), reverse=True)[:keep]

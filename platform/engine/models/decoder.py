@@ -157,7 +157,8 @@ class LMHead(nn.Module):
 
     def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype))
+        # a Parameter, or the tied embedding's (which torch types as a Tensor)
+        self.weight: torch.Tensor = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype))
 
     def finish_loading(self, tied: bool) -> None:
         """Pack an untied bf16 CPU weight for oneDNN (a tied one stays plain: the embedding

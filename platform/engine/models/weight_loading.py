@@ -14,7 +14,7 @@ the layer's `Attention.kv_scales`; a float cache never reads them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 import torch
@@ -43,18 +43,22 @@ class WeightLoadingError(ValueError):
     """The checkpoint does not fit the model (unknown, missing or mis-shaped tensors)."""
 
 
-def _find_delegate(model: nn.Module, name: str) -> tuple[nn.Module, str, str] | None:
-    """The deepest module on `name`'s path with a `load_hf_weight` hook: (module, rel, prefix)."""
+HfWeightHook = Callable[[str, torch.Tensor], Iterable[str]]
+
+
+def _find_delegate(model: nn.Module, name: str) -> tuple[HfWeightHook, str, str] | None:
+    """The deepest module on `name`'s path with a `load_hf_weight` hook: (hook, rel, prefix)."""
     parts = name.split(".")
     module: nn.Module = model
-    found: tuple[nn.Module, str, str] | None = None
+    found: tuple[HfWeightHook, str, str] | None = None
     for i, part in enumerate(parts[:-1]):
         child = module._modules.get(part)
         if child is None:
             break
         module = child
-        if hasattr(module, "load_hf_weight"):
-            found = (module, ".".join(parts[i + 1 :]), ".".join(parts[: i + 1]))
+        hook = getattr(module, "load_hf_weight", None)
+        if callable(hook):
+            found = (hook, ".".join(parts[i + 1 :]), ".".join(parts[: i + 1]))
     return found
 
 
@@ -99,8 +103,8 @@ def load_hf_weights(
             continue
         delegate = _find_delegate(model, name)
         if delegate is not None:
-            module, rel, prefix = delegate
-            for rel_param in module.load_hf_weight(rel, tensor):
+            hook, rel, prefix = delegate
+            for rel_param in hook(rel, tensor):
                 pending.pop(f"{prefix}.{rel_param}", None)
             continue
         parts = name.split(".")
