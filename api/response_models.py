@@ -3,7 +3,7 @@ routes that return plain dicts). The views in `schemas.py` build the dicts these
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -108,6 +108,7 @@ class DeploymentOut(_Out):
     routing_weight: float | None
     nameable: bool
     tool_call_format: str | None
+    speculative: dict[str, Any] | None = None
     created_at: str | None
 
 

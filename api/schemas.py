@@ -111,6 +111,9 @@ class DeploymentCreate(_Strict):
     nameable: bool = False  # requests may pick it with the X-Loraplex-Deployment header
     # How tool calls are read in free output (tokenizing/tool_calls.py); null: from the template.
     tool_call_format: str | None = Field(default=None, max_length=64)
+    # Speculative decoding {"method", "k_min", "k_max", "draft_model"} (checked by the
+    # deployments service against engine_spec.speculative: 400 naming it); null: off.
+    speculative: dict[str, Any] | None = None
 
 
 class PresignedUploadCreate(_Strict):
@@ -204,6 +207,7 @@ def deployment_view(d: Deployment) -> dict[str, Any]:
         "routing_weight": d.routing_weight,
         "nameable": bool(d.nameable),
         "tool_call_format": d.tool_call_format,
+        "speculative": d.speculative,
         "created_at": _ts(d.created_at),
     }
 

@@ -179,6 +179,7 @@ async def create_deployment(
         routing_weight=body.routing_weight,
         nameable=body.nameable,
         tool_call_format=body.tool_call_format,
+        speculative=body.speculative,
     )
 
     def handler() -> dict[str, Any]:

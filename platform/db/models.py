@@ -186,6 +186,11 @@ class Deployment(Base):
     # How the gateway reads tool calls in free output (tokenizing/tool_calls.py); NULL: from
     # the chat template.
     tool_call_format: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # Speculative decoding: {"method", "k_min", "k_max", "draft_model"} as engine_spec's
+    # SpeculativeOption reads it; NULL: off.
+    speculative: Mapped[dict[str, Any] | None] = mapped_column(
+        JSONB(none_as_null=True), nullable=True
+    )
     created_at: Mapped[datetime] = _created()
 
     base_model: Mapped[BaseModel] = relationship(lazy="joined")

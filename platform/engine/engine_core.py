@@ -30,12 +30,14 @@ from loraplex.platform.engine.request import Request, RequestStatus
 from loraplex.platform.engine.sampling_params import SamplingParams
 from loraplex.platform.engine.scheduler import Scheduler, SchedulerOutput
 from loraplex.platform.engine.speculative.config import SpecConfig
+from loraplex.platform.engine.speculative.report import AcceptanceCollector, speculative_state
 from loraplex.platform.engine.speculative.speculator import Speculator
 from loraplex.platform.engine.structured.bitmask import MaskFiller
 from loraplex.platform.engine.structured.compiler import GrammarCompiler
 from loraplex.platform.engine.structured.state import GrammarError, GrammarState
 from loraplex.platform.engine.weight_quantization import model_weight_bytes
 from loraplex.platform.engine_spec.config import EngineConfig
+from loraplex.platform.engine_spec.speculative import parse_speculative
 from loraplex.platform.tokenizing import IncrementalDetokenizer
 from loraplex.platform.wire import WIRE_VERSION, ColdStartPhase, ReplicaState
 
@@ -118,6 +120,9 @@ class EngineCore:
         finish_cold_start(self.timeline, self.metrics.registry, loaded.name)
         self.lora_runtime: LoraRuntimeProtocol | None = None
         self.speculator: Speculator | None = None
+        self.metrics.registry.register(AcceptanceCollector(lambda: self.speculator, loaded.name))
+        if config.speculative is not None:  # the deployment's option: speculate from the start
+            self.enable_speculation(SpecConfig.from_option(parse_speculative(config.speculative)))
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._aborted: list[Request] = []
         self.last_num_scheduled_tokens = 0
@@ -444,6 +449,7 @@ class EngineCore:
             compute_dtype=str(self.dtype).removeprefix("torch."),
             compute_dtype_reason=self.dtype_reason,
             deterministic=self.config.deterministic,
+            speculative=speculative_state(self.speculator),
             cold_start=[
                 ColdStartPhase(name=name, start_s=start, seconds=seconds)
                 for name, start, seconds in self.timeline.phases()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loraplex.loader.storage import StorageConfig
+from loraplex.platform.engine_spec.speculative import parse_speculative, speculative_gap
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_CACHE_DTYPES = ("auto", "fp8")
@@ -114,6 +115,11 @@ class EngineConfig:
         "neighbours' adapters (batch-invariant kernels; dense and MoE models in fp32/bf16 or "
         "quantized on load (int8, int4, fp8), on a CPU)",
     )  # fmt: skip
+    speculative: str | None = _opt(
+        None, 'speculative decoding as JSON, e.g. {"method": "ngram", "k_min": 0, "k_max": 5} '
+        "(ngram: prompt lookup plus each adapter's past outputs); not with ep_size > 1; "
+        "requests with structured output never draft",
+    )  # fmt: skip
     storage: StorageConfig | None = field(
         default=None, repr=False, compare=False, metadata={"cli": False}
     )
@@ -165,6 +171,12 @@ class EngineConfig:
         why = self.deterministic_refusal()
         if why is not None:
             raise ValueError(f"the deterministic mode does not cover {why} yet")
+        if self.speculative is not None:  # canonical text, so a command line round-trips
+            option = parse_speculative(self.speculative)
+            gap = speculative_gap(option, self.ep_size)
+            if gap is not None:
+                raise ValueError(f"speculative decoding does not serve {gap}")
+            self.speculative = option.to_json()
 
     def deterministic_refusal(self) -> str | None:
         """What of this configuration the deterministic mode does not cover yet (None: all

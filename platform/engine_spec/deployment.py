@@ -9,6 +9,7 @@ database-free: it reads the row's attributes (`platform/db/models.py` `Deploymen
 
 from __future__ import annotations
 
+import json
 from typing import Any, Protocol
 
 from loraplex.platform.engine_spec.cli import ServerOptions, engine_args
@@ -59,6 +60,11 @@ class DeploymentRow(Protocol):
     @property
     def deterministic(self) -> bool:
         """Batch-invariant kernels (EngineConfig.deterministic)."""
+        ...
+
+    @property
+    def speculative(self) -> dict[str, Any] | None:
+        """Speculative decoding (EngineConfig.speculative as an object; None: off)."""
         ...
 
     @property
@@ -131,11 +137,16 @@ def engine_config_for_deployment(
         "ep_size": deployment.expert_parallel_size,
         "deterministic": bool(getattr(deployment, "deterministic", False)),  # older rows: off
     }
+    spec = getattr(deployment, "speculative", None)  # older rows: off
+    if spec is not None:
+        fields["speculative"] = json.dumps(spec, separators=(",", ":"))
     fields.update(overrides)
     try:
         return EngineConfig(**fields)
     except ValueError as exc:
-        if fields.get("deterministic") and "deterministic mode" in str(exc):
+        if (fields.get("deterministic") and "deterministic mode" in str(exc)) or (
+            spec is not None and "speculative" in str(exc)
+        ):
             raise UnservableDeploymentError(f"deployment {deployment.name!r}: {exc}") from exc
         raise
 

@@ -46,6 +46,7 @@ class DeploymentSnapshot:
     replicas: int
     base_model: BaseModelSnapshot
     deterministic: bool = False
+    speculative: dict[str, Any] | None = None
 
 
 def snapshot(row: Deployment) -> DeploymentSnapshot:
@@ -62,6 +63,7 @@ def snapshot(row: Deployment) -> DeploymentSnapshot:
             row.base_model.name, row.base_model.object_prefix, dict(row.base_model.config or {})
         ),
         deterministic=bool(row.deterministic),
+        speculative=None if row.speculative is None else dict(row.speculative),
     )
 
 

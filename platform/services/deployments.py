@@ -18,6 +18,7 @@ from loraplex.platform.db.models import (
 )
 from loraplex.platform.engine_spec.config import deterministic_gap
 from loraplex.platform.engine_spec.quantization import QuantizationRefused, check_quantization
+from loraplex.platform.engine_spec.speculative import parse_speculative, speculative_gap
 from loraplex.platform.engine_spec.supported_models import (
     SERVED_KV_CACHE_DTYPES,
     SERVED_WEIGHT_QUANTIZATIONS,
@@ -55,6 +56,7 @@ class DeploymentSpec:
     routing_weight: float | None = None  # share of its base model's traffic; None: by capacity
     nameable: bool = False  # a request may pick it with the X-Loraplex-Deployment header
     tool_call_format: str | None = None  # how tool calls are read in free output; None: template
+    speculative: dict[str, Any] | None = None  # engine_spec.speculative's option; None: off
 
 
 def _check_range(value: int, what: str, low: int, high: int) -> int:
@@ -91,6 +93,25 @@ def _check_tool_format(fmt: str | None) -> str | None:
             param="tool_call_format",
         )
     return fmt
+
+
+def _check_speculative(spec: dict[str, Any] | None, ep_size: int) -> dict[str, Any] | None:
+    """A speculative option as stored (defaults filled), or None; 400 naming what the engine
+    would refuse (a method not built, K bounds, expert parallelism)."""
+    if spec is None:
+        return None
+    try:
+        option = parse_speculative(spec)
+    except (ValueError, TypeError) as exc:
+        raise InvalidInput(str(exc), code="invalid_value", param="speculative") from exc
+    gap = speculative_gap(option, ep_size)
+    if gap is not None:
+        raise InvalidInput(
+            f"speculative decoding does not serve {gap}",
+            code="unsupported_option",
+            param="speculative",
+        )
+    return option.to_dict()
 
 
 def create_deployment(
@@ -133,6 +154,7 @@ def create_deployment(
     )
     replicas = _check_range(spec.replicas, "replicas", 0, MAX_REPLICAS)
     ep = _check_range(spec.expert_parallel_size, "expert_parallel_size", 1, 1024)
+    speculative = _check_speculative(spec.speculative, ep)
     base = get_base_model(session, spec.base_model)
     try:
         check_quantization(spec.weight_quantization, spec.kv_cache_dtype, dict(base.config or {}))
@@ -183,6 +205,7 @@ def create_deployment(
             routing_weight=weight,
             nameable=bool(spec.nameable),
             tool_call_format=tool_format,
+            speculative=speculative,
         )
         .on_conflict_do_nothing()
         .returning(Deployment.id)

@@ -36,17 +36,21 @@ def model_object(
     return obj
 
 
+def deployment_entry(d: Any) -> dict[str, Any]:
+    """What a caller sees of one deployment: name, quantization, its serving options."""
+    return {
+        "name": d.name,
+        "quantization": {"weights": d.weight_quantization, "kv_cache": d.kv_cache_dtype},
+        "deterministic": bool(d.deterministic),
+        "speculative": getattr(d, "speculative", None),
+    }
+
+
 def deployments_by_base(session: Session) -> dict[uuid.UUID, list[dict[str, Any]]]:
     """Each base model's deployments: name and quantization (weights, kv_cache)."""
     out: dict[uuid.UUID, list[dict[str, Any]]] = {}
     for d in session.execute(select(Deployment).order_by(Deployment.name)).scalars().all():
-        out.setdefault(d.base_model_id, []).append(
-            {
-                "name": d.name,
-                "quantization": {"weights": d.weight_quantization, "kv_cache": d.kv_cache_dtype},
-                "deterministic": bool(d.deterministic),
-            }
-        )
+        out.setdefault(d.base_model_id, []).append(deployment_entry(d))
     return out
 
 

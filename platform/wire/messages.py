@@ -241,6 +241,28 @@ class ColdStartPhase(WireModel):
     seconds: float = Field(ge=0.0)
 
 
+class AdapterAcceptance(WireModel):
+    """Speculation's acceptance for one adapter (None: the base model) since the replica
+    started: verifications run, tokens drafted and accepted, tokens emitted per verification."""
+
+    adapter: str | None
+    verifications: int = Field(ge=0)
+    drafted_tokens: int = Field(ge=0)
+    accepted_tokens: int = Field(ge=0)
+    mean_acceptance_length: float = Field(ge=0.0)
+
+
+class SpeculativeState(WireModel):
+    """The speculative decoding a replica runs (its `speculative` option) and its acceptance
+    per adapter. Requests with structured output never draft."""
+
+    method: str
+    k_min: int = Field(ge=0)
+    k_max: int = Field(ge=1)
+    draft_model: str | None = None
+    acceptance: list[AdapterAcceptance] = Field(default_factory=list)
+
+
 class ReplicaState(WireModel):
     """`GET /state`: what the router scores, and what it needs to predict the prefix cache.
 
@@ -274,6 +296,8 @@ class ReplicaState(WireModel):
     compute_dtype_reason: str = ""
     # Whether the replica runs the deterministic mode (batch-invariant kernels, issue 23).
     deterministic: bool = False
+    # The speculative decoding it runs and its acceptance per adapter (issue 25); None: off.
+    speculative: SpeculativeState | None = None
     # The replica's cold start (phases in order, and the wall time to ready); empty and 0 from
     # a replica that does not report it.
     cold_start: list[ColdStartPhase] = Field(default_factory=list)

@@ -223,6 +223,7 @@ def test_models_listing(stack: Stack) -> None:
             "name": stack.deployment,
             "quantization": {"weights": "fp32", "kv_cache": "auto"},
             "deterministic": False,  # the deployment option, shown to callers
+            "speculative": None,  # speculative decoding (issue 25): off
         }
     ]
     one = stack.client().models.retrieve(stack.base)

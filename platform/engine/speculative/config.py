@@ -1,12 +1,16 @@
 """SpecConfig: what speculation an engine runs (method and K bounds); the one place its
-defaults live."""
+defaults live. The methods built and planned are engine_spec's (one list for the control plane
+and the engine)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-BUILT_METHODS = ("ngram",)
-PLANNED_METHODS = ("draft_model", "draft_adapter", "eagle", "medusa")
+from loraplex.platform.engine_spec.speculative import (
+    BUILT_METHODS,
+    PLANNED_METHODS,
+    SpeculativeOption,
+)
 
 
 @dataclass(frozen=True)
@@ -25,7 +29,7 @@ class SpecConfig:
     adaptive: bool = True
 
     def __post_init__(self) -> None:
-        if self.method in PLANNED_METHODS:
+        if self.method in PLANNED_METHODS and self.method not in BUILT_METHODS:
             raise NotImplementedError(
                 f"speculative method {self.method!r} is not built yet; only 'ngram' is"
             )
@@ -43,3 +47,8 @@ class SpecConfig:
             )
         if self.adapter_table_tokens < 1024:
             raise ValueError("adapter_table_tokens must be >= 1024")
+
+    @classmethod
+    def from_option(cls, option: SpeculativeOption) -> SpecConfig:
+        """The engine's settings for a deployment's `speculative` option (the rest default)."""
+        return cls(method=option.method, k_min=option.k_min, k_max=option.k_max)

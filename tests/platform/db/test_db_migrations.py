@@ -232,3 +232,15 @@ def test_0012_admits_int4_sym_awq_gptq_and_downgrade_refuses_to_lose_them(
     with pytest.raises(IntegrityError):
         deploy("sym", "int4_sym")  # the old constraint is back
     migrate.upgrade(empty_db_url)
+
+
+def test_0019_adds_and_drops_deployment_speculative(empty_db_url: str) -> None:
+    def columns() -> set[str]:
+        return {c["name"] for c in inspect(get_engine(empty_db_url)).get_columns("deployments")}
+
+    migrate.upgrade(empty_db_url, "0019")
+    assert "speculative" in columns()
+    migrate.downgrade(empty_db_url, "0018")
+    assert "speculative" not in columns()
+    migrate.upgrade(empty_db_url)
+    assert "speculative" in columns()
