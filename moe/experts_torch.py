@@ -1,8 +1,10 @@
 """The CPU expert path: one matmul pair per *active* expert over its contiguous rows.
 
-Pairs (token, k) are sorted by expert once; each expert with work then runs
-gate/up -> SiLU-and-mul -> down on one contiguous slice, and a single `index_add_`
-combines the weighted rows per token. No loop over tokens, no scan of all tokens per expert.
+Pairs (token, k) are sorted by expert once; each expert with work then gathers its rows into
+a small reused buffer, runs gate/up -> SiLU-and-mul -> down, and adds its weighted rows into
+the fp32 output (`index_add_`) while they are still in cache. No loop over tokens, no scan of
+all tokens per expert, no sorted copy of every pair (at prefill sizes that copy and its
+scatter went through memory, not cache: `loraplex bench moe` measures it).
 
 Weights follow transformers v5's fused layout: `w13` [E, 2I, H] (gate rows then up
 rows), `w2` [E, H, I]; either may be a `QuantizedExperts` stack (int8 / int4 / fp8), whose
@@ -48,6 +50,26 @@ def check_expert_weights(hidden: torch.Tensor, w13: ExpertWeights, w2: ExpertWei
         )
 
 
+def expert_mlp(
+    rows: torch.Tensor,
+    w13: ExpertWeights,
+    w2: ExpertWeights,
+    expert: int,
+    act_buf: torch.Tensor,
+) -> torch.Tensor:
+    """One expert's MLP over its rows [n, H] -> [n, H]; `act_buf` [>=n, I] holds the activation.
+
+    SiLU runs in place on the gate half and the product lands contiguous in `act_buf`, so the
+    down projection reads one dense block (a packed oneDNN matmul would otherwise copy it).
+    """
+    half = act_buf.shape[1]
+    gate_up = expert_mm(rows, w13, expert)
+    gate = gate_up[:, :half]
+    F.silu(gate, inplace=True)
+    act = torch.mul(gate, gate_up[:, half:], out=act_buf[: rows.shape[0]])
+    return expert_mm(act, w2, expert)
+
+
 def run_sorted_rows(
     rows: torch.Tensor, counts: list[int], w13: ExpertWeights, w2: ExpertWeights
 ) -> torch.Tensor:
@@ -58,18 +80,13 @@ def run_sorted_rows(
     total = sum(counts)
     out = rows.new_empty(rows.shape)
     out[total:].zero_()
-    half = w2.shape[2]
+    act_buf = rows.new_empty(max(counts, default=0), w2.shape[2])
     start = 0
     for expert, count in enumerate(counts):
         if count:
-            gate_up = expert_mm(rows[start : start + count], w13, expert)
-            act = gate_up[:, :half]
-            F.silu(act, inplace=True)
-            act.mul_(gate_up[:, half:])  # SiLU-and-mul in place, no extra buffers
-            if isinstance(w2, QuantizedExperts | PackedExperts):
-                out[start : start + count] = expert_mm(act, w2, expert)
-            else:
-                torch.mm(act, w2[expert].t(), out=out[start : start + count])
+            out[start : start + count] = expert_mlp(
+                rows[start : start + count], w13, w2, expert, act_buf
+            )
         start += count
     return out
 
@@ -116,9 +133,21 @@ def fused_experts_torch(
     if counts.numel() > num_local + 1:
         raise ValueError(f"expert id out of range for {num_local} local experts")
     token_of_pair = order // top_k
-    out_sorted = run_sorted_rows(hidden[token_of_pair], counts[:num_local].tolist(), w13, w2)
     weights = topk_weights.reshape(-1)[order].to(torch.float32).unsqueeze(1)
-    weighted = out_sorted.to(torch.float32).mul_(weights)  # out_sorted is our own buffer
     out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
-    out.index_add_(0, token_of_pair, weighted)
+    count_list = counts[:num_local].tolist()
+    # Small per-expert buffers, reused: each expert's rows stay in cache from the gather
+    # through both GEMMs to the weighted add (one big sorted copy of all pairs did not).
+    most = max(count_list, default=0)
+    rows_buf = hidden.new_empty(most, hidden.shape[1])
+    act_buf = hidden.new_empty(most, w2.shape[2])
+    start = 0
+    for expert, count in enumerate(count_list):
+        if count:
+            tokens = token_of_pair[start : start + count]
+            rows = torch.index_select(hidden, 0, tokens, out=rows_buf[:count])
+            y = expert_mlp(rows, w13, w2, expert, act_buf)
+            y = y.to(torch.float32) if y.dtype != torch.float32 else y  # y is our own buffer
+            out.index_add_(0, tokens, y.mul_(weights[start : start + count]))
+        start += count
     return out.to(hidden.dtype)
