@@ -117,20 +117,25 @@ async def _paired(
 
 
 def chunk_path_cpu_ms(chunks: int = 2000, repeats: int = 5) -> float:
-    """The gateway's CPU time per chunk (best of `repeats`): decode the replica's wire event,
-    turn it into a choice event and an OpenAI chunk, encode the SSE frame."""
-    from loraplex.platform.gateway import openai_schemas as oa
-    from loraplex.platform.gateway.outputs import choice_event
-    from loraplex.platform.gateway.streaming import sse
+    """The gateway's CPU time per chunk (best of `repeats`): decode the replica's wire event
+    and write the OpenAI chunk's SSE frame from it (the endpoint's stream writer)."""
+    import uuid
 
+    from loraplex.platform.gateway.completion import Job
+    from loraplex.platform.gateway.endpoints import TEXT
+    from loraplex.platform.wire import SamplingOptions
+
+    job = Job(TEXT, "m", None, [1], 1, 1, None, SamplingOptions(), uuid.uuid4(), None, True,  # type: ignore[arg-type]  # writing chunks needs no resolution
+              False, cid="cmpl-x")  # fmt: skip
+    writer = TEXT.stream_writer(job)
     frame = encode_event(DeltaEvent(token_ids=[1234], text=" word"))[6:-2]
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         for _ in range(chunks):
-            event = choice_event(0, decode_event(frame))  # type: ignore[arg-type]  # frame: a DeltaEvent
-            sse(oa.text_chunk("cmpl-x", 0, "m", 0, event.text, logprobs=None,
-                              finish_reason=None, with_usage_field=False))  # fmt: skip
+            event = decode_event(frame)
+            assert isinstance(event, DeltaEvent)
+            writer.frame(0, event, None)
         best = min(best, (time.perf_counter() - t0) / chunks)
     return best * 1000
 

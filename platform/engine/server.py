@@ -25,7 +25,12 @@ from loraplex.platform.engine.engine_loop import EngineLoop, PendingAdd
 from loraplex.platform.engine.ep_engine import EPEngine, build_engine
 from loraplex.platform.engine.metrics import CONTENT_TYPE_LATEST
 from loraplex.platform.engine.ports import ServedEngine
-from loraplex.platform.engine.wire_mapping import EventWriter, adapter_reference, sampling_params
+from loraplex.platform.engine.wire_mapping import (
+    EventWriter,
+    adapter_reference,
+    merge_deltas,
+    sampling_params,
+)
 from loraplex.platform.errors import HttpError
 from loraplex.platform.graceful import DrainGuard, serve
 from loraplex.platform.http_errors import error_response, install_error_handlers
@@ -222,19 +227,25 @@ class _AbortingStream(StreamingResponse):
 async def _sse(
     loop: EngineLoop, rid: str, queue: asyncio.Queue, writer: EventWriter
 ) -> AsyncIterator[bytes]:
-    """The `/generate` stream: delta frames, then a finish frame (or an error frame)."""
+    """The `/generate` stream: delta frames, then a finish frame (or an error frame). Deltas
+    that queued up while the stream waited on its client leave together, as one frame."""
     finished = False
     try:
         while not finished:
-            item = await queue.get()
-            if isinstance(item, Exception):
-                info = ErrorInfo(message=f"engine step failed: {item}", type="server_error",
+            items = [await queue.get()]
+            while not queue.empty() and not isinstance(items[-1], Exception):
+                items.append(queue.get_nowait())  # the steps' deltas that piled up meanwhile
+            failure = next((i for i in items if isinstance(i, Exception)), None)
+            deltas = [i for i in items if not isinstance(i, Exception)]
+            if deltas:
+                delta = merge_deltas(deltas)
+                finished = delta.finished
+                yield b"".join(writer.frames(delta))
+            if failure is not None and not finished:
+                info = ErrorInfo(message=f"engine step failed: {failure}", type="server_error",
                                  code="engine_error")  # fmt: skip
                 yield encode_event(ErrorEvent(error=info))
                 return
-            finished = item.finished
-            for frame in writer.frames(item):
-                yield frame
     finally:
         if not finished:
             loop.abort(rid)

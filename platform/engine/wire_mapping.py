@@ -48,6 +48,26 @@ def adapter_reference(ref: AdapterRef | None) -> Any | None:
     )
 
 
+def merge_deltas(deltas: list[RequestDelta]) -> RequestDelta:
+    """One delta saying what `deltas` (one request's, in step order) said: tokens, text and
+    logprobs concatenated, the first prompt logprobs, the last finish and counts. A replica
+    that fell behind its engine sends the backlog as one frame instead of one per step."""
+    if len(deltas) == 1:
+        return deltas[0]
+    last = deltas[-1]
+    return RequestDelta(
+        last.request_id,
+        [t for d in deltas for t in d.new_token_ids],
+        "".join(d.new_text for d in deltas),
+        [lp for d in deltas for lp in d.new_logprobs],
+        next((d.prompt_logprobs for d in deltas if d.prompt_logprobs is not None), None),
+        last.finished,
+        last.finish_reason,
+        last.num_prompt_tokens,
+        last.num_cached_tokens,
+    )
+
+
 class EventWriter:
     """Turns one request's engine deltas into SSE frames (counting its output tokens)."""
 

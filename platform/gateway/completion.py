@@ -17,9 +17,9 @@ from typing import Any
 from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway import openai_schemas as oa
 from loraplex.platform.gateway.assets import ModelAssets
+from loraplex.platform.gateway.endpoints import CHAT, TEXT, Endpoint
 from loraplex.platform.gateway.errors import bad_request
 from loraplex.platform.gateway.openai_structured import Constraints, ToolPlan, request_constraints
-from loraplex.platform.gateway.outputs import ChoiceEvent, choice_event
 from loraplex.platform.gateway.ratelimit import RateLimitResult
 from loraplex.platform.gateway.resolve import ResolvedModel, adapter_ref
 from loraplex.platform.gateway.router import Dispatch
@@ -28,7 +28,7 @@ from loraplex.platform.gateway.streaming import spawn
 from loraplex.platform.gateway.usage import Usage
 from loraplex.platform.services import request_log
 from loraplex.platform.tokenizing import TemplateRenderError
-from loraplex.platform.wire import FinishEvent, GenerateRequest, SamplingOptions
+from loraplex.platform.wire import DeltaEvent, FinishEvent, GenerateRequest, SamplingOptions
 
 SEED_MASK = 2**63 - 1
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 class Job:
     """A validated, tokenized request ready to dispatch."""
 
-    kind: str  # "chat" or "text"
+    endpoint: Endpoint
     model: str
     resolved: ResolvedModel
     prompt_ids: list[int]
@@ -146,8 +146,10 @@ def build_chat_job(
     tenant_id: uuid.UUID,
     api_key_id: uuid.UUID | None,
     default_max_tokens: int,
+    model: str | None = None,
 ) -> Job:
-    """Render the conversation, tokenize it and check limits."""
+    """Render the conversation, tokenize it and check limits (`model`: the name the caller
+    used, when it is not the body's)."""
     tok = assets.tokenizer
     constraints = request_constraints(
         body, tok.vocab_size, tok.template.source, resolved.tool_call_format
@@ -167,8 +169,8 @@ def build_chat_job(
     )
     top_n = (body.top_logprobs or 0) if body.logprobs else None
     job = Job(
-        "chat",
-        body.model,
+        CHAT,
+        model or body.model,
         resolved,
         ids,
         max_tokens,
@@ -192,6 +194,7 @@ def build_text_job(
     tenant_id: uuid.UUID,
     api_key_id: uuid.UUID | None,
     default_max_tokens: int,
+    model: str | None = None,
 ) -> Job:
     """Tokenize the prompt (or check the given ids) and check limits."""
     constraints = request_constraints(body, assets.tokenizer.vocab_size, None)
@@ -212,8 +215,8 @@ def build_text_job(
         body.requested_max_tokens(), len(ids), assets.context_length, default_max_tokens, "prompt"
     )
     job = Job(
-        "text",
-        body.model,
+        TEXT,
+        model or body.model,
         resolved,
         ids,
         max_tokens,
@@ -229,7 +232,11 @@ def build_text_job(
     return job
 
 
-async def _choice_events(gw: Gateway, job: Job, index: int) -> AsyncGenerator[ChoiceEvent, None]:
+Event = tuple[int, DeltaEvent | FinishEvent]
+"""One replica event of choice `index`: the only form output takes between replica and client."""
+
+
+async def _choice_events(gw: Gateway, job: Job, index: int) -> AsyncGenerator[Event, None]:
     """Events of one choice; aborts its replica request if closed before it finished."""
     sampling = job.sampling
     if sampling.seed is not None:
@@ -266,7 +273,7 @@ async def _choice_events(gw: Gateway, job: Job, index: int) -> AsyncGenerator[Ch
                     event.usage.cached_tokens,
                     where[-1].predicted_cached_tokens,
                 )
-            yield choice_event(index, event)
+            yield index, event
     finally:
         request_log.note_route(job.resolved, [d.replica for d in where])
         if not finished and where:
@@ -301,7 +308,7 @@ async def _abort(gw: Gateway, job: Job, dispatch: Dispatch, metered: bool) -> No
 _END = object()
 
 
-async def merged_events(gw: Gateway, job: Job) -> AsyncGenerator[ChoiceEvent, None]:
+async def merged_events(gw: Gateway, job: Job) -> AsyncGenerator[Event, None]:
     """All choices' events interleaved as they come; errors re-raised in order of arrival."""
     if job.n == 1:
         # `aclosing`: an exit by exception or close must finalize the inner generator now
@@ -354,17 +361,18 @@ class Tally:
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
 
-    def add(self, event: ChoiceEvent) -> None:
+    def add(self, event: DeltaEvent | FinishEvent) -> None:
         """Count one event (and when its tokens arrived, for TTFT and inter-token latency)."""
         self.served = True
-        self.completion_tokens += event.num_tokens
-        if event.num_tokens:
+        if isinstance(event, FinishEvent):
+            self.cached_tokens = max(self.cached_tokens, event.usage.cached_tokens)
+            return
+        if event.token_ids:
+            self.completion_tokens += len(event.token_ids)
             now = time.monotonic()
             if self.first_token_at is None:
                 self.first_token_at = now
             self.last_token_at = now
-        if event.cached_tokens is not None:
-            self.cached_tokens = max(self.cached_tokens, event.cached_tokens)
 
     def latencies(self, started: float) -> tuple[int | None, float | None]:
         """(time to first token in ms, mean gap between later tokens in ms), None if unknown."""

@@ -88,6 +88,42 @@ def _rejection(url: str, status: int, raw: bytes) -> ReplicaRejected:
                                    f"{body.error.message}")  # fmt: skip
 
 
+def _event(url: str, frame: bytes) -> DeltaEvent | FinishEvent:
+    """One `data: {json}` frame of a `/generate` stream; an error event raises."""
+    if not frame.startswith(b"data: "):
+        raise _protocol_error(url, f"stream frame {frame[:200]!r}")
+    try:
+        event = decode_event(frame[6:])
+    except ValidationError as exc:
+        raise _protocol_error(url, f"stream event: {exc}") from None
+    if isinstance(event, ErrorEvent):
+        raise ReplicaUnavailable(f"replica {url} failed: {event.error.code}: {event.error.message}")
+    return event
+
+
+def _coalesced(events: list[DeltaEvent | FinishEvent]) -> list[DeltaEvent | FinishEvent]:
+    """Consecutive delta events of one read as one (tokens, text and logprobs in order): a
+    backlog is relayed as one chunk, not one per engine step."""
+    out: list[DeltaEvent | FinishEvent] = []
+    for event in events:
+        prev = out[-1] if out else None
+        if (
+            isinstance(event, DeltaEvent)
+            and isinstance(prev, DeltaEvent)
+            and event.prompt_logprobs is None
+            and (prev.logprobs is None) == (event.logprobs is None)
+        ):
+            out[-1] = DeltaEvent.model_construct(
+                token_ids=prev.token_ids + event.token_ids,
+                text=prev.text + event.text,
+                logprobs=None if prev.logprobs is None else prev.logprobs + (event.logprobs or []),
+                prompt_logprobs=prev.prompt_logprobs,
+            )
+        else:
+            out.append(event)
+    return out
+
+
 class ReplicaClient:
     """Talks to replicas over one shared `httpx.AsyncClient`."""
 
@@ -123,22 +159,15 @@ class ReplicaClient:
                 _check_version(url, resp)
                 if resp.status_code >= 400:
                     raise _rejection(url, resp.status_code, await resp.aread())
-                async for line in resp.aiter_lines():
-                    if not line:
-                        continue
-                    if not line.startswith("data: "):
-                        raise _protocol_error(url, f"stream line {line[:200]!r}")
-                    try:
-                        event = decode_event(line[6:])
-                    except ValidationError as exc:
-                        raise _protocol_error(url, f"stream event: {exc}") from None
-                    if isinstance(event, ErrorEvent):
-                        raise ReplicaUnavailable(
-                            f"replica {url} failed: {event.error.code}: {event.error.message}"
-                        )
-                    yield event
-                    if isinstance(event, FinishEvent):
-                        return
+                buffer = b""
+                async for chunk in resp.aiter_raw():
+                    frames = (buffer + chunk).split(b"\n\n")
+                    buffer = frames.pop()  # an incomplete frame waits for the next read
+                    events = [_event(url, frame) for frame in frames if frame.strip()]
+                    for event in _coalesced(events):
+                        yield event
+                        if isinstance(event, FinishEvent):
+                            return
                 raise ReplicaUnavailable(f"replica {url}: the stream ended before its finish")
         except httpx.HTTPError as exc:
             raise ReplicaUnavailable(f"replica {url}: {type(exc).__name__}: {exc}") from exc

@@ -1,7 +1,7 @@
 """Server-sent events for OpenAI streams, with a bounded buffer per stream.
 
 A producer task pulls SSE frames from the completion source into a buffer of at most
-`max_buffer` frames; the HTTP response drains it. When the client reads too slowly and
+`max_buffer` frames; the HTTP response drains it (frames that piled up go out as one write). When the client reads too slowly and
 the buffer stays full past `stall_timeout_s`, the source is closed (which aborts the
 request on its replica) and the client, if it ever catches up, gets an error event.
 When the client disconnects, the response task is cancelled and the source is closed at
@@ -117,12 +117,18 @@ async def bounded_relay(
     task = asyncio.get_running_loop().create_task(produce())
     finished = False
     try:
-        while True:
-            item = await queue.get()
-            if item is _END:
-                break
-            slots.release()
-            yield item
+        ended = False
+        while not ended:
+            batch = [await queue.get()]
+            while not queue.empty() and batch[-1] is not _END:
+                batch.append(queue.get_nowait())  # frames that piled up: one write
+            if batch[-1] is _END:
+                batch.pop()
+                ended = True
+            for _ in batch:
+                slots.release()
+            if batch:
+                yield b"".join(batch)
         error = state["error"]
         if isinstance(error, _Stalled):
             yield sse_error(

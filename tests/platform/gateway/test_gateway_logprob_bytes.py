@@ -7,8 +7,7 @@ from support.byte_bpe import byte_level_tokenizer, byte_tokens
 
 from loraplex.platform.engine.outputs import RequestDelta
 from loraplex.platform.engine.wire_mapping import EventWriter
-from loraplex.platform.gateway.outputs import choice_event
-from loraplex.platform.gateway.responses import chat_logprobs, text_logprobs
+from loraplex.platform.gateway.endpoints import chat_logprobs, text_logprobs
 from loraplex.platform.wire import DeltaEvent, decode_event
 
 
@@ -24,14 +23,12 @@ def test_five_partial_byte_candidates_stay_five_end_to_end() -> None:
     frames = writer.frames(RequestDelta("r", new_token_ids=[chosen], new_logprobs=[entry]))
     event = decode_event(frames[0].split(b"data: ", 1)[1].strip())
     assert isinstance(event, DeltaEvent)
-    ev = choice_event(0, event)
-
-    completions = text_logprobs([ev])
+    completions = text_logprobs([event])
     top = completions["top_logprobs"][0]
     assert len(top) == 5
     assert completions["tokens"] == [f"bytes:\\x{tok.token_bytes(chosen)[0]:02x}"]
 
-    (chat_entry,) = chat_logprobs(ev)
+    (chat_entry,) = chat_logprobs(event.logprobs)
     assert chat_entry["bytes"] == list(tok.token_bytes(chosen))
     assert [c["bytes"] for c in chat_entry["top_logprobs"]] == [
         list(tok.token_bytes(t)) for t in candidates
@@ -45,6 +42,7 @@ def test_text_offsets_count_characters_not_byte_tokens() -> None:
     writer = EventWriter(tok, top_n=0)
     delta = RequestDelta("r", new_token_ids=ids, new_logprobs=[{i: -0.5} for i in ids])
     event = decode_event(writer.frames(delta)[0].split(b"data: ", 1)[1].strip())
-    out = text_logprobs([choice_event(0, event)])
+    assert isinstance(event, DeltaEvent)
+    out = text_logprobs([event])
     # a, then three byte tokens of 日 (all at offset 1), then b at offset 2
     assert out["text_offset"] == [0, 1, 1, 1, 2]

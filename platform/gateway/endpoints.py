@@ -1,0 +1,273 @@
+"""The two OpenAI endpoint kinds as types: `CHAT` (`/v1/chat/completions`) and `TEXT`
+(`/v1/completions`). Each owns what differs between them: how its body is parsed, how its
+job is built, how a full response and each stream chunk are written from the replica's wire
+events. `responses.py` drives them; nothing else asks which kind a request is.
+"""
+
+from __future__ import annotations
+
+import codecs
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from loraplex.platform.gateway import openai_schemas as oa
+from loraplex.platform.gateway.streaming import sse
+from loraplex.platform.gateway.tool_outputs import ToolStream, reads_tool_calls, tool_calls_of
+from loraplex.platform.tokenizing import display_bytes
+from loraplex.platform.wire import DeltaEvent, TokenLogprobs
+
+if TYPE_CHECKING:
+    from loraplex.platform.gateway.assets import ModelAssets
+    from loraplex.platform.gateway.completion import Job
+    from loraplex.platform.gateway.resolve import ResolvedModel
+
+
+def chat_logprobs(logprobs: list[TokenLogprobs] | None) -> list[dict[str, Any]]:
+    """Chat-style `logprobs.content` entries of some tokens."""
+    return [
+        oa.chat_logprobs_entry(lp.token, lp.logprob, [(t.token, t.logprob) for t in lp.top])
+        for lp in logprobs or ()
+    ]
+
+
+def text_logprobs(deltas: list[DeltaEvent], offset: int = 0) -> dict[str, Any]:
+    """Completions-style logprobs of some deltas (`text_offset` counted from `offset`)."""
+    out: dict[str, Any] = {
+        "tokens": [],
+        "token_logprobs": [],
+        "top_logprobs": [],
+        "text_offset": [],
+    }
+    pos = offset
+    chars = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for delta in deltas:
+        for lp in delta.logprobs or ():
+            out["tokens"].append(lp.token)
+            out["token_logprobs"].append(lp.logprob)
+            out["top_logprobs"].append({t.token: t.logprob for t in lp.top})
+            out["text_offset"].append(pos)
+            # offsets count characters of the text: a token that is part of a character
+            # moves the offset only once the character is complete
+            pos += len(chars.decode(display_bytes(lp.token)))
+    return out
+
+
+class StreamWriter(Protocol):
+    """One stream's SSE frames, written from wire events (state kept per stream)."""
+
+    def opening(self) -> bytes:
+        """Frames sent before the first event (the chat role chunks)."""
+        ...
+
+    def frame(self, index: int, delta: DeltaEvent | None, finish: str | None) -> bytes:
+        """The frames of one event of choice `index`: new output, or its finish reason."""
+        ...
+
+
+class Endpoint(Protocol):
+    """What differs between the chat and the text completions endpoints."""
+
+    @property
+    def name(self) -> str:
+        """"chat" or "text" (logs and metrics)."""
+        ...
+
+    @property
+    def chunk_object(self) -> str:
+        """The `object` of its stream chunks."""
+        ...
+
+    def parse(self, body: Any) -> Any:
+        """The validated request model of a parsed JSON body (400 on bad fields)."""
+        ...
+
+    def build_job(
+        self,
+        body: Any,
+        resolved: ResolvedModel,
+        assets: ModelAssets,
+        tenant_id: uuid.UUID,
+        api_key_id: uuid.UUID | None,
+        default_max_tokens: int,
+        model: str,
+    ) -> Job:
+        """Render, tokenize and check limits: the job to dispatch."""
+        ...
+
+    def response(
+        self, job: Job, per_choice: dict[int, list[DeltaEvent]], finishes: dict[int, str],
+        usage: dict[str, Any],
+    ) -> dict[str, Any]:  # fmt: skip
+        """The full (non-streamed) response object."""
+        ...
+
+    def stream_writer(self, job: Job) -> StreamWriter:
+        """A writer of this job's SSE frames."""
+        ...
+
+
+def _text(deltas: list[DeltaEvent]) -> str:
+    return "".join(d.text for d in deltas)
+
+
+@dataclass(frozen=True)
+class _Chat:
+    name: str = "chat"
+    chunk_object: str = "chat.completion.chunk"
+
+    def parse(self, body: Any) -> oa.ChatCompletionRequest:
+        return oa.parse_chat_request(body)
+
+    def build_job(self, body: Any, resolved: ResolvedModel, assets: ModelAssets,
+                  tenant_id: uuid.UUID, api_key_id: uuid.UUID | None, default_max_tokens: int,
+                  model: str) -> Job:  # fmt: skip
+        from loraplex.platform.gateway.completion import build_chat_job
+
+        return build_chat_job(
+            body, resolved, assets, tenant_id, api_key_id, default_max_tokens, model
+        )
+
+    def response(
+        self, job: Job, per_choice: dict[int, list[DeltaEvent]], finishes: dict[int, str],
+        usage: dict[str, Any],
+    ) -> dict[str, Any]:  # fmt: skip
+        choices = []
+        for i, got in per_choice.items():
+            finish, text = finishes.get(i, "stop"), _text(got)
+            lps = (
+                [e for d in got for e in chat_logprobs(d.logprobs)]
+                if job.top_n is not None
+                else None
+            )
+            choice: dict[str, Any] = {
+                "index": i,
+                "text": text,
+                "logprobs": lps,
+                "finish_reason": finish,
+            }
+            if job.tools is not None and reads_tool_calls(job.tools) and finish == "stop":
+                content, calls = tool_calls_of(job.tools, text)
+                if calls:
+                    choice.update(text=content, tool_calls=calls, finish_reason="tool_calls")
+            choices.append(choice)
+        return oa.chat_completion(job.cid, job.created, job.model, choices, usage)
+
+    def stream_writer(self, job: Job) -> StreamWriter:
+        return _ChatStream(job)
+
+
+class _ChatStream:
+    """Chat chunks: a role chunk per choice, content deltas, tool-call deltas when the
+    request has tools to read from the output (logprobs then ride on the last chunk)."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        plan = job.tools
+        self.tools = (
+            {i: ToolStream(plan) for i in range(job.n)}
+            if plan is not None and reads_tool_calls(plan)
+            else {}
+        )
+        self.held: dict[int, list[dict[str, Any]]] = {i: [] for i in range(job.n)}
+
+    def _chunk(self, index: int, delta: dict[str, Any], **kw: Any) -> bytes:
+        j = self.job
+        return sse(oa.chat_chunk(j.cid, j.created, j.model, index, delta,
+                                 with_usage_field=j.include_usage, **kw))  # fmt: skip
+
+    def opening(self) -> bytes:
+        return b"".join(
+            self._chunk(i, {"role": "assistant", "content": ""}) for i in range(self.job.n)
+        )
+
+    def frame(self, index: int, delta: DeltaEvent | None, finish: str | None) -> bytes:
+        text = delta.text if delta is not None else ""
+        lps = chat_logprobs(delta.logprobs) if delta is not None else []
+        if index in self.tools:
+            return self._tool_frames(index, text, lps, finish)
+        if not text and finish is None and not lps:
+            return b""
+        content = {"content": text} if text or finish is None else {}
+        shown = lps if self.job.top_n is not None else None
+        return self._chunk(index, content, logprobs=shown, finish_reason=finish)
+
+    def _tool_frames(
+        self, index: int, text: str, lps: list[dict[str, Any]], finish: str | None
+    ) -> bytes:
+        ts = self.tools[index]
+        if self.job.top_n is not None:
+            self.held[index] += lps
+        out = [self._chunk(index, d) for d in ts.deltas(text)]
+        if finish is not None:
+            deltas, reason = ts.finish(finish)
+            out += [self._chunk(index, d) for d in deltas]
+            held = self.held[index] if self.job.top_n is not None else None
+            out.append(self._chunk(index, {}, logprobs=held, finish_reason=reason))
+        return b"".join(out)
+
+
+@dataclass(frozen=True)
+class _Text:
+    name: str = "text"
+    chunk_object: str = "text_completion"
+
+    def parse(self, body: Any) -> oa.CompletionRequest:
+        return oa.parse_completion_request(body)
+
+    def build_job(self, body: Any, resolved: ResolvedModel, assets: ModelAssets,
+                  tenant_id: uuid.UUID, api_key_id: uuid.UUID | None, default_max_tokens: int,
+                  model: str) -> Job:  # fmt: skip
+        from loraplex.platform.gateway.completion import build_text_job
+
+        return build_text_job(
+            body, resolved, assets, tenant_id, api_key_id, default_max_tokens, model
+        )
+
+    def response(
+        self, job: Job, per_choice: dict[int, list[DeltaEvent]], finishes: dict[int, str],
+        usage: dict[str, Any],
+    ) -> dict[str, Any]:  # fmt: skip
+        choices = [
+            {
+                "index": i,
+                "text": _text(got),
+                "logprobs": text_logprobs(got) if job.top_n is not None else None,
+                "finish_reason": finishes.get(i, "stop"),
+            }
+            for i, got in per_choice.items()
+        ]
+        return oa.text_completion(job.cid, job.created, job.model, choices, usage)
+
+    def stream_writer(self, job: Job) -> StreamWriter:
+        return _TextStream(job)
+
+
+class _TextStream:
+    """Text chunks; logprob `text_offset`s continue across a choice's chunks."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.offsets = [0] * job.n
+
+    def opening(self) -> bytes:
+        return b""
+
+    def frame(self, index: int, delta: DeltaEvent | None, finish: str | None) -> bytes:
+        text = delta.text if delta is not None else ""
+        has_lps = delta is not None and bool(delta.logprobs)
+        if not text and finish is None and not has_lps:
+            return b""
+        j = self.job
+        lps = None
+        if j.top_n is not None:
+            lps = text_logprobs([delta] if delta is not None else [], self.offsets[index])
+        self.offsets[index] += len(text)
+        return sse(oa.text_chunk(j.cid, j.created, j.model, index, text, logprobs=lps,
+                                 finish_reason=finish, with_usage_field=j.include_usage))  # fmt: skip
+
+
+CHAT: Endpoint = _Chat()
+TEXT: Endpoint = _Text()
+
+__all__ = ["CHAT", "TEXT", "Endpoint", "StreamWriter", "chat_logprobs", "text_logprobs"]

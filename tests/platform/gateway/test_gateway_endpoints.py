@@ -1,0 +1,69 @@
+"""The endpoint kinds write OpenAI chunks straight from the replica's wire events: the replica
+detokenizes and applies stop strings, so text and logprob token strings pass through
+unchanged; a finish writes the finish chunk; chat opens with a role chunk per choice."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from loraplex.platform.gateway.completion import Job
+from loraplex.platform.gateway.endpoints import CHAT, TEXT, Endpoint
+from loraplex.platform.wire import DeltaEvent, SamplingOptions, TokenLogprobs, TopLogprob
+
+LP = TokenLogprobs(
+    token_id=7,
+    token=" cat",
+    logprob=-0.5,
+    top=[TopLogprob(token_id=7, token=" cat", logprob=-0.5),
+         TopLogprob(token_id=9, token=" dog", logprob=-1.5)],
+)  # fmt: skip
+
+
+def _job(endpoint: Endpoint, n: int = 1, top_n: int | None = 2) -> Job:
+    return Job(
+        endpoint, "m", None, [1, 2], 8, n, top_n, SamplingOptions(), uuid.uuid4(), None,  # type: ignore[arg-type]  # no resolution needed to write chunks
+        True, False, cid="x-1",
+    )  # fmt: skip
+
+
+def _chunks(raw: bytes) -> list[dict]:
+    return [json.loads(f[6:]) for f in raw.split(b"\n\n") if f]
+
+
+def test_chat_delta_passes_text_and_logprobs_through() -> None:
+    writer = CHAT.stream_writer(_job(CHAT, n=2))
+    assert [c["choices"][0]["delta"] for c in _chunks(writer.opening())] == [
+        {"role": "assistant", "content": ""}
+    ] * 2
+    (chunk,) = _chunks(
+        writer.frame(1, DeltaEvent(token_ids=[7, 8], text=" cat sat", logprobs=[LP]), None)
+    )
+    choice = chunk["choices"][0]
+    assert (choice["index"], choice["delta"], choice["finish_reason"]) == (
+        1,
+        {"content": " cat sat"},
+        None,
+    )
+    (entry,) = choice["logprobs"]["content"]
+    assert entry["token"] == " cat"
+    assert [(t["token"], t["logprob"]) for t in entry["top_logprobs"]] == [
+        (" cat", -0.5),
+        (" dog", -1.5),
+    ]
+    (done,) = _chunks(writer.frame(1, None, "stop"))
+    assert done["choices"][0]["finish_reason"] == "stop" and done["choices"][0]["delta"] == {}
+
+
+def test_text_chunks_carry_offsets_across_a_choice() -> None:
+    writer = TEXT.stream_writer(_job(TEXT))
+    assert writer.opening() == b""
+    first = _chunks(writer.frame(0, DeltaEvent(token_ids=[7], text=" cat", logprobs=[LP]), None))[0]
+    second = _chunks(writer.frame(0, DeltaEvent(token_ids=[7], text=" cat", logprobs=[LP]), None))[
+        0
+    ]
+    assert first["choices"][0]["text"] == " cat"
+    assert first["choices"][0]["logprobs"]["text_offset"] == [0]
+    assert second["choices"][0]["logprobs"]["text_offset"] == [4]
+    assert second["choices"][0]["logprobs"]["top_logprobs"] == [{" cat": -0.5, " dog": -1.5}]
+    assert writer.frame(0, DeltaEvent(token_ids=[], text=""), None) == b""
