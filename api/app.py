@@ -13,6 +13,7 @@ from loraplex.platform.http_errors import install_error_handlers
 from loraplex.platform.jobs.celery_app import create_celery
 from loraplex.platform.jobs.dispatch import CeleryDispatcher
 from loraplex.platform.loop_watch import log_stalls
+from loraplex.platform.services.auth_events import install_commit_hook
 from loraplex.platform.settings import Settings
 
 from .console import install_console
@@ -55,6 +56,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.loop_stall_log_ms is not None:
         log_stalls(settings.loop_stall_log_ms)
     app.state.sessions = make_sessionmaker(settings.database_url) if settings.database_url else None
+    if settings.gateway_redis_url():
+        install_commit_hook(settings)  # revocations reach every gateway's key cache at once
     app.state.dispatcher = (
         CeleryDispatcher(create_celery(settings), settings.celery_queue)
         if settings.broker_url

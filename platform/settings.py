@@ -136,6 +136,9 @@ class Settings(BaseSettings):
     usage_flush_interval_s: float = 1.0
     usage_batch_size: int = 200
     resolve_cache_ttl_s: float = 2.0
+    # How long a gateway trusts a key it verified when no revocation is announced (they are
+    # announced through Redis at once: `services/auth_events.py`); 0: verify every request.
+    api_key_cache_ttl_s: float = Field(default=10.0, ge=0.0, le=300.0)
     # When an adapter version turns ready, warm it into the host tier of this many of the
     # replicas its first request could go to (`gateway/adapter_warmer.py`); 0: off.
     warm_replicas: int = Field(default=2, ge=0, le=64)

@@ -18,14 +18,23 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from loraplex.platform.gateway.adapter_warmer import AdapterWarmer
 from loraplex.platform.gateway.assets import AssetCache, ModelAssets
+from loraplex.platform.gateway.key_cache import KeyCache
 from loraplex.platform.gateway.ratelimit import RateLimiter
 from loraplex.platform.gateway.replica_client import ReplicaClient
 from loraplex.platform.gateway.replicas import ReplicaRegistry
 from loraplex.platform.gateway.resolve import ModelResolver, ResolvedModel
 from loraplex.platform.gateway.router import Router
-from loraplex.platform.gateway.streaming import drain_background
+from loraplex.platform.gateway.streaming import drain_background, spawn
 from loraplex.platform.gateway.text_work import TextWorkers
 from loraplex.platform.gateway.usage import UsageRecorder
+from loraplex.platform.services.api_keys import (
+    KEY_PREFIX,
+    MAX_KEY_CHARS,
+    KeyUse,
+    hash_key,
+    touch_key_use,
+    use_api_key,
+)
 from loraplex.platform.settings import Settings
 from loraplex.platform.tokenizing import TOKENIZER_FILES
 
@@ -93,6 +102,7 @@ class Gateway:
             interval_s=settings.usage_flush_interval_s,
         )
         self.assets = AssetCache()
+        self.keys = KeyCache(redis, settings.api_key_cache_ttl_s)
         self.text = TextWorkers(settings.text_workers, settings.text_queue_limit)
 
     @classmethod
@@ -131,6 +141,24 @@ class Gateway:
         await self.redis.aclose()
         self.text.close()
 
+    async def key_use(self, token: str) -> KeyUse | None:
+        """The live key `token` and its tenant's limits (None: unknown or revoked; raises
+        `TenantSuspended`): from the key cache, else verified (and its use recorded) in the
+        database, off the event loop."""
+        if not token.startswith(KEY_PREFIX) or len(token) > MAX_KEY_CHARS:
+            return None  # not one of ours: no query
+        digest = hash_key(token)
+        generation = await self.keys.generation()
+        use = self.keys.get(digest, generation)
+        if use is not None:
+            if self.keys.due_for_touch(digest):
+                spawn(asyncio.to_thread(touch_key_use, self.session_factory, use.key_id))
+            return use
+        use = await asyncio.to_thread(use_api_key, self.session_factory, token)
+        if use is not None:
+            self.keys.put(digest, generation, use)
+        return use
+
     def _locate(self, resolved: ResolvedModel) -> Path:
         if self._s3_factory is None:
             raise RuntimeError("no object storage configured to fetch the model's tokenizer")
@@ -141,6 +169,8 @@ class Gateway:
 
     async def model_assets(self, resolved: ResolvedModel) -> ModelAssets:
         """Tokenizer, template and limits of the base model behind `resolved`."""
-        return await asyncio.to_thread(
-            self.assets.get, str(resolved.base_model_id), lambda: self._locate(resolved)
-        )
+        key = str(resolved.base_model_id)
+        loaded = self.assets.loaded(key)
+        if loaded is not None:
+            return loaded  # the common case: no thread hop
+        return await asyncio.to_thread(self.assets.get, key, lambda: self._locate(resolved))

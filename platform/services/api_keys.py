@@ -14,11 +14,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from loraplex.platform.db.models import ApiKey
 
 from . import audit
+from .auth_events import mark_auth_changed
 from .errors import InvalidInput, NotFound, TenantSuspended
 from .names import check_label
 from .tenants import get_tenant
 
 KEY_PREFIX = "lp_"
+MAX_KEY_CHARS = 256  # longer is not a key of ours: refused without a query
 PREFIX_CHARS = 12
 # A key's `last_used_at` is at most this old (the console shows it); the guarded UPDATE below
 # writes a hot key's row at most about once per interval.
@@ -89,7 +91,7 @@ def list_api_keys(session: Session, tenant_id: uuid.UUID) -> list[ApiKey]:
 def verify_api_key(session: Session, plain: str) -> ApiKey | None:
     """The live (not revoked) key matching `plain`, or None; `TenantSuspended` (403) when its
     tenant is suspended (the tenant comes in the same query)."""
-    if not plain.startswith(KEY_PREFIX) or len(plain) > 256:
+    if not plain.startswith(KEY_PREFIX) or len(plain) > MAX_KEY_CHARS:
         return None
     stmt = select(ApiKey).where(ApiKey.key_hash == hash_key(plain), ApiKey.revoked_at.is_(None))
     key = session.scalars(stmt).one_or_none()
@@ -133,6 +135,15 @@ def use_api_key(sessions: sessionmaker[Session], plain: str) -> KeyUse | None:
         )
 
 
+def touch_key_use(sessions: sessionmaker[Session], key_id: uuid.UUID) -> None:
+    """Record the use of a key the gateway verified from its cache (off the event loop; the
+    UPDATE is guarded as in `touch_last_used`)."""
+    now = datetime.now(UTC)
+    stale = or_(ApiKey.last_used_at.is_(None), ApiKey.last_used_at < now - TOUCH_INTERVAL)
+    with sessions() as session, session.begin():
+        session.execute(update(ApiKey).where(ApiKey.id == key_id, stale).values(last_used_at=now))
+
+
 def touch_last_used(session: Session, key: ApiKey) -> None:
     """Record use, at most once per TOUCH_INTERVAL per key, so hot keys do not write on every
     request (the UPDATE is guarded too: concurrent requests of one key write once)."""
@@ -151,6 +162,7 @@ def revoke_api_key(
     key = session.get(ApiKey, key_id, with_for_update=True)
     if key is None:
         raise NotFound(f"no API key with id {key_id}", code="api_key_not_found")
+    mark_auth_changed(session)
     if key.revoked_at is None:
         key.revoked_at = datetime.now(UTC)
         audit.record(

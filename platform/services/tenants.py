@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from loraplex.platform.db.models import Adapter, Tenant
 
 from . import audit
+from .auth_events import mark_auth_changed
 from .errors import Conflict, InvalidInput, NotFound
 from .names import check_display_name
 
@@ -95,6 +96,7 @@ def update_limits(
         raise NotFound(f"no tenant with id {tenant_id}", code="tenant_not_found")
     for field, value in values.items():
         setattr(tenant, field, value)
+    mark_auth_changed(session)
     session.flush()
     audit.record(
         session,
@@ -132,6 +134,7 @@ def set_suspended(
     if suspended == (tenant.suspended_at is not None):
         return tenant
     tenant.suspended_at = datetime.now(UTC) if suspended else None
+    mark_auth_changed(session)
     session.flush()
     audit.record(
         session,
@@ -160,6 +163,7 @@ def delete_tenant(session: Session, tenant_id: uuid.UUID, *, actor: str = audit.
         )
     name = tenant.name
     session.delete(tenant)
+    mark_auth_changed(session)
     session.flush()
     audit.record(
         session,

@@ -1,0 +1,85 @@
+"""The gateway verifies an API key against PostgreSQL once, then from its own cache: a
+request with a known key costs no database query. A revocation, a suspension or new limits
+reach every gateway on the very next request (the change bumps a generation in Redis when its
+transaction commits), not after the cache's TTL."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import event
+
+from loraplex.platform.db.session import get_engine, make_sessionmaker, session_scope
+from loraplex.platform.services import tenants
+
+
+@pytest.fixture()
+def key_queries(cp_settings: Any) -> Iterator[list[str]]:
+    """SQL statements of this process that read the api_keys table, as they run."""
+    seen: list[str] = []
+    engine = get_engine(cp_settings.database_url)
+
+    def note(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "FROM api_keys" in statement:
+            seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+
+
+def _tenant_with_key(client: TestClient, admin: dict[str, str]) -> tuple[str, str, dict]:
+    t = client.post("/admin/v1/tenants", headers=admin, json={"name": f"kc-{uuid.uuid4().hex[:8]}"})
+    assert t.status_code == 201, t.text
+    k = client.post(
+        f"/admin/v1/tenants/{t.json()['id']}/api-keys", headers=admin, json={"name": "k"}
+    )
+    assert k.status_code == 201, k.text
+    return t.json()["id"], k.json()["id"], {"Authorization": f"Bearer {k.json()['key']}"}
+
+
+def test_a_known_key_costs_no_database_query(
+    client: TestClient, admin_headers: dict[str, str], key_queries: list[str]
+) -> None:
+    _, _, headers = _tenant_with_key(client, admin_headers)
+    assert client.get("/v1/limits", headers=headers).status_code == 200
+    first = len(key_queries)
+    assert first >= 1
+    for _ in range(5):
+        assert client.get("/v1/limits", headers=headers).status_code == 200
+    assert len(key_queries) == first
+
+
+def test_revocation_applies_on_the_next_request(
+    client: TestClient, admin_headers: dict[str, str]
+) -> None:
+    _, key_id, headers = _tenant_with_key(client, admin_headers)
+    assert client.get("/v1/limits", headers=headers).status_code == 200
+    assert client.delete(f"/admin/v1/api-keys/{key_id}", headers=admin_headers).status_code == 200
+    refused = client.get("/v1/limits", headers=headers)
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_suspension_and_new_limits_apply_on_the_next_request(
+    client: TestClient, admin_headers: dict[str, str], cp_settings: Any
+) -> None:
+    tenant_id, _, headers = _tenant_with_key(client, admin_headers)
+    assert client.get("/v1/limits", headers=headers).status_code == 200
+    changed = client.patch(
+        f"/admin/v1/tenants/{tenant_id}", headers=admin_headers, json={"requests_per_minute": 7}
+    )
+    assert changed.status_code == 200, changed.text
+    limits = client.get("/v1/limits", headers=headers).json()
+    assert limits["requests_per_minute"]["limit"] == 7
+    with session_scope(make_sessionmaker(cp_settings.database_url)) as session:
+        tenants.set_suspended(session, uuid.UUID(tenant_id), True)
+    refused = client.get("/v1/limits", headers=headers)
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "tenant_suspended"
