@@ -4,7 +4,8 @@ version turns ready, so that request pays no fetch from object storage.
 The validation worker announces each ready version on `READY_CHANNEL`
 (`services.resolution_events`); every gateway listens, resolves the version as its tenant
 would call it (`NAME:N`), asks its router for the best candidates (as for a request; up to
-`warm_replicas` of them) and sends each `POST /adapters/warm`. A replica fetches into its host
+`warm_replicas` of them) and sends each `POST /adapters/warm`. Both `NAME:N` and `NAME` are
+resolved on the way, so the first request finds its resolution cached. A replica fetches into its host
 tier and never evicts for it (it answers "full" instead), so warming is bounded by the
 replicas' adapter memory. The router then scores a warmed replica as near-resident, so the
 first request goes where the weights are. Best effort throughout: a lost announcement or a
@@ -121,6 +122,9 @@ class AdapterWarmer:
                 return []
             tenant_id, model = found
             resolved = await self._resolver.resolve(self._sessions, tenant_id, model)
+            # The bare name is what most first requests call: have its resolution cached too.
+            with contextlib.suppress(Exception):
+                await self._resolver.resolve(self._sessions, tenant_id, model.split(":")[0])
             ref, key = adapter_ref(resolved, tenant_id), resolved.adapter_key
             if ref is None or key is None:
                 return []

@@ -69,6 +69,11 @@ class AssetCache:
         self._assets: dict[str, ModelAssets] = {}
         self._loading: dict[str, threading.Lock] = {}
 
+    def loaded(self, key: str) -> ModelAssets | None:
+        """The assets for `key` if already loaded (never loads: safe on the event loop)."""
+        with self._lock:
+            return self._assets.get(key)
+
     def get(self, key: str, locate: Callable[[], Path]) -> ModelAssets:
         """The assets for `key`, loading them from `locate()` the first time."""
         with self._lock:
