@@ -121,6 +121,8 @@ class BodyLimitMiddleware:
                         if declared > limit
                         else "Invalid Content-Length header.",
                         code="request_too_large" if declared > limit else "invalid_request",
+                        # the body is never read: close rather than go on receiving it
+                        headers={"connection": "close"},
                     )
                     await response(scope, receive, send)
                     return

@@ -139,6 +139,10 @@ class Settings(BaseSettings):
     # How long a gateway trusts a key it verified when no revocation is announced (they are
     # announced through Redis at once: `services/auth_events.py`); 0: verify every request.
     api_key_cache_ttl_s: float = Field(default=10.0, ge=0.0, le=300.0)
+    # A tenant past its rate limit or quota gets its 429 after this pause (at most
+    # `rate_limited_held` held per tenant; `gateway/refusal_pause.py`); 0: at once.
+    rate_limited_delay_s: float = Field(default=0.5, ge=0.0, le=10.0)
+    rate_limited_held: int = Field(default=32, ge=0)
     # When an adapter version turns ready, warm it into the host tier of this many of the
     # replicas its first request could go to (`gateway/adapter_warmer.py`); 0: off.
     warm_replicas: int = Field(default=2, ge=0, le=64)

@@ -246,12 +246,32 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, Any])
             await gone
 
 
+UNREAD_BODY_CLOSE_BYTES = 64 * 1024
+
+
+async def _refused(gw: Gateway, request: Request, exc: HttpError, tenant: str) -> None:
+    """Before a 429 goes out: the tenant's pause (`refusal_pause.py`), and, when a large body
+    is still unread, `connection: close`, so the API does not go on receiving it."""
+    await gw.refusals.pause(tenant)
+    length = request.headers.get("content-length")
+    chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
+    if chunked or (
+        length is not None and length.isdigit() and int(length) > UNREAD_BODY_CLOSE_BYTES
+    ):
+        exc.headers = {**exc.headers, "connection": "close"}
+
+
 async def _run(request: Request, endpoint: Endpoint, adapter: str | None) -> Response:
     gw = _gateway(request)
     caller = await _authenticate(gw, request)
     tenant_id, key_id, limits = caller.tenant_id, caller.key_id, caller.limits
     # Limits first: a request over them costs no parsing, templating or tokenizing.
-    admitted = await gw.limiter.admit(str(tenant_id), limits)
+    try:
+        admitted = await gw.limiter.admit(str(tenant_id), limits)
+    except HttpError as exc:
+        if exc.status == 429:
+            await _refused(gw, request, exc, str(tenant_id))
+        raise
     request.state.response_headers = admitted.headers()
     parsed, size = await _parsed_body(gw, request, endpoint, adapter, str(tenant_id))
     model = adapter if adapter is not None else parsed.model
@@ -265,9 +285,14 @@ async def _run(request: Request, endpoint: Endpoint, adapter: str | None) -> Res
         job = endpoint.build_job(*args)
     else:
         job = await gw.text.run_for(str(tenant_id), endpoint.build_job, *args)
-    job.limit = await gw.limiter.acquire_tokens(
-        str(tenant_id), len(job.prompt_ids) + job.n * job.max_tokens, limits
-    )
+    try:
+        job.limit = await gw.limiter.acquire_tokens(
+            str(tenant_id), len(job.prompt_ids) + job.n * job.max_tokens, limits
+        )
+    except HttpError as exc:
+        if exc.status == 429:
+            await gw.refusals.pause(str(tenant_id))
+        raise
     headers = job.limit.headers()
     request.state.response_headers = headers  # errors from here on carry them too
     if not job.stream:

@@ -20,6 +20,7 @@ from loraplex.platform.gateway.adapter_warmer import AdapterWarmer
 from loraplex.platform.gateway.assets import AssetCache, ModelAssets
 from loraplex.platform.gateway.key_cache import KeyCache
 from loraplex.platform.gateway.ratelimit import RateLimiter
+from loraplex.platform.gateway.refusal_pause import RefusalPause
 from loraplex.platform.gateway.replica_client import ReplicaClient
 from loraplex.platform.gateway.replicas import ReplicaRegistry
 from loraplex.platform.gateway.resolve import ModelResolver, ResolvedModel
@@ -103,6 +104,7 @@ class Gateway:
         )
         self.assets = AssetCache()
         self.keys = KeyCache(redis, settings.api_key_cache_ttl_s)
+        self.refusals = RefusalPause(settings.rate_limited_delay_s, settings.rate_limited_held)
         self.text = TextWorkers(settings.text_workers, settings.text_queue_limit)
 
     @classmethod

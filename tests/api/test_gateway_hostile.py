@@ -204,3 +204,56 @@ def test_upload_over_the_tenants_limit_is_refused_before_the_body(stack: Stack) 
     )
     with _raw_request(stack.api.url, head) as sock:
         assert _read_status(sock, timeout=10) == 429
+
+
+def test_a_tenant_over_its_limit_is_answered_slowly(stack: Stack) -> None:
+    """A tenant past its requests per minute gets its 429s after a pause (a flood of refused
+    requests from it spends a fraction of the API's CPU a prompt 429 would), and a tenant
+    within its limits never waits for it."""
+    key = _tenant_key(stack, requests_per_minute=1)
+    body = {"model": stack.base, "prompt": "hi", "max_tokens": 1}
+    httpx.post(f"{stack.api.url}/v1/completions", json=body, headers=_auth(key), timeout=30)
+    waits = []
+    for _ in range(3):
+        started = time.monotonic()
+        r = httpx.post(f"{stack.api.url}/v1/completions", json=body, headers=_auth(key), timeout=30)
+        waits.append(time.monotonic() - started)
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["code"] == "rate_limit_exceeded"
+    pause = stack.settings.rate_limited_delay_s
+    assert pause > 0 and min(waits) >= 0.8 * pause, waits
+    started = time.monotonic()
+    r = httpx.get(f"{stack.api.url}/v1/limits", headers=_auth(stack.key_a), timeout=30)
+    assert r.status_code == 200 and time.monotonic() - started < pause
+
+
+def test_a_refused_large_body_closes_the_connection(stack: Stack) -> None:
+    """A 429 sent before a large body was read closes the connection: the API does not spend
+    its time receiving bytes it already refused."""
+    key = _tenant_key(stack, requests_per_minute=1)
+    body = {"model": stack.base, "prompt": "hi", "max_tokens": 1}
+    httpx.post(f"{stack.api.url}/v1/completions", json=body, headers=_auth(key), timeout=30)
+    size = min(2 * 1024 * 1024, stack.settings.max_request_bytes // 2)
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {size}\r\n\r\n"
+    )
+    with _raw_request(stack.api.url, head) as sock:
+        sock.settimeout(10)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(4096)
+            assert chunk, data
+            data += chunk
+        head_lines = data.split(b"\r\n\r\n")[0].lower()
+        assert head_lines.startswith(b"http/1.1 429"), head_lines
+        assert b"connection: close" in head_lines, head_lines
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the server closes it; nothing more comes
+            try:
+                if not sock.recv(65536):
+                    break
+            except ConnectionResetError:
+                break
+        else:
+            raise AssertionError("the connection stayed open")
