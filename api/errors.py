@@ -92,9 +92,23 @@ class ControlCharacterGuard:
         await self.app(scope, receive, send)
 
 
+UNREAD_BODY_CLOSE_BYTES = 64 * 1024
+
+
+def _declared_large(scope: Scope) -> bool:
+    """Whether the request declares a body past `UNREAD_BODY_CLOSE_BYTES` (or a chunked one)."""
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            return value.isdigit() and int(value) > UNREAD_BODY_CLOSE_BYTES
+        if name == b"transfer-encoding" and b"chunked" in value.lower():
+            return True
+    return False
+
+
 class BodyLimitMiddleware:
     """Refuse bodies over a per-route limit with 413: by Content-Length up front, and by
-    counting bytes as they arrive (chunked uploads)."""
+    counting bytes as they arrive (chunked uploads). An answer that goes out before a large
+    body was read closes the connection."""
 
     def __init__(self, app: ASGIApp, limit_for: Callable[[str, str], int | None]):
         self.app = app
@@ -127,14 +141,25 @@ class BodyLimitMiddleware:
                     await response(scope, receive, send)
                     return
         seen = 0
+        received_all = False
 
         async def limited_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, received_all
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                received_all = not message.get("more_body", False)
                 if seen > limit:
                     raise BodyTooLarge(limit)
             return message
 
-        await self.app(scope, limited_receive, send)
+        big = _declared_large(scope)
+
+        async def closing_send(message: Message) -> None:
+            # An answer sent before a large body was read (a 429, a 401): close the connection
+            # rather than go on receiving bytes nobody will read.
+            if message["type"] == "http.response.start" and big and not received_all:
+                message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
+            await send(message)
+
+        await self.app(scope, limited_receive, closing_send)

@@ -246,21 +246,6 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, Any])
             await gone
 
 
-UNREAD_BODY_CLOSE_BYTES = 64 * 1024
-
-
-async def _refused(gw: Gateway, request: Request, exc: HttpError, tenant: str) -> None:
-    """Before a 429 goes out: the tenant's pause (`refusal_pause.py`), and, when a large body
-    is still unread, `connection: close`, so the API does not go on receiving it."""
-    await gw.refusals.pause(tenant)
-    length = request.headers.get("content-length")
-    chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
-    if chunked or (
-        length is not None and length.isdigit() and int(length) > UNREAD_BODY_CLOSE_BYTES
-    ):
-        exc.headers = {**exc.headers, "connection": "close"}
-
-
 async def _run(request: Request, endpoint: Endpoint, adapter: str | None) -> Response:
     gw = _gateway(request)
     caller = await _authenticate(gw, request)
@@ -269,8 +254,8 @@ async def _run(request: Request, endpoint: Endpoint, adapter: str | None) -> Res
     try:
         admitted = await gw.limiter.admit(str(tenant_id), limits)
     except HttpError as exc:
-        if exc.status == 429:
-            await _refused(gw, request, exc, str(tenant_id))
+        if exc.status == 429:  # the pause (`refusal_pause.py`); an unread body: closed
+            await gw.refusals.pause(str(tenant_id))
         raise
     request.state.response_headers = admitted.headers()
     parsed, size = await _parsed_body(gw, request, endpoint, adapter, str(tenant_id))
