@@ -1,8 +1,12 @@
-"""Drives one EngineCore from asyncio: requests join and leave only between steps.
+"""Drives one EngineCore from a thread of its own; the replica's asyncio server talks to it.
 
-Between steps the loop applies queued adds and aborts on the event loop (so the engine is never
-touched by two threads), then runs `EngineCore.step` in a worker thread and hands each delta to
-its request's queue. The replica's HTTP API (`server.py`) sits on top of it.
+The stepping thread is the only one that changes the engine: between steps it applies the
+adds, aborts and warms the server queued, then runs `EngineCore.step` and hands the step's
+deltas to the event loop in one call (`call_soon_threadsafe`), where each lands in its
+request's queue. Steps follow each other without waiting for the event loop: a loop busy
+writing the last step's frames to 64 streams no longer holds back the next step, and every
+step runs on one thread (one OpenMP team, as offline). The replica's HTTP API (`server.py`)
+sits on top of it.
 """
 
 from __future__ import annotations
@@ -10,10 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from loraplex.platform.engine.outputs import RequestDelta
 from loraplex.platform.engine.ports import ServedEngine
 from loraplex.platform.engine.sampling_params import SamplingParams
 
@@ -41,39 +48,47 @@ class PendingWarm:
 
 
 ABORTED_KEPT = 4096
+IDLE_POLL_S = 0.005  # requests waiting on something else (an adapter load): look again soon
+STOP_WAIT_S = 30.0
 
 
 class EngineLoop:
-    """Drives one EngineCore from asyncio; owns the per-request delta queues."""
+    """Runs one engine's steps on a thread of its own; owns the per-request delta queues
+    (event-loop side)."""
 
     def __init__(self, core: ServedEngine) -> None:
         self.core = core
         self.queues: dict[str, asyncio.Queue] = {}
+        self._lock = threading.Lock()  # guards the pending lists and `_computed_at_abort`
         self._adds: list[PendingAdd] = []
         self._aborts: list[str] = []
         self._warms: list[PendingWarm] = []
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         # Prompt tokens computed by requests at their abort, kept a while for `/abort` calls
         # that arrive after the replica saw the client go (bounded: oldest dropped first).
         self._computed_at_abort: OrderedDict[str, int] = OrderedDict()
         self.error: str | None = None
 
     def start(self) -> None:
-        """Start the background task."""
-        self._task = asyncio.create_task(self._run())
+        """Start the stepping thread (call from the event loop that serves the requests)."""
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="engine-steps", daemon=True)
+        self._thread.start()
 
     async def stop(self) -> None:
-        """Stop the background task."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        """Stop the stepping thread after its current step."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, STOP_WAIT_S)
 
     @property
     def alive(self) -> bool:
-        """True while the loop task runs."""
-        return self._task is not None and not self._task.done()
+        """True while the stepping thread runs."""
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
 
     async def add(self, add: PendingAdd) -> asyncio.Queue:
         """Queue a request for the next step boundary; raises what `add_request` raises."""
@@ -81,8 +96,7 @@ class EngineLoop:
             raise KeyError(add.request_id)
         queue: asyncio.Queue = asyncio.Queue()
         self.queues[add.request_id] = queue
-        self._adds.append(add)
-        self._wake.set()
+        self._post(self._adds, add)
         try:
             await add.done
         except BaseException:
@@ -94,16 +108,14 @@ class EngineLoop:
         """Warm `adapter` at the next step boundary (`ServedEngine.warm_adapter`'s answer);
         raises what it raises."""
         pending = PendingWarm(adapter)
-        self._warms.append(pending)
-        self._wake.set()
+        self._post(self._warms, pending)
         return await pending.done
 
     def abort(self, request_id: str) -> bool:
         """Ask for an abort at the next step boundary; False for an unknown id."""
         if request_id not in self.queues:
             return False
-        self._aborts.append(request_id)
-        self._wake.set()
+        self._post(self._aborts, request_id)
         return True
 
     def computed_prompt_tokens(self, request_id: str) -> int | None:
@@ -112,66 +124,102 @@ class EngineLoop:
             live = self.core.computed_prompt_tokens(request_id)
             if live is not None:
                 return live
-        return self._computed_at_abort.get(request_id)
+        with self._lock:
+            return self._computed_at_abort.get(request_id)
+
+    def _post(self, pending: list[Any], item: Any) -> None:
+        with self._lock:
+            pending.append(item)
+        self._wake.set()
+
+    # ---------------------------------------------------------------- the stepping thread
+
+    def _on_loop(self, fn: Any, *args: Any) -> None:
+        """Run `fn(*args)` on the event loop (from the stepping thread)."""
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # the event loop is closing
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _settle(self, fut: asyncio.Future, value: Any, exc: BaseException | None) -> None:
+        if not fut.done():  # else the server stopped waiting
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(value)
+
+    def _settle_add(self, add: PendingAdd, exc: BaseException | None) -> None:
+        if add.done.done():  # the client left before the add landed: drop the request
+            if exc is None:
+                self._post(self._aborts, add.request_id)
+            return
+        self._settle(add.done, None, exc)
 
     def _apply_pending(self) -> None:
-        warms, self._warms = self._warms, []
+        with self._lock:
+            warms, self._warms = self._warms, []
+            adds, self._adds = self._adds, []
+            aborts, self._aborts = self._aborts, []
         for w in warms:
             try:
                 outcome = self.core.warm_adapter(w.adapter)
             except Exception as exc:  # handed to the waiting handler, which answers 4xx
-                if not w.done.done():
-                    w.done.set_exception(exc)
+                self._on_loop(self._settle, w.done, None, exc)
                 continue
-            if not w.done.done():
-                w.done.set_result(outcome)
-        adds, self._adds = self._adds, []
+            self._on_loop(self._settle, w.done, outcome, None)
         for a in adds:
             try:
                 self.core.add_request(a.prompt, a.params, a.request_id, a.adapter, a.cache_salt)
             except Exception as exc:  # handed to the waiting handler, which answers 4xx
-                if not a.done.done():
-                    a.done.set_exception(exc)
+                self._on_loop(self._settle_add, a, exc)
                 continue
-            if not a.done.done():
-                a.done.set_result(None)
-            else:  # the client left before the add landed
-                self._aborts.append(a.request_id)
-        aborts, self._aborts = self._aborts, []
+            self._on_loop(self._settle_add, a, None)
         for rid in aborts:
             computed = self.core.computed_prompt_tokens(rid)
             if self.core.abort_request(rid) and computed is not None:
-                self._computed_at_abort[rid] = computed
-                while len(self._computed_at_abort) > ABORTED_KEPT:
-                    self._computed_at_abort.popitem(last=False)
+                with self._lock:
+                    self._computed_at_abort[rid] = computed
+                    while len(self._computed_at_abort) > ABORTED_KEPT:
+                        self._computed_at_abort.popitem(last=False)
 
-    async def _run(self) -> None:
-        while True:
+    def _run(self) -> None:
+        while not self._stopping:
             self._apply_pending()
             if not self.core.has_unfinished():
+                self._wake.wait()
                 self._wake.clear()
-                if not self._adds and not self._aborts:
-                    await self._wake.wait()
                 continue
             try:
-                deltas = await asyncio.to_thread(self.core.step)
+                deltas = self.core.step()
             except Exception as exc:  # keep serving: fail the live requests, free their blocks
                 log.exception("engine step failed")
                 self.error = f"engine step failed: {exc}"
-                for rid, q in list(self.queues.items()):
+                failed = list(self.queues)  # a copy under the GIL: the loop may be adding
+                for rid in failed:
                     self.core.abort_request(rid)
-                    q.put_nowait(exc)
+                self._on_loop(self._fail, failed, exc)
                 continue
-            for d in deltas:
-                out = self.queues.get(d.request_id)
-                if out is not None:
-                    out.put_nowait(d)
-                    if d.finished:
-                        self.queues.pop(d.request_id, None)
-            if not deltas and self.core.last_num_scheduled_tokens == 0:
-                await self._idle_wait()  # requests wait on something else (an adapter load)
+            if deltas:
+                self._on_loop(self._deliver, deltas)
+            elif self.core.last_num_scheduled_tokens == 0:
+                self._wake.wait(IDLE_POLL_S)
+                self._wake.clear()
+        with self._lock:  # stopping: the aborts asked for still free their requests
+            aborts, self._aborts = self._aborts, []
+        for rid in aborts:
+            self.core.abort_request(rid)
 
-    async def _idle_wait(self, seconds: float = 0.005) -> None:
-        self._wake.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
+    # ---------------------------------------------------------------- the event loop's side
+
+    def _deliver(self, deltas: Sequence[RequestDelta]) -> None:
+        for d in deltas:
+            out = self.queues.get(d.request_id)
+            if out is not None:
+                out.put_nowait(d)
+                if d.finished:
+                    self.queues.pop(d.request_id, None)
+
+    def _fail(self, request_ids: list[str], exc: Exception) -> None:
+        for rid in request_ids:
+            q = self.queues.pop(rid, None)
+            if q is not None:
+                q.put_nowait(exc)
