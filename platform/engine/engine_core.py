@@ -156,6 +156,14 @@ class EngineCore:
         """Plug in the multi-LoRA runtime (`ports.LoraRuntimeProtocol`): it resolves adapter
         references, builds each step's LoRA metadata, and its admission policy gates the
         scheduler."""
+        budget = self.config.expert_lora_memory_bytes
+        if budget is not None:  # the config's expert-LoRA byte budget over the runtime's default
+            experts = getattr(runtime, "experts", None)
+            if experts is None:
+                raise ValueError(
+                    f"expert_lora_memory_bytes is set but {self.model_id} has no MoE experts"
+                )
+            experts.capacity_bytes = budget
         self.lora_runtime = runtime
         self.runner.lora_runtime = runtime
         if self.decode_graphs is not None:  # recapture so adapter decode steps replay too

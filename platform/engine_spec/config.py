@@ -91,6 +91,11 @@ class EngineConfig:
         2048, "device adapter memory in rank rows when adapter_memory_bytes is unset, at most "
         "max_loras x max_lora_rank (2048 rows: 256 rank-8 or 32 rank-64 adapters resident)",
     )  # fmt: skip
+    expert_lora_memory_bytes: int | None = _opt(
+        None, "device bytes (per expert-parallel rank) for adapters' expert and router LoRA "
+        "factors on a MoE base, counted in admission (default: max_loras adapters of "
+        "max_lora_rank on every expert target); refused on a dense base",
+    )  # fmt: skip
     quantization: str | None = _opt(
         None,
         "weights on load: fp32, bf16, fp16 (casts, setting the compute dtype), or int8 "
@@ -158,6 +163,8 @@ class EngineConfig:
             raise ValueError("max_loras and max_lora_rank must be >= 0")
         if self.adapter_memory_bytes is not None and self.adapter_memory_bytes < 1:
             raise ValueError("adapter_memory_bytes must be positive")
+        if self.expert_lora_memory_bytes is not None and self.expert_lora_memory_bytes < 1:
+            raise ValueError("expert_lora_memory_bytes must be positive")
         if self.adapter_memory_rank_rows < 1:
             raise ValueError("adapter_memory_rank_rows must be >= 1")
         if self.cuda_graph_sizes is not None and (
