@@ -15,7 +15,10 @@ from typing import Any
 import torch
 
 from loraplex.loader.timeline import Timeline
-from loraplex.platform.engine.batch_invariant import make_batch_invariant
+from loraplex.platform.engine.batch_invariant import (
+    DeterministicModeUnsupported,
+    make_batch_invariant,
+)
 from loraplex.platform.engine.block_pool import BlockPool
 from loraplex.platform.engine.cold_start import finish_cold_start
 from loraplex.platform.engine.decode_graphs import recapture_decode_graphs, setup_decode_graphs
@@ -70,6 +73,11 @@ class EngineCore:
         self.dtype_reason = loaded.dtype_reason  # why this compute dtype (reported in /state)
         self.model = loaded.model
         if config.deterministic:  # batch-invariant kernels, or a refusal naming what is missing
+            why = config.deterministic_refusal(hf_config)  # the architecture (MLA), before kernels
+            if why is not None:
+                raise DeterministicModeUnsupported(
+                    f"the deterministic mode does not cover {why} yet"
+                )
             make_batch_invariant(self.model, config, hf_config, self.dtype)
         self.tokenizer = loaded.tokenizer
         eos = self.tokenizer.eos_token_ids if self.tokenizer is not None else []

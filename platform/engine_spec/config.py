@@ -9,6 +9,7 @@ a field with `metadata["cli"] = False` never goes on a command line.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,9 +32,16 @@ def deterministic_gap(
     ep_size: int = 1,
     device: str = "cpu",
     dtype: str = "float32",
+    model_config: Mapping[str, Any] | None = None,
 ) -> str | None:
     """What of these choices the deterministic mode does not cover yet, None when it covers
-    them all (the one rule: `EngineConfig` and the control plane both ask it)."""
+    them all (the one rule: `EngineConfig` and the control plane both ask it). With the base
+    model's config (`config.json` as a dict) it also answers for the architecture."""
+    if model_config is not None and uses_latent_attention(model_config):
+        return (
+            "multi-head latent attention (MLA: DeepSeek-V2/V3; its latent-cache attention has "
+            "no fixed-order kernel)"
+        )
     if not device.startswith("cpu"):
         return f"device {device} (the GPU kernels' single-tile configuration is not built)"
     if quantization not in (None, "auto", "fp32", "bf16", "int8", "int4", "int4_sym", "fp8"):
@@ -45,6 +53,14 @@ def deterministic_gap(
     if ep_size > 1:
         return "expert parallelism"
     return None
+
+
+def uses_latent_attention(model_config: Mapping[str, Any]) -> bool:
+    """Whether a model config describes multi-head latent attention (a compressed KV rank)."""
+    return model_config.get("kv_lora_rank") is not None or model_config.get("model_type") in (
+        "deepseek_v2",
+        "deepseek_v3",
+    )
 
 
 @dataclass
@@ -185,13 +201,19 @@ class EngineConfig:
                 raise ValueError(f"speculative decoding does not serve {gap}")
             self.speculative = option.to_json()
 
-    def deterministic_refusal(self) -> str | None:
+    def deterministic_refusal(self, model_config: Mapping[str, Any] | None = None) -> str | None:
         """What of this configuration the deterministic mode does not cover yet (None: all
-        of it, as far as the configuration alone tells; the engine checks the model too)."""
+        of it, as far as the configuration and `model_config`, the base's config.json once
+        loaded, tell; the engine checks the model's modules too)."""
         if not self.deterministic:
             return None
         return deterministic_gap(
-            self.quantization, self.kv_cache_dtype, self.ep_size, self.device, self.dtype
+            self.quantization,
+            self.kv_cache_dtype,
+            self.ep_size,
+            self.device,
+            self.dtype,
+            model_config,
         )
 
     def adapter_rank_rows(self) -> int:
