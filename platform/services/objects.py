@@ -19,7 +19,6 @@ CONTROL_PLANE_ATTEMPTS = 4
 """botocore attempts in total per control-plane call (the loader retries its reads itself)."""
 
 
-
 def s3_client(settings: Settings, *, read_timeout_s: float = 60.0) -> Any:
     """The platform's S3 client: the loader's factory with botocore retries and checksums."""
     if not settings.s3_endpoint_url:
@@ -42,6 +41,31 @@ def put_file(client: Any, bucket: str, key: str, fileobj: BinaryIO) -> None:
     """Stream a file-like object to a key (multipart for big files)."""
     fileobj.seek(0)
     client.upload_fileobj(fileobj, bucket, key)
+
+
+class _HashingReader:
+    """A read-only, non-seekable view of a file that hashes its bytes as boto3 reads them
+    (non-seekable: boto3 then reads it once, in order)."""
+
+    def __init__(self, fileobj: BinaryIO) -> None:
+        self._f = fileobj
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def read(self, amount: int = -1) -> bytes:
+        data = self._f.read(amount)
+        self.size += len(data)
+        self.digest.update(data)
+        return data
+
+
+def put_file_hashed(client: Any, bucket: str, key: str, fileobj: BinaryIO) -> tuple[str, int]:
+    """`put_file` that also returns the sha256 and size of what it sent, computed on the way
+    (the file is read once: the hash costs no second pass over it)."""
+    fileobj.seek(0)
+    reader = _HashingReader(fileobj)
+    client.upload_fileobj(reader, bucket, key)
+    return reader.digest.hexdigest(), reader.size
 
 
 def object_size(client: Any, bucket: str, key: str) -> int | None:
