@@ -33,6 +33,7 @@ from loraplex.platform.engine.request import Request, RequestStatus
 from loraplex.platform.engine.sampling_params import SamplingParams
 from loraplex.platform.engine.scheduler import Scheduler, SchedulerOutput
 from loraplex.platform.engine.speculative.config import SpecConfig
+from loraplex.platform.engine.speculative.draft_model import DraftModel
 from loraplex.platform.engine.speculative.report import AcceptanceCollector, speculative_state
 from loraplex.platform.engine.speculative.speculator import Speculator
 from loraplex.platform.engine.structured.bitmask import MaskFiller
@@ -184,11 +185,26 @@ class EngineCore:
             self.speculator = None
             return
         cfg = self.config
+        max_len = int(cfg.max_model_len)  # type: ignore[arg-type]
+        drafter = None
+        if spec.method == "draft_model":
+            assert spec.draft_model is not None  # SpecConfig checks it
+            drafter = DraftModel.load(
+                spec.draft_model,
+                self.vocab_size,
+                block_size=cfg.block_size,
+                max_model_len=max_len,
+                dtype=str(self.dtype).removeprefix("torch."),
+                device=cfg.device,
+                seed=cfg.seed,
+            )
         self.speculator = Speculator(
             spec,
             self.kv,
             cfg.max_num_batched_tokens,
-            int(cfg.max_model_len),  # type: ignore[arg-type]
+            max_len,
+            drafter,
+            self.runner.sampler,
         )
 
     def add_request(
@@ -465,7 +481,10 @@ class EngineCore:
             compute_dtype=str(self.dtype).removeprefix("torch."),
             compute_dtype_reason=self.dtype_reason,
             deterministic=self.config.deterministic,
-            speculative=speculative_state(self.speculator),
+            speculative=speculative_state(
+                self.speculator,
+                None if self.speculator is None else self.speculator.config.draft_model,
+            ),
             cold_start=[
                 ColdStartPhase(name=name, start_s=start, seconds=seconds)
                 for name, start, seconds in self.timeline.phases()

@@ -9,9 +9,11 @@ from dataclasses import dataclass
 
 from loraplex.platform.engine.prefix_cache import KVCacheManager
 from loraplex.platform.engine.request import Request
-from loraplex.platform.engine.scheduler import SchedulerOutput
+from loraplex.platform.engine.sampler import Sampler
+from loraplex.platform.engine.scheduler import ScheduledRequest, SchedulerOutput
 from loraplex.platform.engine.speculative.config import SpecConfig
 from loraplex.platform.engine.speculative.controller import Controller
+from loraplex.platform.engine.speculative.draft_model import DraftModel
 from loraplex.platform.engine.speculative.guard import DraftGuard
 from loraplex.platform.engine.speculative.ngram import NgramIndex
 from loraplex.platform.engine.speculative.suffix_table import AdapterTables
@@ -40,8 +42,14 @@ class Speculator:
         kv: KVCacheManager,
         max_num_batched_tokens: int,
         max_model_len: int,
+        drafter: DraftModel | None = None,
+        sampler: Sampler | None = None,
     ) -> None:
+        if (drafter is None) != (config.method != "draft_model") or (drafter and not sampler):
+            raise ValueError("method 'draft_model' runs with a draft model and the sampler")
         self.config = config
+        self.drafter = drafter
+        self.sampler = sampler
         self.kv = kv
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -62,6 +70,14 @@ class Speculator:
         (whose rows the draft rows would need to share) run without speculation."""
         return request.grammar is None and not request.wants_prompt_logprobs
 
+    @staticmethod
+    def model_eligible(request: Request) -> bool:
+        """Whether the draft model may draft for it: not seeded (its output must not depend
+        on whether it drafted) and no logprobs (its emitted tokens are the rejection rule's);
+        these requests draft by prompt lookup, which shares the sampler's draw."""
+        p = request.sampling_params
+        return p.seed is None and p.logprobs is None
+
     def plan(self, sched: SchedulerOutput) -> int:
         """Set `spec_token_ids` (and reserve their KV slots) on the step's sampling requests
         the controller gives a K; returns the number of draft tokens added to the step."""
@@ -77,20 +93,34 @@ class Speculator:
         rates = [self._rates.get(s.request.request_id) for s in cands]
         ks = self.controller.choose(rates, sched.num_tokens, num_outputs, budget)
         added = 0
+        sized: list[tuple[ScheduledRequest, int]] = []
         for s, k in zip(cands, ks, strict=True):
             r = s.request
             room = min(
                 r.sampling_params.max_tokens - r.num_output_tokens - 1,
                 self.max_model_len - r.num_tokens - 1,
             )
-            k = min(k, room)
-            if k <= 0:
-                continue
-            drafts = self.propose(r, k)
+            if min(k, room) > 0:
+                sized.append((s, min(k, room)))
+        modelled = self._model_drafts(sized)
+        for s, k in sized:
+            r = s.request
+            drafts = modelled.get(r.request_id) or self.propose(r, k)
             if drafts and self.kv.allocate_slots(r, s.num_tokens + len(drafts)):
                 r.spec_token_ids = drafts
                 added += len(drafts)
         return added
+
+    def _model_drafts(self, sized: list[tuple[ScheduledRequest, int]]) -> dict[str, list[int]]:
+        """The draft model's drafts (with their distributions) for the requests it may draft
+        for, in one batch; a request it has no room for is left to prompt lookup."""
+        if self.drafter is None or self.sampler is None:
+            return {}
+        chosen = [(s.request, k) for s, k in sized if self.model_eligible(s.request)]
+        if not chosen:
+            return {}
+        got = self.drafter.propose([r for r, _ in chosen], [k for _, k in chosen], self.sampler)
+        return {r.request_id: d for (r, _), d in zip(chosen, got, strict=True) if d}
 
     def propose(self, request: Request, k: int) -> list[int]:
         """Up to `k` drafts: prompt lookup over the request's own tokens, else the suffix table
@@ -142,6 +172,8 @@ class Speculator:
         """Forget a finished request; its output joins its adapter's suffix table."""
         self._indexes.pop(request.request_id, None)
         self._rates.pop(request.request_id, None)
+        if self.drafter is not None:
+            self.drafter.release(request.request_id)
         if self.tables is not None and request.status.finish_reason != "abort":
             self.tables.add_output(request.adapter_key, request.output_token_ids)
 
