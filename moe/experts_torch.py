@@ -174,13 +174,14 @@ def _combine_per_expert(
     most = max(counts, default=0)
     rows_buf = hidden.new_empty(most, hidden.shape[1])
     act_buf = hidden.new_empty(most, w2.shape[2])
-    start = 0
-    for expert, count in enumerate(counts):
+    weighted_buf = out.new_empty(most, hidden.shape[1])
+    local = sum(counts)  # pairs past these go to experts held elsewhere
+    runs = zip(token_of_pair[:local].split(counts), weights[:local].split(counts), strict=True)
+    for expert, (tokens, scale) in enumerate(runs):
+        count = tokens.shape[0]
         if count:
-            tokens = token_of_pair[start : start + count]
             rows = torch.index_select(hidden, 0, tokens, out=rows_buf[:count])
             y = expert_mlp(rows, w13, w2, expert, act_buf)
-            y = y.to(torch.float32) if y.dtype != torch.float32 else y  # y is our own buffer
-            out.index_add_(0, tokens, y.mul_(weights[start : start + count]))
-        start += count
+            # weight (and widen a bf16 y to fp32) in one op, then add into the token rows
+            out.index_add_(0, tokens, torch.mul(y, scale, out=weighted_buf[:count]))
     return out.to(hidden.dtype)
