@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema
 from pydantic.json_schema import JsonDict
 
 from loraplex.platform.db.models import (
@@ -16,6 +17,7 @@ from loraplex.platform.db.models import (
     Tenant,
 )
 from loraplex.platform.db.models import BaseModel as BaseModelRow
+from loraplex.platform.engine_spec.quantization import KV_CACHE_CHOICES, WEIGHT_CHOICES
 from loraplex.platform.services.tenants import LIMIT_RANGES
 
 
@@ -73,13 +75,33 @@ class ApiKeyCreate(_Strict):
     scopes: list[str] | None = Field(default=None, max_length=8)
 
 
+def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return value
+
+    return check
+
+
+# The choices are named once (`engine_spec.quantization`); the schema shows them as an enum.
+WeightChoice = Annotated[
+    str,
+    AfterValidator(_one_of(WEIGHT_CHOICES)),
+    WithJsonSchema({"type": "string", "enum": list(WEIGHT_CHOICES)}),
+]
+KvCacheChoice = Annotated[
+    str,
+    AfterValidator(_one_of(KV_CACHE_CHOICES)),
+    WithJsonSchema({"type": "string", "enum": list(KV_CACHE_CHOICES)}),
+]
+
+
 class Quantization(_Strict):
     """Weights quantization and KV-cache dtype of a deployment."""
 
-    weights: Literal[
-        "auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4", "int4_sym", "awq", "gptq"
-    ] = "auto"
-    kv_cache: Literal["auto", "fp8"] = "auto"
+    weights: WeightChoice = "auto"
+    kv_cache: KvCacheChoice = "auto"
 
 
 class DeploymentPatch(_Strict):

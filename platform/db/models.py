@@ -30,6 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from loraplex.platform.engine_spec.quantization import KV_CACHE_CHOICES, WEIGHT_CHOICES
 from loraplex.platform.tokenizing.tool_calls import FAMILIES as TOOL_CALL_FORMATS
 
 NAMING_CONVENTION = {
@@ -43,19 +44,8 @@ NAMING_CONVENTION = {
 FAMILIES = ("dense", "moe")
 # "auto": the device's native compute type (bf16 where the CPU or GPU computes it natively,
 # else fp32), or the scheme a pre-quantized checkpoint fixes.
-WEIGHT_QUANTIZATIONS = (
-    "auto",
-    "fp32",
-    "bf16",
-    "fp16",
-    "fp8",
-    "int8",
-    "int4",
-    "int4_sym",
-    "awq",
-    "gptq",
-)
-KV_CACHE_DTYPES = ("auto", "fp8")
+WEIGHT_QUANTIZATIONS = WEIGHT_CHOICES
+KV_CACHE_DTYPES = KV_CACHE_CHOICES
 VERSION_STATUSES = ("uploading", "validating", "ready", "failed", "deleting")
 JOB_STATUSES = ("queued", "running", "succeeded", "failed")
 IDEMPOTENCY_STATES = ("in_flight", "done")

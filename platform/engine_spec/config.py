@@ -14,10 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loraplex.loader.storage import StorageConfig
+from loraplex.platform.engine_spec.quantization import (
+    AUTO,
+    KV_CACHE_CHOICES,
+    QUANTIZED_ON_LOAD,
+)
 from loraplex.platform.engine_spec.speculative import parse_speculative, speculative_gap
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-KV_CACHE_DTYPES = ("auto", "fp8")
+KV_CACHE_DTYPES = KV_CACHE_CHOICES
 """`auto` stores K/V in the model's dtype; `fp8` in e4m3 with per-layer scales (half the
 bytes of bf16: about twice the blocks in the same memory)."""
 
@@ -44,7 +49,7 @@ def deterministic_gap(
         )
     if not device.startswith("cpu"):
         return f"device {device} (the GPU kernels' single-tile configuration is not built)"
-    if quantization not in (None, "auto", "fp32", "bf16", "int8", "int4", "int4_sym", "fp8"):
+    if quantization not in (None, AUTO, "fp32", "bf16", *QUANTIZED_ON_LOAD):
         return f"quantization {quantization} (pre-quantized checkpoints' GEMMs are not covered)"
     if kv_cache_dtype != "auto":
         return f"kv_cache_dtype {kv_cache_dtype}"
