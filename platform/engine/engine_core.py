@@ -187,8 +187,7 @@ class EngineCore:
         cfg = self.config
         max_len = int(cfg.max_model_len)  # type: ignore[arg-type]
         drafter = None
-        if spec.method == "draft_model":
-            assert spec.draft_model is not None  # SpecConfig checks it
+        if spec.draft_model is not None:  # method draft_model or draft_adapter
             drafter = DraftModel.load(
                 spec.draft_model,
                 self.vocab_size,
@@ -198,6 +197,8 @@ class EngineCore:
                 device=cfg.device,
                 seed=cfg.seed,
             )
+            if spec.method == "draft_adapter":
+                drafter.enable_adapters(max(1, cfg.max_loras), cfg.max_lora_rank)
         self.speculator = Speculator(
             spec,
             self.kv,

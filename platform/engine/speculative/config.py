@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from loraplex.platform.engine_spec.speculative import (
     BUILT_METHODS,
+    DRAFT_MODEL_METHODS,
     PLANNED_METHODS,
     SpeculativeOption,
 )
@@ -39,8 +40,10 @@ class SpecConfig:
             raise ValueError(
                 f"unknown speculative method {self.method!r}; expected {', '.join(BUILT_METHODS)}"
             )
-        if (self.method == "draft_model") != (self.draft_model is not None):
-            raise ValueError("a draft_model is given with method 'draft_model', and only then")
+        if (self.method in DRAFT_MODEL_METHODS) != (self.draft_model is not None):
+            raise ValueError(
+                "a draft_model is given with method 'draft_model' or 'draft_adapter', and only then"
+            )
         if not 0 <= self.k_min <= self.k_max or self.k_max < 1 or self.k_max > 16:
             raise ValueError(
                 f"K bounds must satisfy 0 <= k_min <= k_max, 1 <= k_max <= 16; "

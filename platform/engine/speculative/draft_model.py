@@ -21,6 +21,7 @@ from loraplex.platform.engine.layers.attention_metadata import AttentionMetadata
 from loraplex.platform.engine.model_runner import logits_fn
 from loraplex.platform.engine.request import Request
 from loraplex.platform.engine.sampler import Sampler
+from loraplex.platform.engine.speculative.draft_adapters import DraftAdapters
 from loraplex.platform.engine.speculative.verify import DraftTokens, draft_view
 
 DRAFT_KV_BYTES = 256 << 20  # the draft's KV cache when the engine gives no budget
@@ -59,6 +60,7 @@ class DraftModel:
         self.kv_caches = allocate_kv_cache(model, self.num_blocks, block_size, dtype, self.device)
         self.free: list[int] = list(range(self.num_blocks - 1, -1, -1))
         self.seqs: dict[str, _Seq] = {}
+        self.adapters: DraftAdapters | None = None  # draft adapters, for method draft_adapter
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
     @classmethod
@@ -90,6 +92,10 @@ class DraftModel:
         return cls(loaded.model, vocab, block_size, min(max_model_len, limit), loaded.dtype,
                    device, seed=seed)  # fmt: skip
 
+    def enable_adapters(self, max_loras: int, max_lora_rank: int) -> None:
+        """Serve draft adapters on this model (method draft_adapter)."""
+        self.adapters = DraftAdapters(self.model, max_loras, max_lora_rank)
+
     @property
     def num_free_blocks(self) -> int:
         """Draft cache blocks not held by any request."""
@@ -109,7 +115,10 @@ class DraftModel:
         live: list[int] = []
         starts: list[int] = []
         news: list[list[int]] = []
-        for i, (r, k) in enumerate(zip(requests, ks, strict=True)):
+        keys = [self.draft_key(r) for r in requests]
+        order = sorted(range(len(requests)), key=lambda i: (keys[i] is None, keys[i] or ""))
+        for i in order:  # rows of one draft adapter side by side (the LoRA metadata's groups)
+            r, k = requests[i], ks[i]
             got = self._catch_up(r, k)
             if got is not None:
                 live.append(i)
@@ -118,7 +127,7 @@ class DraftModel:
         out: list[DraftTokens | None] = [None] * len(requests)
         if not live:
             return out
-        logits = self._forward([requests[i].request_id for i in live], starts, news)
+        logits = self._forward([requests[i] for i in live], [keys[i] for i in live], starts, news)
         drafts: dict[int, list[int]] = {i: [] for i in live}
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in live}
         active = list(range(len(live)))  # rows of `logits` still drafting
@@ -136,14 +145,22 @@ class DraftModel:
             if not active:
                 break
             ids = [live[a] for a in active]
-            rids = [requests[i].request_id for i in ids]
-            pos = [len(self.seqs[rid].tokens) for rid in rids]
-            logits = self._forward(rids, pos, [[drafts[i][-1]] for i in ids])
+            pos = [len(self.seqs[requests[i].request_id].tokens) for i in ids]
+            logits = self._forward(
+                [requests[i] for i in ids],
+                [keys[i] for i in ids],
+                pos,
+                [[drafts[i][-1]] for i in ids],
+            )
             active = list(range(len(ids)))
             live = ids
         for i, d in drafts.items():
             out[i] = DraftTokens(d, torch.stack(probs[i]))
         return out
+
+    def draft_key(self, request: Request) -> str | None:
+        """The draft adapter drafting for this request's adapter (None: the plain draft)."""
+        return None if self.adapters is None else self.adapters.key_for(request.adapter_key)
 
     def _catch_up(self, r: Request, k: int) -> tuple[int, list[int]] | None:
         """Truncate the request's draft cache to what it shares with the request's tokens
@@ -166,8 +183,19 @@ class DraftModel:
             seq.blocks.append(self.free.pop())
         return len(held), tokens[len(held) :]
 
-    def _forward(self, rids: list[str], starts: list[int], news: list[list[int]]) -> torch.Tensor:
-        """Run each request's new tokens at their positions; logits of each one's last [N, V]."""
+    def _forward(
+        self,
+        requests: list[Request],
+        keys: list[str | None],
+        starts: list[int],
+        news: list[list[int]],
+    ) -> torch.Tensor:
+        """Run each request's new tokens at their positions (with its draft adapter `keys[i]`);
+        the logits of each one's last token [N, V]."""
+        rids = [r.request_id for r in requests]
+        lora = None
+        if self.adapters is not None and any(k is not None for k in keys):
+            lora = self.adapters.meta(requests, keys, [len(n) for n in news])
         bs, dev = self.block_size, self.device
         ids: list[int] = []
         pos: list[int] = []
@@ -195,7 +223,7 @@ class DraftModel:
             max_seq_len=max(seq_lens),
             is_decode_only=all(len(n) == 1 for n in news),
         )
-        with torch.inference_mode(), forward_context(ForwardContext(attn=md)):
+        with torch.inference_mode(), forward_context(ForwardContext(attn=md, lora=lora)):
             hidden = self.model(
                 torch.tensor(ids, dtype=torch.int64).to(dev),
                 torch.tensor(pos, dtype=torch.int64).to(dev),

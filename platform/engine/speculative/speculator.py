@@ -45,8 +45,8 @@ class Speculator:
         drafter: DraftModel | None = None,
         sampler: Sampler | None = None,
     ) -> None:
-        if (drafter is None) != (config.method != "draft_model") or (drafter and not sampler):
-            raise ValueError("method 'draft_model' runs with a draft model and the sampler")
+        if (drafter is None) != (config.draft_model is None) or (drafter and not sampler):
+            raise ValueError("a draft-model method runs with a draft model and the sampler")
         self.config = config
         self.drafter = drafter
         self.sampler = sampler
@@ -117,10 +117,27 @@ class Speculator:
         if self.drafter is None or self.sampler is None:
             return {}
         chosen = [(s.request, k) for s, k in sized if self.model_eligible(s.request)]
+        if self.config.method == "draft_adapter":  # an adapter without a draft adapter: its
+            chosen = [(r, k) for r, k in chosen if not self._table_first(r, k)]  # suffix table
         if not chosen:
             return {}
         got = self.drafter.propose([r for r, _ in chosen], [k for _, k in chosen], self.sampler)
         return {r.request_id: d for (r, _), d in zip(chosen, got, strict=True) if d}
+
+    def _table_first(self, request: Request, k: int) -> bool:
+        """Whether an adapter's request without a draft adapter drafts from the n-gram tables
+        (they propose something) rather than the plain draft model."""
+        drafter = self.drafter
+        if request.adapter_key is None or drafter is None or drafter.draft_key(request):
+            return False
+        return bool(self.propose(request, k))
+
+    def register_draft_adapter(self, target_key: str, ref: object) -> str:
+        """Tie a draft adapter (for the draft model) to the target adapter version
+        `target_key` (method draft_adapter); returns the draft adapter's key."""
+        if self.drafter is None or self.drafter.adapters is None:
+            raise ValueError("draft adapters need speculative method 'draft_adapter'")
+        return self.drafter.adapters.register(target_key, ref)
 
     def propose(self, request: Request, k: int) -> list[int]:
         """Up to `k` drafts: prompt lookup over the request's own tokens, else the suffix table
