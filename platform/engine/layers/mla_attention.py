@@ -28,6 +28,11 @@ from loraplex.platform.engine.layers.mla_triton import (
 )
 from loraplex.platform.engine.layers.paged_attention_torch import is_fp8_cache
 
+FP8_LATENT_REFUSAL = (
+    "an fp8 KV cache is not served with multi-head latent attention (MLA: DeepSeek-V2/V3) yet: "
+    "the latent rows have no fp8 store or scaled read; use kv_cache_dtype auto"
+)
+
 
 class MLAAttention(Attention):
     """Paged attention over latent rows; `kv_cache` is [num_blocks, block_size, latent + rope]
@@ -42,7 +47,10 @@ class MLAAttention(Attention):
         self.latent_backend: LatentAttentionBackend | None = None  # chosen by `bind_cache`
 
     def bind_cache(self, kv_cache: torch.Tensor) -> None:
-        """Bind the layer's latent cache and choose its backend for it (once)."""
+        """Bind the layer's latent cache and choose its backend for it (once); an fp8 cache is
+        refused here, when the engine allocates it, not at the first request."""
+        if is_fp8_cache(kv_cache):
+            raise NotImplementedError(FP8_LATENT_REFUSAL)
         self.kv_cache = kv_cache
         self.latent_backend = choose_latent_backend(kv_cache)
 
@@ -70,7 +78,7 @@ class MLAAttention(Attention):
         if self.fixed_order:
             raise NotImplementedError("the deterministic mode does not cover MLA attention yet")
         if is_fp8_cache(cache):
-            raise NotImplementedError("an fp8 KV cache is not served for MLA models yet")
+            raise NotImplementedError(FP8_LATENT_REFUSAL)
         rows = torch.cat((latent, k_pe), dim=-1)
         q = torch.cat((q_lat, q_pe), dim=-1)
         backend = self.latent_backend

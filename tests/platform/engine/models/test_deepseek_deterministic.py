@@ -27,3 +27,23 @@ def test_the_one_rule_names_mla_from_a_model_config() -> None:
         deterministic_gap(None, "auto", model_config=mla) or ""
     )
     assert deterministic_gap(None, "auto", model_config={"model_type": "llama"}) is None
+
+
+@pytest.mark.parametrize(
+    "option, reason",
+    [
+        (dict(kv_cache_dtype="fp8"), "fp8 KV cache.*multi-head latent attention"),
+        (dict(quantization="int8"), "quantized weights.*int8.*multi-head latent attention"),
+    ],
+    ids=["fp8_kv", "int8_weights"],
+)
+def test_what_mla_does_not_serve_is_refused_at_build_naming_why(tmp_path, option, reason):
+    """fp8 KV and quantized weights on an MLA model: refused when the engine is built (not at
+    the first request), saying what and on which attention."""
+    from test_deepseek_models import save_deepseek
+
+    from loraplex.platform.engine import LLM
+
+    save_deepseek(tmp_path, "v2_lite_greedy")
+    with pytest.raises(NotImplementedError, match=reason):
+        LLM(str(tmp_path), dtype="float32", block_size=4, **option)
