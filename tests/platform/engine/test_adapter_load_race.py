@@ -38,11 +38,11 @@ from support.peft_adapters import make_adapter, make_peft_adapter  # noqa: E402
 
 from loraplex.adapters.device_pool import DevicePool  # noqa: E402
 from loraplex.adapters.host_cache import HostCache  # noqa: E402
+from loraplex.adapters.kernels.lora_cpu import NativeLora  # noqa: E402
 from loraplex.adapters.targets import resolve_config_targets  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.engine_loop import EngineLoop, PendingAdd  # noqa: E402
 from loraplex.platform.engine.lora import AdapterRef  # noqa: E402
-from loraplex.platform.engine.lora.hooks import LoraHooks  # noqa: E402
 from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -278,7 +278,7 @@ def test_only_the_stepping_thread_touches_device_adapter_state(
     log = ThreadLog(monkeypatch)
     for name in ("load", "evict", "acquire", "release", "_compact"):
         log.wrap(DevicePool, name)
-    log.wrap(LoraHooks, "native_linear")
+    log.wrap(NativeLora, "linear")  # the native kernel's pointer structs
     log.wrap(HostCache, "put")
     for schedule in SCHEDULES:
         llm = _engine(base, quantization)
@@ -287,7 +287,7 @@ def test_only_the_stepping_thread_touches_device_adapter_state(
         asyncio.run(_serve(llm, _ref(llm, folder, prefix), schedule))
         llm.core.lora_runtime.detach()
     device = [c for c in log.calls if c[0] != "put"]
-    assert {c[0] for c in device} >= {"load", "acquire", "release", "native_linear"}
+    assert {c[0] for c in device} >= {"load", "acquire", "release", "linear"}
     assert all(in_step for _, _, in_step in device), [c for c in device if not c[2]]
     puts = [c for c in log.calls if c[0] == "put"]
     assert len(puts) == len(SCHEDULES)
