@@ -18,7 +18,6 @@ from loraplex.loader.timeline import Timeline
 from loraplex.platform.engine.forward_context import ForwardContext, forward_context
 from loraplex.platform.engine.kv_cache import allocate_kv_cache, kv_cache_bytes_per_block
 from loraplex.platform.engine.layers.attention_metadata import AttentionMetadata
-from loraplex.platform.engine.model_runner import logits_fn
 from loraplex.platform.engine.request import Request
 from loraplex.platform.engine.sampler import Sampler
 from loraplex.platform.engine.speculative.draft_adapters import DraftAdapters
@@ -49,7 +48,10 @@ class DraftModel:
     ) -> None:
         self.model = model
         self.vocab_size = vocab_size
-        self.compute_logits = logits_fn(model)
+        fn = getattr(model, "compute_logits", None)  # hidden -> logits, as the runner's
+        if not callable(fn):
+            raise TypeError(f"{type(model).__name__} has no compute_logits(hidden) method")
+        self.compute_logits = fn
         self.block_size = block_size
         self.max_blocks = -(-max_model_len // block_size)
         self.device = torch.device(device)
