@@ -45,7 +45,6 @@ from loraplex.platform.engine_spec.speculative import parse_speculative
 from loraplex.platform.tokenizing import IncrementalDetokenizer
 from loraplex.platform.wire import WIRE_VERSION, ColdStartPhase, ReplicaState
 
-CPU_KV_BUDGET = 256 * 1024 * 1024
 log = logging.getLogger(__name__)
 
 
@@ -149,7 +148,7 @@ class EngineCore:
                 free, _ = torch.cuda.mem_get_info(torch.device(cfg.device))
                 budget = int(free * cfg.gpu_memory_utilization)
             if budget is None:
-                n = min(CPU_KV_BUDGET // per_block, 2 * cfg.max_num_seqs * per_seq)
+                n = min(cfg.cpu_kv_cache_bytes // per_block, 2 * cfg.max_num_seqs * per_seq)
             else:
                 n = budget // per_block
         if n < per_seq:
@@ -173,6 +172,10 @@ class EngineCore:
                     f"expert_lora_memory_bytes is set but {self.model_id} has no MoE experts"
                 )
             experts.capacity_bytes = budget
+        # the config's starvation bound over the runtime's (one default: EngineConfig's)
+        policy = runtime.admission_policy
+        if hasattr(policy, "max_wait_steps"):
+            policy.max_wait_steps = self.config.lora_max_wait_steps
         self.lora_runtime = runtime
         self.runner.lora_runtime = runtime
         if self.decode_graphs is not None:  # recapture so adapter decode steps replay too

@@ -91,6 +91,10 @@ class EngineConfig:
     block_size: int = _opt(16, "tokens per KV-cache block (a power of two)")
     num_gpu_blocks: int | None = _opt(None, "fixed KV-cache block count (else from memory)")
     kv_cache_memory_bytes: int | None = _opt(None, "bytes for the KV cache")
+    cpu_kv_cache_bytes: int = _opt(
+        256 << 20, "bytes for a CPU engine's KV cache when kv_cache_memory_bytes is unset (at "
+        "most what 2 x max_num_seqs full-length sequences need)",
+    )  # fmt: skip
     gpu_memory_utilization: float = _opt(0.9, "share of free GPU memory for the KV cache")
     max_num_seqs: int = _opt(64, "sequences in one step, at most")
     max_num_batched_tokens: int = _opt(2048, "tokens in one step, at most")
@@ -116,6 +120,10 @@ class EngineConfig:
         None, "device bytes (per expert-parallel rank) for adapters' expert and router LoRA "
         "factors on a MoE base, counted in admission (default: max_loras adapters of "
         "max_lora_rank on every expert target); refused on a dense base",
+    )  # fmt: skip
+    lora_max_wait_steps: int = _opt(
+        32, "engine steps a ready adapter may wait for a batch slot before admission lets no "
+        "other adapter ahead of it (no adapter starves)",
     )  # fmt: skip
     quantization: str | None = _opt(
         None,
@@ -159,6 +167,10 @@ class EngineConfig:
             raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
             raise ValueError("kv_cache_memory_bytes must be positive")
+        if self.cpu_kv_cache_bytes < 1:
+            raise ValueError("cpu_kv_cache_bytes must be positive")
+        if self.lora_max_wait_steps < 0:
+            raise ValueError("lora_max_wait_steps must be >= 0")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.max_num_seqs < 1:
