@@ -373,7 +373,7 @@ def test_expert_lora_is_refused_at_admission_naming_why(worlds, tmp_path: Path) 
     core = llm.core
     config = (folder / "adapter_config.json").read_bytes()
     targets = resolve_config_targets(config, core.model.hf_config).to_json()
-    ref = AdapterRef("t/a/v1/", "ab" * 32, tenant="t", targets=targets)
+    ref = AdapterRef(object_prefix="t/a/v1/", sha256="ab" * 32, tenant="t", targets=targets)
     why = "deterministic mode does not cover adapters on MoE experts or the router"
     params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
     for adapter in (str(folder), ref, {"object_prefix": "t/a/v1/", "sha256": "ab" * 32,
