@@ -63,6 +63,7 @@ class Speculator:
         self._indexes: dict[str, NgramIndex] = {}
         self._rates: dict[str, float] = {}
         self.stats: dict[str | None, AcceptanceStats] = {}
+        self._decode_step = False  # whether the planned step was a decode step (for the guard)
 
     @staticmethod
     def eligible(request: Request) -> bool:
@@ -81,7 +82,9 @@ class Speculator:
     def plan(self, sched: SchedulerOutput) -> int:
         """Set `spec_token_ids` (and reserve their KV slots) on the step's sampling requests
         the controller gives a K; returns the number of draft tokens added to the step."""
-        if not _decode_only(sched):  # a prefill chunk in the step: its attention path would
+        # Judged now: after the step the requests hold their new tokens (`samples` turns false).
+        self._decode_step = _decode_only(sched)
+        if not self._decode_step:  # a prefill chunk in the step: its attention path would
             return 0  # run every drafting request's rows as a prefill too
         cands = [s for s in sched.scheduled if self.eligible(s.request)]
         if not cands:
@@ -159,7 +162,7 @@ class Speculator:
         """Feed one whole engine step's measured cost to the controller (forward tokens with
         their drafts) and, for a decode step, to the guard (seconds per emitted token)."""
         self.controller.costs.observe(sched.num_tokens + num_drafted, seconds)
-        if _decode_only(sched):
+        if self._decode_step:
             self.guard.record(len(sched.scheduled), num_drafted > 0, seconds, num_emitted)
 
     def settle(self, sched: SchedulerOutput, emitted: Mapping[str, list[int]]) -> None:
