@@ -12,7 +12,9 @@ have to break for that to happen, each on today's code:
   and a fresh process whose every host allocation is filled with a byte pattern
   (`MALLOC_PERTURB_`, with mmap off so big buffers come from the heap too), give the same bits;
 * only the thread running a step touches device-side adapter state (pool rows, ref counts, the
-  native kernel's pointer structs); the fetch thread only inserts into the host tier.
+  native kernel's pointer structs); the fetch thread only inserts into the host tier;
+* a bf16 matmul row reads only its own inputs (the lead left: a oneDNN AMX bug, see the last
+  test; this CPU has no AMX, so it checks the CPU the suite runs on).
 """
 
 from __future__ import annotations
@@ -292,3 +294,36 @@ def test_only_the_stepping_thread_touches_device_adapter_state(
     puts = [c for c in log.calls if c[0] == "put"]
     assert len(puts) == len(SCHEDULES)
     assert all(thread.startswith("lora-fetch") and not in_step for _, thread, in_step in puts)
+
+
+@pytest.mark.parametrize("k", [33, 45, 77])
+def test_a_bf16_matmul_row_reads_only_its_own_inputs(k: int) -> None:
+    """The lead the race left (issue 23): oneDNN's AMX bf16 brgemm reads a K tail (K > 32,
+    K % 32 != 0) past the row's valid columns and relies on B's zero padding, so NaN in other
+    rows leaks into clean ones (oneDNN issue 5717, fixed by PR 5723, after the oneDNN that
+    torch bundles). The flaky gateway test ran on an AMX CPU with a 45-token prompt; this CPU
+    has no AMX. Here a clean row beside NaN rows, through torch's bf16 bmm and the engine's
+    prefill SDPA (45 keys, GQA), must come out finite and equal (to bf16 rounding) to the same
+    row computed alone."""
+    g = torch.Generator().manual_seed(k)
+    a = torch.randn(2, 16, k, generator=g).to(torch.bfloat16)
+    b = torch.randn(2, k, 64, generator=g).to(torch.bfloat16)
+    dirty = a.clone()
+    dirty[:, 1:] = float("nan")  # every row but row 0 is NaN
+    out = torch.bmm(dirty, b)
+    alone = torch.bmm(a[:, :1].contiguous(), b)
+    assert torch.isfinite(out[:, 0]).all()
+    assert torch.allclose(out[:, 0].float(), alone[:, 0].float(), atol=0.1, rtol=0)
+
+    n, hq, hkv, d = k, 4, 2, 64
+    q = torch.randn(hq, n, d, generator=g).to(torch.bfloat16)
+    key = torch.randn(hkv, n, d, generator=g).to(torch.bfloat16)
+    val = torch.randn(hkv, n, d, generator=g).to(torch.bfloat16)
+    mask = torch.arange(n)[None, :] <= torch.arange(n)[:, None]
+    nan_q = q.clone()
+    nan_q[:, 1:] = float("nan")  # queries are independent rows: row 0 must not see these
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    got = sdpa(nan_q, key, val, attn_mask=mask, scale=0.125, enable_gqa=True)[:, 0]
+    want = sdpa(q[:, :1], key, val, attn_mask=mask[:1], scale=0.125, enable_gqa=True)[:, 0]
+    assert torch.isfinite(got).all()
+    assert torch.allclose(got.float(), want.float(), atol=5e-2, rtol=0)
