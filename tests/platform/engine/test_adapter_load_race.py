@@ -327,3 +327,9 @@ def test_a_bf16_matmul_row_reads_only_its_own_inputs(k: int) -> None:
     want = sdpa(q[:, :1], key, val, attn_mask=mask[:1], scale=0.125, enable_gqa=True)[:, 0]
     assert torch.isfinite(got).all()
     assert torch.allclose(got.float(), want.float(), atol=5e-2, rtol=0)
+    # a call that leaves NaN in every scratch buffer, then the clean call again: no stale read
+    sdpa(nan_q, key * float("nan"), val * float("nan"), attn_mask=mask, enable_gqa=True)
+    again = sdpa(q, key, val, attn_mask=mask, scale=0.125, enable_gqa=True)
+    ref = sdpa(q.float(), key.float(), val.float(), attn_mask=mask, scale=0.125, enable_gqa=True)
+    assert torch.isfinite(again).all()
+    assert torch.allclose(again.float(), ref, atol=5e-2, rtol=0)
