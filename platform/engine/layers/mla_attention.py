@@ -169,7 +169,9 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor, num_blocks: int) -> torch
     return cache.index_select(0, ids).view(s, num_blocks * cache.shape[1], cache.shape[2])
 
 
-def _attend(q: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor, scale: float, c: int):
+def _attend(
+    q: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor, scale: float, c: int
+) -> torch.Tensor:
     """q [B, H, n, C+R] over rows [B, L, C+R] (keys: the whole row; values: its latent part)."""
     k = rows[:, None].to(q.dtype)
     return F.scaled_dot_product_attention(

@@ -181,7 +181,7 @@ class _BatchPlan:
 def _plan(md: AttentionMetadata, device: torch.device) -> _BatchPlan:
     """Host-side split of the batch, computed once per step and shared by every layer."""
     plan = md.cache.get("torch_plan")
-    if plan is not None:
+    if isinstance(plan, _BatchPlan):
         return plan
     starts = md.query_start_loc.tolist()
     ctx = md.context_lens.tolist()

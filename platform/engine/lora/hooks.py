@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -33,7 +33,9 @@ from loraplex.platform.engine.forward_context import peek_forward_context
 from loraplex.platform.engine.layers.linear import Linear
 
 
-def lora_linears(model: nn.Module, hf_config: dict) -> list[tuple[Linear, LoraLinearSpec]]:
+def lora_linears(
+    model: nn.Module, hf_config: dict[str, Any]
+) -> list[tuple[Linear, LoraLinearSpec]]:
     """The model's LoRA-targetable Linears (every slice a module adapters may target), in
     module order, each with the spec the device pool lays its weights out by."""
     dims = module_dims(hf_config)
