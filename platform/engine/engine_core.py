@@ -199,6 +199,7 @@ class EngineCore:
                 dtype=str(self.dtype).removeprefix("torch."),
                 device=cfg.device,
                 seed=cfg.seed,
+                storage=cfg.storage,
             )
             if spec.method == "draft_adapter":
                 drafter.enable_adapters(max(1, cfg.max_loras), cfg.max_lora_rank)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from loraplex.loader.storage import StorageConfig
 from loraplex.loader.timeline import Timeline
 from loraplex.platform.engine.forward_context import ForwardContext, forward_context
 from loraplex.platform.engine.kv_cache import allocate_kv_cache, kv_cache_bytes_per_block
@@ -76,13 +77,15 @@ class DraftModel:
         dtype: str,
         device: str,
         seed: int = 0,
+        storage: StorageConfig | None = None,
     ) -> DraftModel:
-        """Load the draft model at `path` with the engine's loader; refuses a vocabulary other
-        than the target's (the draft must share the tokenizer)."""
+        """Load the draft model at `path` (a folder, or s3:// read with `storage`) with the
+        engine's loader; refuses a vocabulary other than the target's (the draft must share
+        the tokenizer)."""
         from loraplex.platform.engine.model_source import load_engine_model
         from loraplex.platform.engine_spec.config import EngineConfig
 
-        config = EngineConfig(model=path, dtype=dtype, device=device, max_loras=0)
+        config = EngineConfig(model=path, dtype=dtype, device=device, max_loras=0, storage=storage)
         loaded = load_engine_model(config, Timeline(f"draft {path}"))
         vocab = int(loaded.hf_config["vocab_size"])
         if vocab != target_vocab_size:
