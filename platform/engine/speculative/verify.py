@@ -127,6 +127,9 @@ def verify(
     views, owner = draft_views(requests, drafts)
     if mask is not None:
         mask = mask[torch.tensor(owner, dtype=torch.long, device=mask.device)]
+    modelled = [i for i, d in enumerate(drafts) if isinstance(d, DraftTokens) and d]
+    # Before sampling: the sampler adds logit_bias and the mask to `logits` in place.
+    dist = _model_rows_distribution(sampler, logits, views, drafts, modelled, mask)
     out = sampler(logits, views, mask)
     k_max = max(len(d) for d in drafts)
     n = len(requests)
@@ -147,33 +150,44 @@ def verify(
         got = out.logprobs[row : row + a + 1]
         lps.append(None if got[0] is None else got)  # type: ignore[arg-type]
         row += len(d) + 1
-    modelled = [i for i, d in enumerate(drafts) if isinstance(d, DraftTokens) and d]
-    if modelled:
-        _verify_modelled(sampler, logits, views, drafts, modelled, mask, owner, tokens)
+    if dist is not None:
+        _verify_modelled(sampler, dist, drafts, modelled, tokens)
     return Verified(tokens, lps)
 
 
-def _verify_modelled(
+def _model_rows_distribution(
     sampler: Sampler,
     logits: torch.Tensor,
     views: list[Request],
     drafts: list[list[int]],
     modelled: list[int],
     mask: torch.Tensor | None,
-    owner: list[int],
-    tokens: list[list[int]],
-) -> None:
-    """Replace the emitted tokens of the requests drafted by a model (`modelled`) by the
-    rejection rule's (their requests never ask logprobs: the engine drafts them otherwise)."""
+) -> torch.Tensor | None:
+    """The target's processed distribution p of the rows of the requests drafted by a model
+    (`modelled`), in order; None when there are none."""
+    if not modelled:
+        return None
     starts, row = [], 0
     for d in drafts:
         starts.append(row)
         row += len(d) + 1
     sel = [r for i in modelled for r in range(starts[i], starts[i] + len(drafts[i]) + 1)]
     idx = torch.tensor(sel, dtype=torch.long, device=logits.device)
-    dist = sampler.distribution(
+    return sampler.distribution(  # logits[idx] is a copy: the caller's rows stay unchanged
         logits[idx], [views[r] for r in sel], None if mask is None else mask[idx]
     )
+
+
+def _verify_modelled(
+    sampler: Sampler,
+    dist: torch.Tensor,
+    drafts: list[list[int]],
+    modelled: list[int],
+    tokens: list[list[int]],
+) -> None:
+    """Replace the emitted tokens of the requests drafted by a model (`modelled`, target
+    distributions `dist` by row) by the rejection rule's (their requests never ask logprobs:
+    the engine drafts them otherwise)."""
     k = max(len(drafts[i]) for i in modelled)
     m, v = len(modelled), dist.shape[-1]
     p = torch.zeros(m, k + 1, v, device=dist.device)

@@ -128,3 +128,33 @@ def test_greedy_rows_accept_exactly_the_targets_argmax() -> None:
     drafts = torch.tensor([[3, 6], [3, 5]])
     accepted, final = rejection_sample(p, q, drafts, torch.tensor([2, 2]), torch.Generator())
     assert accepted.tolist() == [1, 2] and final.tolist() == [5, 7]
+
+
+def test_the_engines_verify_applies_the_rule_to_model_drafts() -> None:
+    """Through `verify` (the runner's call): 200,000 requests in one batch, each with one
+    draft sampled from its own q (DraftTokens), temperature 0.8 and a logit_bias: the first
+    emitted token follows the target's processed distribution (TV < 0.01, chi-square)."""
+    from loraplex.platform.engine.speculative.verify import DraftTokens, verify
+
+    n = DRAWS
+    g = torch.Generator().manual_seed(5)
+    target = torch.randn(V, generator=g) * 2
+    bias = {3: 1.5}
+    params = SamplingParams(temperature=0.8, logit_bias=bias)
+    shifted = target.clone()
+    shifted[3] += 1.5
+    p0 = torch.softmax(shifted / 0.8, -1)
+    q = torch.softmax(torch.randn(V, generator=g) * 2, -1)  # the draft's, far from p
+    drafts = torch.multinomial(q, n, replacement=True, generator=g).tolist()
+    request = Request("r", PROMPT, params, output_token_ids=list(OUTPUT))
+    probs = q.unsqueeze(0)
+    logits = torch.stack([target, torch.randn(V, generator=g)]).repeat(n, 1)
+    got = verify(Sampler(seed=9), logits, [request] * n, [DraftTokens([d], probs) for d in drafts])
+    first = torch.tensor([t[0] for t in got.tokens])
+    counts = torch.bincount(first, minlength=V)
+    tv = 0.5 * (counts / n - p0).abs().sum().item()
+    assert tv < 0.01, f"total variation {tv:.4f}"
+    assert chi_square_p(counts, p0) > 0.01
+    accepted = sum(len(t) - 1 for t in got.tokens) / n
+    expected = torch.minimum(p0, q).sum().item()  # P(accept) = sum_x min(p, q)
+    assert abs(accepted - expected) < 0.01, (accepted, expected)
