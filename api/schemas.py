@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema
 from pydantic.json_schema import JsonDict
 
 from loraplex.platform.db.models import (
@@ -16,6 +17,8 @@ from loraplex.platform.db.models import (
     Tenant,
 )
 from loraplex.platform.db.models import BaseModel as BaseModelRow
+from loraplex.platform.engine_spec.deployment import DEPLOYMENT_DEFAULTS
+from loraplex.platform.engine_spec.quantization import KV_CACHE_CHOICES, WEIGHT_CHOICES
 from loraplex.platform.services.tenants import LIMIT_RANGES
 
 
@@ -73,13 +76,33 @@ class ApiKeyCreate(_Strict):
     scopes: list[str] | None = Field(default=None, max_length=8)
 
 
+def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return value
+
+    return check
+
+
+# The choices are named once (`engine_spec.quantization`); the schema shows them as an enum.
+WeightChoice = Annotated[
+    str,
+    AfterValidator(_one_of(WEIGHT_CHOICES)),
+    WithJsonSchema({"type": "string", "enum": list(WEIGHT_CHOICES)}),
+]
+KvCacheChoice = Annotated[
+    str,
+    AfterValidator(_one_of(KV_CACHE_CHOICES)),
+    WithJsonSchema({"type": "string", "enum": list(KV_CACHE_CHOICES)}),
+]
+
+
 class Quantization(_Strict):
     """Weights quantization and KV-cache dtype of a deployment."""
 
-    weights: Literal[
-        "auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4", "int4_sym", "awq", "gptq"
-    ] = "auto"
-    kv_cache: Literal["auto", "fp8"] = "auto"
+    weights: WeightChoice = DEPLOYMENT_DEFAULTS.weight_quantization
+    kv_cache: KvCacheChoice = DEPLOYMENT_DEFAULTS.kv_cache_dtype
 
 
 class DeploymentPatch(_Strict):
@@ -101,14 +124,16 @@ class DeploymentCreate(_Strict):
     quantization: Quantization = Field(default_factory=Quantization)
     max_loras: int | None = Field(default=None, ge=1, le=4096)
     max_lora_rank: int | None = Field(default=None, ge=1, le=1024)
-    replicas: int = Field(default=1, ge=0, le=1024)
-    expert_parallel_size: int = Field(default=1, ge=1, le=1024)
-    share_prefix_cache: bool = False
-    cold_start_wait_s: float = Field(default=120.0, ge=0, le=3600)
-    deterministic: bool = False  # batch-invariant kernels (EngineConfig.deterministic)
+    replicas: int = Field(default=DEPLOYMENT_DEFAULTS.replicas, ge=0, le=1024)
+    expert_parallel_size: int = Field(
+        default=DEPLOYMENT_DEFAULTS.expert_parallel_size, ge=1, le=1024
+    )
+    share_prefix_cache: bool = DEPLOYMENT_DEFAULTS.share_prefix_cache
+    cold_start_wait_s: float = Field(default=DEPLOYMENT_DEFAULTS.cold_start_wait_s, ge=0, le=3600)
+    deterministic: bool = DEPLOYMENT_DEFAULTS.deterministic  # batch-invariant kernels
     # Share of its base model's routed traffic (null: by capacity); see gateway/router.py.
     routing_weight: float | None = Field(default=None, ge=0, le=1000)
-    nameable: bool = False  # requests may pick it with the X-Loraplex-Deployment header
+    nameable: bool = DEPLOYMENT_DEFAULTS.nameable  # requests may pick it (X-Loraplex-Deployment)
     # How tool calls are read in free output (tokenizing/tool_calls.py); null: from the template.
     tool_call_format: str | None = Field(default=None, max_length=64)
     # Speculative decoding {"method", "k_min", "k_max", "draft_model"} (checked by the

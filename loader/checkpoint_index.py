@@ -62,14 +62,15 @@ def resolve_checkpoint(store: ObjectReader, location: str) -> CheckpointFiles:
         return CheckpointFiles((location,))
     if location.endswith(".json"):
         return _read_index(store, location)
+    # Both files are optional: each is looked for by listing its exact key (`find`), since a
+    # GET of a missing key is a 403, not a 404, under the platform's IAM policies.
     prefix = location.rstrip("/")
     index_key = f"{prefix}/{INDEX_NAME}" if prefix else INDEX_NAME
-    try:
+    if store.find(index_key) is not None:
         return _read_index(store, index_key)
-    except ObjectNotFoundError:
-        pass
     single = f"{prefix}/{SINGLE_NAME}" if prefix else SINGLE_NAME
-    store.head(single)  # raises ObjectNotFoundError with the key if neither exists
+    if store.find(single) is None:
+        raise ObjectNotFoundError(f"no {INDEX_NAME} or {SINGLE_NAME} under {location!r}")
     return CheckpointFiles((single,))
 
 

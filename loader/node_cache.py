@@ -250,6 +250,10 @@ class CachedStore:
         """The object's size in bytes."""
         return self.stat(key).size
 
+    def find(self, key: str) -> ObjectInfo | None:
+        """The object's info from a listing of its exact key (the store's); None if absent."""
+        return self.store.find(key)
+
     def read_prefix(self, key: str, n: int) -> tuple[bytes, ObjectInfo]:
         """The object's first min(n, size) bytes and its info."""
         info, fd, fill = self._route(key)

@@ -30,6 +30,8 @@ __all__ = [
     "ObjectStore",
     "ObjectStoreError",
     "RetryPolicy",
+    "is_not_found",
+    "make_s3_client",
 ]
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,10 @@ class ObjectReader(Protocol):
 
     def head(self, key: str) -> int:
         """The object's size in bytes."""
+        ...
+
+    def find(self, key: str) -> ObjectInfo | None:
+        """The object's info from a listing of its exact key; None when it does not exist."""
         ...
 
     def read_prefix(self, key: str, n: int) -> tuple[bytes, ObjectInfo]:
@@ -113,38 +119,59 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
-def _is_not_found(exc: BaseException) -> bool:
+_SESSION = boto3.session.Session()
+_SESSION_LOCK = threading.Lock()
+"""Clients are made from one session: a fresh one reloads botocore's service models (tens
+of ms per client); a session is not thread-safe, so clients are made under the lock."""
+
+_NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchUpload"})
+
+
+def is_not_found(exc: BaseException) -> bool:
+    """True when a boto3 error means the object, bucket or multipart upload does not exist."""
     if not isinstance(exc, botocore.exceptions.ClientError):
         return False
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
     code = str(exc.response.get("Error", {}).get("Code"))
-    return status == 404 or code in ("NoSuchKey", "NoSuchBucket", "NotFound", "404")
+    return status == 404 or code in _NOT_FOUND_CODES
 
 
-def make_s3_client(storage: StorageConfig, max_pool_connections: int = 64) -> Any:
-    """A boto3 S3 client for `storage`, tuned for many concurrent ranged GETs.
+def make_s3_client(
+    storage: StorageConfig,
+    max_pool_connections: int = 64,
+    *,
+    read_timeout_s: float = 60.0,
+    connect_timeout_s: float = 10.0,
+    attempts: int = 1,
+    checksums: str = "when_required",
+) -> Any:
+    """The one boto3 S3 client factory of the package (path-style, SigV4), loader and platform.
 
-    botocore's own retries are off (this module retries whole reads, body included), and
-    response checksum validation only runs when required: ranged reads carry no full-object
-    checksum and the loader verifies lengths and sha256 itself.
+    The loader's defaults: many pooled connections for concurrent ranged GETs, botocore's own
+    retries off (`ObjectStore` retries whole reads, body included), and checksums computed and
+    validated only when required (ranged reads carry no full-object checksum; the loader
+    verifies lengths and sha256 itself). The control plane asks for botocore's retries
+    (`attempts` in total) and its default checksums (`checksums="when_supported"`).
     """
     config = Config(
+        signature_version="s3v4",
         max_pool_connections=max_pool_connections,
-        retries={"total_max_attempts": 1, "mode": "standard"},
-        connect_timeout=10,
-        read_timeout=60,
+        retries={"total_max_attempts": attempts, "mode": "standard"},
+        connect_timeout=connect_timeout_s,
+        read_timeout=read_timeout_s,
         tcp_keepalive=True,
         s3={"addressing_style": "path"},
-        request_checksum_calculation="when_required",
-        response_checksum_validation="when_required",
+        request_checksum_calculation=checksums,
+        response_checksum_validation=checksums,
     )
-    return boto3.session.Session().client(
-        "s3",
-        endpoint_url=storage.endpoint_url,
-        **storage.credentials(),
-        region_name=storage.region,
-        config=config,
-    )
+    with _SESSION_LOCK:  # one session (its loaded service models) shared, clients made in turn
+        return _SESSION.client(
+            "s3",
+            endpoint_url=storage.endpoint_url,
+            **storage.credentials(),
+            region_name=storage.region,
+            config=config,
+        )
 
 
 def _fill_from_body(body: Any, views: Sequence[memoryview]) -> int:
@@ -188,6 +215,11 @@ class ObjectStore:
         self.retries = 0
         """Transient failures retried so far (for metrics and tests)."""
 
+    @classmethod
+    def over(cls, client: Any, bucket: str) -> ObjectStore:
+        """Reads of `bucket` through an existing client (the control plane's)."""
+        return cls(StorageConfig(bucket=bucket), client=client)
+
     def _with_retries(self, what: str, fn: Callable[[], T]) -> T:
         attempt = 0
         while True:
@@ -196,7 +228,7 @@ class ObjectStore:
                 return fn()
             except Exception as exc:
                 if not is_transient(exc):
-                    if _is_not_found(exc):
+                    if is_not_found(exc):
                         raise ObjectNotFoundError(f"{what} failed: not found") from exc
                     raise ObjectStoreError(f"{what} failed: {exc}") from exc
                 if attempt >= self.retry.max_attempts:
@@ -224,6 +256,24 @@ class ObjectStore:
     def head(self, key: str) -> int:
         """The object's size in bytes."""
         return self.stat(key).size
+
+    def find(self, key: str) -> ObjectInfo | None:
+        """The object's size and ETag from a listing of its exact key; None when it is absent.
+
+        How an optional file is looked for: S3 answers a GET or HEAD of a missing key with 404
+        only to a caller that may list the whole bucket (403 to the others), and our policies
+        allow listing only under each role's own prefixes (infra identity module). A key sorts
+        before every longer key it prefixes, so the first listed key is the exact one if any.
+        """
+
+        def call() -> ObjectInfo | None:
+            resp = self.client.list_objects_v2(Bucket=self.bucket, Prefix=key, MaxKeys=1)
+            for obj in resp.get("Contents") or []:
+                if obj.get("Key") == key:
+                    return ObjectInfo(key, int(obj["Size"]), None, obj.get("ETag"))
+            return None
+
+        return self._with_retries(f"LIST {key}", call)
 
     def read_prefix(self, key: str, n: int) -> tuple[bytes, ObjectInfo]:
         """The object's first min(n, size) bytes and its info, in one ranged GET (with retries)."""

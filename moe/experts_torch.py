@@ -2,9 +2,9 @@
 
 Pairs (token, k) are sorted by expert once; each expert with work then gathers its rows into
 a small reused buffer, runs gate/up -> SiLU-and-mul -> down, and adds its weighted rows into
-the fp32 output (`index_add_`) while they are still in cache. No loop over tokens, no scan of
-all tokens per expert, no sorted copy of every pair (at prefill sizes that copy and its
-scatter went through memory, not cache: `loraplex bench moe` measures it).
+the fp32 output (`index_add_`) while they are still in cache. At decode sizes one sorted copy
+of every pair and one scatter cost fewer small ops instead (`SORTED_COPY_BYTES`). No loop over
+tokens, no scan of all tokens per expert.
 
 Weights follow transformers v5's fused layout: `w13` [E, 2I, H] (gate rows then up
 rows), `w2` [E, H, I]; either may be a `QuantizedExperts` stack (int8 / int4 / fp8), whose
@@ -21,6 +21,11 @@ from loraplex.moe.packed_experts import PackedExperts
 from loraplex.moe.quant_experts import QuantizedExperts
 
 ExpertWeights = torch.Tensor | QuantizedExperts | PackedExperts
+
+SORTED_COPY_BYTES = 1 << 20
+"""Up to this size of the sorted copy of every pair (about a core's L2: decode batches), one
+gather and one scatter beat per-expert ones (fewer small ops); past it the copy spills to
+memory and per-expert gathers into a reused buffer win (`loraplex bench moe`, both sizes)."""
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -134,20 +139,49 @@ def fused_experts_torch(
         raise ValueError(f"expert id out of range for {num_local} local experts")
     token_of_pair = order // top_k
     weights = topk_weights.reshape(-1)[order].to(torch.float32).unsqueeze(1)
-    out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
     count_list = counts[:num_local].tolist()
-    # Small per-expert buffers, reused: each expert's rows stay in cache from the gather
-    # through both GEMMs to the weighted add (one big sorted copy of all pairs did not).
-    most = max(count_list, default=0)
+    if token_of_pair.numel() * hidden.shape[1] * hidden.element_size() <= SORTED_COPY_BYTES:
+        return _combine_sorted_copy(hidden, w13, w2, weights, token_of_pair, count_list)
+    return _combine_per_expert(hidden, w13, w2, weights, token_of_pair, count_list)
+
+
+def _combine_sorted_copy(
+    hidden: torch.Tensor,
+    w13: ExpertWeights,
+    w2: ExpertWeights,
+    weights: torch.Tensor,
+    token_of_pair: torch.Tensor,
+    counts: list[int],
+) -> torch.Tensor:
+    """Few pairs (decode): one gather of every sorted pair, the experts, one weighted scatter."""
+    out_sorted = run_sorted_rows(hidden[token_of_pair], counts, w13, w2)
+    weighted = out_sorted.to(torch.float32).mul_(weights)  # out_sorted is our own buffer
+    out = torch.zeros(hidden.shape[0], hidden.shape[1], dtype=torch.float32, device=hidden.device)
+    out.index_add_(0, token_of_pair, weighted)
+    return out.to(hidden.dtype)
+
+
+def _combine_per_expert(
+    hidden: torch.Tensor,
+    w13: ExpertWeights,
+    w2: ExpertWeights,
+    weights: torch.Tensor,
+    token_of_pair: torch.Tensor,
+    counts: list[int],
+) -> torch.Tensor:
+    """Many pairs (prefill): per expert, gather, MLP and weighted add while rows are in cache."""
+    out = torch.zeros(hidden.shape[0], hidden.shape[1], dtype=torch.float32, device=hidden.device)
+    most = max(counts, default=0)
     rows_buf = hidden.new_empty(most, hidden.shape[1])
     act_buf = hidden.new_empty(most, w2.shape[2])
-    start = 0
-    for expert, count in enumerate(count_list):
+    weighted_buf = out.new_empty(most, hidden.shape[1])
+    local = sum(counts)  # pairs past these go to experts held elsewhere
+    runs = zip(token_of_pair[:local].split(counts), weights[:local].split(counts), strict=True)
+    for expert, (tokens, scale) in enumerate(runs):
+        count = tokens.shape[0]
         if count:
-            tokens = token_of_pair[start : start + count]
             rows = torch.index_select(hidden, 0, tokens, out=rows_buf[:count])
             y = expert_mlp(rows, w13, w2, expert, act_buf)
-            y = y.to(torch.float32) if y.dtype != torch.float32 else y  # y is our own buffer
-            out.index_add_(0, tokens, y.mul_(weights[start : start + count]))
-        start += count
+            # weight (and widen a bf16 y to fp32) in one op, then add into the token rows
+            out.index_add_(0, tokens, torch.mul(y, scale, out=weighted_buf[:count]))
     return out.to(hidden.dtype)

@@ -24,6 +24,8 @@ from typing import cast
 
 import torch
 
+from loraplex.adapters.device_pool import DevicePool, LoraLinearSpec
+from loraplex.adapters.kernels.lora_backend import SliceBounds
 from loraplex.adapters.metadata import LoraBatchMeta
 from loraplex.loader.native_library import NativeLibrary
 from loraplex.loader.tensor_layout import require_contiguous, require_stride1_last
@@ -165,6 +167,45 @@ def lora_delta_native(
     `LoraHooks.slice_tensors`). The hooks keep the `NativeLoraLinear` instead of rebuilding it.
     """
     NativeLoraLinear(a_buf, b_buf, slice_bounds)(x, y, meta, lid)
+
+
+class NativeLora:
+    """The native CPU kernel as a `LoraBackend`: one `NativeLoraLinear` per Linear, built on
+    first use and again when the pool's buffers move."""
+
+    name = "native_cpu"
+
+    def __init__(self, bounds: SliceBounds) -> None:
+        self.bounds = bounds
+        self._linears: dict[int, NativeLoraLinear] = {}
+
+    def linear(self, lid: int, pool: DevicePool) -> NativeLoraLinear:
+        """Linear `lid`'s kernel arguments over the pool's current buffers."""
+        native = self._linears.get(lid)
+        a, b = pool.a[lid], pool.b[lid]
+        if native is None or not native.serves(a, b):
+            native = self._linears[lid] = NativeLoraLinear(a, b, self.bounds.get(lid))
+        return native
+
+    def delta(
+        self,
+        lid: int,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        meta: LoraBatchMeta,
+        pool: DevicePool,
+        spec: LoraLinearSpec,
+    ) -> None:
+        """Add Linear `lid`'s adapter deltas into `y` in place."""
+        self.linear(lid, pool)(x, y, meta, lid)
+
+
+def native_lora_serves(device: torch.device, dtype: torch.dtype, max_rank: int) -> bool:
+    """Whether the native kernel serves a model on `device` in `dtype` (CPU, fp32 or bf16,
+    ranks up to MAX_RANK, library built): the build-time form of `native_lora_available`."""
+    return (
+        device.type == "cpu" and dtype in DTYPE_CODES and max_rank <= MAX_RANK and LIBRARY.available
+    )
 
 
 def _step_args(meta: LoraBatchMeta) -> LoraStepArgs:

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from loraplex.adapters.kernels.lora_sgmv import SgmvPlan
+from loraplex.adapters.device_pool import DevicePool, LoraLinearSpec
+from loraplex.adapters.kernels.lora_sgmv import SgmvPlan, step_plan
+from loraplex.adapters.metadata import LoraBatchMeta
 from loraplex.loader.tensor_layout import require_contiguous, require_stride1_last
 
 # A block-diagonal B past this size (many chunks, wide outputs) costs more memory traffic than
@@ -175,3 +177,31 @@ class PackCache:
                 self._packs[lid] = packed
                 self._bytes += packed.nbytes
         return packed
+
+
+class PackedLora:
+    """The packed CPU path as a `LoraBackend`: chunk weights packed once per adapter layout and
+    kept (within `pack_cache_bytes`) while decode steps repeat it."""
+
+    name = "packed"
+
+    def __init__(self, pack_cache_bytes: int = 256 << 20) -> None:
+        self.packs = PackCache(pack_cache_bytes)
+
+    def delta(
+        self,
+        lid: int,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        meta: LoraBatchMeta,
+        pool: DevicePool,
+        spec: LoraLinearSpec,
+    ) -> None:
+        """Add Linear `lid`'s adapter deltas into `y` in place."""
+        dtype = lora_compute_dtype(x)
+        plan = step_plan(meta, pool.num_rows, dtype)
+        if plan is None:  # the active adapters have no tokens this step
+            return
+        a, b = pool.a[lid], pool.b[lid]
+        packed = self.packs.get(lid, a, b, plan, spec.slice_offsets, spec.slice_sizes, dtype)
+        lora_delta_packed(x, y, packed, plan)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from loraplex.adapters.device_pool import DevicePool, LoraLinearSpec
 from loraplex.adapters.metadata import LoraBatchMeta
 from loraplex.loader.tensor_layout import require_contiguous, require_stride1_last
 
@@ -107,6 +108,16 @@ def build_sgmv_plan(
     )  # fmt: skip
 
 
+def step_plan(meta: LoraBatchMeta, num_pool_rows: int, dtype: torch.dtype) -> SgmvPlan | None:
+    """The step's plan, built by the first Linear that needs it and kept on `meta` for the rest
+    (None when no token uses an adapter)."""
+    if meta.sgmv_plan is None:
+        meta.sgmv_plan = build_sgmv_plan(meta, num_pool_rows, dtype)
+    plan = meta.sgmv_plan
+    assert plan is None or isinstance(plan, SgmvPlan)  # only this function sets it
+    return plan
+
+
 def lora_delta_sgmv(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -143,3 +154,25 @@ def lora_delta_sgmv(
             out.add_(d)
         else:
             out.addcmul_(d, plan.token_mask)
+
+
+class SgmvLora:
+    """Plain SGMV as a `LoraBackend` (chunk weights gathered in every call)."""
+
+    name = "sgmv"
+
+    def delta(
+        self,
+        lid: int,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        meta: LoraBatchMeta,
+        pool: DevicePool,
+        spec: LoraLinearSpec,
+    ) -> None:
+        """Add Linear `lid`'s adapter deltas into `y` in place."""
+        plan = step_plan(meta, pool.num_rows, x.dtype)
+        if plan is not None:
+            lora_delta_sgmv(
+                x, y, pool.a[lid], pool.b[lid], plan, lid, spec.slice_offsets, spec.slice_sizes
+            )

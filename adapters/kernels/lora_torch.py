@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from loraplex.adapters.device_pool import DevicePool, LoraLinearSpec
 from loraplex.adapters.metadata import LoraBatchMeta
 
 
@@ -63,3 +64,23 @@ def lora_delta_torch(
                 y[s:e, off : off + size].addmm_(hsi, b, alpha=scale)
             else:
                 y[:, off : off + size].index_add_(0, idx, hsi @ b, alpha=scale)
+
+
+class TorchLora:
+    """The per-adapter torch path as a `LoraBackend` (the reference the others match)."""
+
+    name = "torch"
+
+    def delta(
+        self,
+        lid: int,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        meta: LoraBatchMeta,
+        pool: DevicePool,
+        spec: LoraLinearSpec,
+    ) -> None:
+        """Add Linear `lid`'s adapter deltas into `y` in place."""
+        lora_delta_torch(
+            x, y, pool.a[lid], pool.b[lid], meta, lid, spec.slice_offsets, spec.slice_sizes
+        )

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
+from loraplex.adapters.device_pool import DevicePool, LoraLinearSpec
+from loraplex.adapters.kernels.lora_backend import SliceBounds
 from loraplex.adapters.metadata import LoraBatchMeta
 from loraplex.adapters.static_meta import StaticLoraView
 from loraplex.loader.tensor_layout import require_stride1_last
@@ -313,3 +315,29 @@ def lora_delta_triton_static(
         raise ValueError(f"x has {x.shape[0]} rows, the static metadata {meta.num_tokens}")
     h = lora_shrink_triton(x, a_buf, meta, lid, meta.max_rank)
     lora_expand_triton(h, b_buf, y, meta, lid, (), slice_sizes, slice_tensors)
+
+
+class TritonLora:
+    """The Triton shrink/expand as a `LoraBackend` (CUDA), with the graph-static form for
+    captured decode steps (`static_delta`)."""
+
+    name = "triton"
+
+    def __init__(self, bounds: SliceBounds, max_rank: int) -> None:
+        self.bounds = bounds
+        self.max_rank = max_rank
+
+    def delta(
+        self,
+        lid: int,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        meta: LoraBatchMeta,
+        pool: DevicePool,
+        spec: LoraLinearSpec,
+    ) -> None:
+        """Add Linear `lid`'s adapter deltas into `y` in place."""
+        lora_delta_triton(
+            x, y, pool.a[lid], pool.b[lid], meta, lid, spec.slice_offsets, spec.slice_sizes,
+            self.max_rank, self.bounds.get(lid),
+        )  # fmt: skip

@@ -169,18 +169,20 @@ async def upload_adapter(
             size = weights.size if weights.size is not None else 0
             up = _uploader(settings, sessions, dispatcher, caller)
 
+            # The weights are hashed once: here for an idempotency fingerprint (the service
+            # then records this digest), else by the service while it streams them to storage.
+            digest: str | None = None
+
             def handler() -> dict[str, Any]:
-                version = svc.upload_adapter(up, name, base_model, config, weights.file, size)
+                version = svc.upload_adapter(
+                    up, name, base_model, config, weights.file, size, weights_sha256=digest
+                )
                 return upload_accepted_view(version, name)
 
             parts: tuple[Any, ...] = ()
             if request.headers.get(idempotent.HEADER) is not None:
-                parts = (
-                    name,
-                    base_model,
-                    hashlib.sha256(config or b"").hexdigest(),
-                    await run_in_threadpool(_sha256_file, weights.file),
-                )
+                digest = await run_in_threadpool(_sha256_file, weights.file)
+                parts = (name, base_model, hashlib.sha256(config or b"").hexdigest(), digest)
             return await idempotent.respond(
                 request,
                 sessions,

@@ -22,6 +22,7 @@ import torch
 from loraplex.loader.quant.compressed_tensors import unpack_int4
 from loraplex.loader.quant.module_parts import ModuleParts
 from loraplex.loader.quant.schemes import QuantScheme
+from loraplex.loader.quant_choices import PREQUANTIZED
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 """AutoAWQ's gemm packing: nibble k of a word holds output column AWQ_ORDER[k] of its eight."""
@@ -54,7 +55,7 @@ class AwqGptqReader:
     the canonical int4 tensors once a module is complete."""
 
     def __init__(self, scheme: QuantScheme, in_features: dict[str, int]) -> None:
-        if scheme.name not in ("awq", "gptq") or scheme.kind != "int4":
+        if scheme.name not in PREQUANTIZED or scheme.kind != "int4":
             raise ValueError(f"AwqGptqReader reads awq / gptq int4 schemes, not {scheme.name!r}")
         self.scheme = scheme
         self.in_features = in_features  # "<prefix>." -> in_features of its Linear

@@ -6,37 +6,24 @@ from dataclasses import dataclass
 
 import torch
 
+from loraplex.loader.quant_choices import (
+    ALIASES,
+    AUTO,
+    CAST_DTYPES,
+    INT4_GROUP_SIZE,
+    NOT_IMPLEMENTED,
+    PREQUANTIZED,
+    QUANTIZED,
+)
+
+__all__ = ["INT4_GROUP_SIZE", "PREQUANTIZED", "QUANTIZED", "QuantScheme", "parse_quantization"]
+
 _CASTS: dict[str, torch.dtype | None] = {
     "none": None,
-    "auto": None,
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
+    AUTO: None,
+    **{name: getattr(torch, dtype) for name, dtype in CAST_DTYPES.items()},
 }
-_ALIASES: dict[str, str] = {
-    "int8": "int8",
-    "w8a16": "int8",
-    "int8_weight_only": "int8",
-    "int4": "int4",
-    "w4a16": "int4",
-    "int4_asym": "int4",
-    "int4_sym": "int4_sym",
-    "w4a16_sym": "int4_sym",
-    "fp8": "fp8",
-    "fp8_e4m3": "fp8",
-    "w8a8_fp8": "fp8",
-}
-_NOT_IMPLEMENTED = ("fp8_e5m2",)
-PREQUANTIZED = ("awq", "gptq")
-"""Choices naming a pre-quantized checkpoint format: read as the checkpoint stores it (int4,
-groups of 128), never produced by quantizing on load."""
-QUANTIZED = ("int8", "int4", "int4_sym", "fp8", *PREQUANTIZED)
-"""Choices that store linear weights in fewer bits (the rest are casts)."""
-
-INT4_GROUP_SIZE = 128
+"""Each canonical cast choice and the dtype it stores everything in (None: no cast)."""
 
 
 @dataclass(frozen=True)
@@ -62,13 +49,9 @@ class QuantScheme:
 def parse_quantization(choice: str | None) -> str:
     """Canonical form of a choice; ValueError if unknown, NotImplementedError if unbuilt."""
     key = "none" if choice is None else str(choice).strip().lower()
-    if key in _CASTS:
-        return key
-    if key in _ALIASES:
-        return _ALIASES[key]
-    if key in PREQUANTIZED:
-        return key
-    if key in _NOT_IMPLEMENTED:
+    if key in ALIASES:
+        return ALIASES[key]
+    if key in NOT_IMPLEMENTED:
         raise NotImplementedError(
             f"weight quantization {choice!r} is not implemented in the loader; implemented: "
             "none, fp32, bf16, fp16, int8, int4, int4_sym, fp8, and awq / gptq for checkpoints "

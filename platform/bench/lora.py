@@ -219,7 +219,11 @@ def bench_cold(llm, hf_config: dict, tmp: Path, prompt, use_s3: bool) -> tuple[f
         core.lora_runtime.fetcher.object_store = store
         # What the validation job would store: the targets resolved once, on RE2.
         targets = resolve_config_targets((d / "adapter_config.json").read_bytes(), hf_config)
-        ref = AdapterRef(prefix, hashlib.sha256(weights).hexdigest(), targets=targets.to_json())
+        ref = AdapterRef(
+            object_prefix=prefix,
+            sha256=hashlib.sha256(weights).hexdigest(),
+            targets=targets.to_json(),
+        )
         cold = ttft(core, prompt, ref, "cold")
         return cold, ttft(core, prompt, ref, "warm"), "embedded SeaweedFS S3"
     finally:

@@ -13,9 +13,16 @@ Prints, each against a baseline measured in the same run:
   tokens with a mask scan per expert (transformers' eager path) on plain weights, at the
   prefill size; `..._decode` at a decode size (`--decode-tokens`, default 32 sequences);
   `..._bf16_decode` / `..._bf16` the same in bfloat16.
-- moe.masked_gather_over_gemm_floor: the gather loop's prefill time over the time of its
-  GEMMs alone (every expert's two matmuls on as many rows as it gets, nothing else): how much
-  non-GEMM time any grouped path could still remove at that size.
+- moe.masked_gather_over_gemm_floor (`..._bf16`): the gather loop's prefill time over the
+  time of its GEMMs alone (every expert's two matmuls on as many rows as it gets, nothing
+  else): how much non-GEMM time any grouped path could still remove at that size. With GEMMs
+  as fast as the loop's, no path beats the loop by more than this.
+- moe.grouped_over_gemm_floor (`..._bf16`): the same GEMMs' time over the grouped path's:
+  above 1 when the grouped path's packed GEMMs outrun the loop's plain ones by more than its
+  own gathers and adds cost.
+
+Times are this thread's CPU seconds by default (`--clock thread`, with `--threads 1`): on a
+machine shared with other work, time spent descheduled is not the code's.
 - moe.balancedness_before / moe.balancedness_after: mean / max routed pairs per rank over 8
   expert-parallel ranks for a skewed (Zipf-like) routing workload, under the default
   contiguous placement and under an EPLB placement with 8 redundant copies computed from a
@@ -65,16 +72,20 @@ def masked_gather_per_expert(x, w13, w2, weights, ids) -> torch.Tensor:
     return out
 
 
-def _interleaved_medians(fns: dict[str, Callable[[], torch.Tensor]], reps: int) -> dict[str, float]:
+def _interleaved_medians(
+    fns: dict[str, Callable[[], torch.Tensor]],
+    reps: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, float]:
     """Median seconds per function, the functions run in turn each rep (fair on a busy box)."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     for fn in fns.values():
         fn()  # warm-up
     for _ in range(reps):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = clock()
             fn()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
@@ -116,8 +127,11 @@ def grouped_speedups(
     reps: int,
     dtype: torch.dtype = torch.float32,
     naive: bool = True,
+    floor: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, float]:
-    """Speedups of the grouped path over the per-expert loops (64 experts, top-8)."""
+    """Speedups of the grouped path over the per-expert loops (64 experts, top-8), and both
+    paths against the gather loop's bare GEMMs (`floor`)."""
     x, w13, w2, weights, ids = _routing_case(tokens, hidden, inter, dtype)
     p13, p2 = _engine_stacks(w13, w2)
     grouped = fused_experts_torch(x, p13, p2, weights, ids).float()
@@ -131,12 +145,15 @@ def grouped_speedups(
     }
     if naive:
         fns["naive"] = lambda: naive_per_expert(x, w13, w2, weights.to(dtype), ids)
+    if floor:
         fns["gemm"] = lambda: gemm_floor(x, w13, w2, ids)
-    t = _interleaved_medians(fns, reps)
+    t = _interleaved_medians(fns, reps, clock)
     out = {"grouped_over_masked_gather": t["masked"] / t["grouped"]}
     if naive:
         out["grouped_over_naive"] = t["naive"] / t["grouped"]
+    if floor:
         out["masked_gather_over_gemm_floor"] = t["masked"] / t["gemm"]
+        out["grouped_over_gemm_floor"] = t["gemm"] / t["grouped"]
     return out
 
 
@@ -177,11 +194,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1: stable on a shared box)"
     )
+    parser.add_argument(
+        "--clock", choices=("thread", "wall"), default="thread",
+        help="thread: this thread's CPU seconds (one thread only; time spent descheduled on "
+        "a busy machine is not counted), wall: elapsed seconds",
+    )  # fmt: skip
     parser.add_argument("--ranks", type=int, default=8, help="simulated EP ranks")
     parser.add_argument("--redundant", type=int, default=8, help="redundant expert copies")
     parser.add_argument("--route-tokens", type=int, default=8192)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.clock == "thread" and args.threads != 1:
+        parser.error("--clock thread measures one thread: use --threads 1 or --clock wall")
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
 
     from rich.console import Console
     from rich.progress import Progress
@@ -191,7 +216,7 @@ def main(argv: list[str]) -> int:
     with Progress(console=console) as progress:
         task = progress.add_task("grouped vs per-expert loops", total=2)
         sizes = (args.hidden, args.inter, args.reps)
-        for name, value in grouped_speedups(args.tokens, *sizes).items():
+        for name, value in grouped_speedups(args.tokens, *sizes, clock=clock).items():
             results[f"moe.{name}"] = value
         for suffix, tokens, dtype in (
             ("_decode", args.decode_tokens, torch.float32),
@@ -200,10 +225,12 @@ def main(argv: list[str]) -> int:
         ):
             if dtype == torch.bfloat16 and not can_pack_experts(torch.empty(1, 1, 1, dtype=dtype)):
                 continue  # no native bf16 here: the engine would not run bf16 experts on it
-            speedup = grouped_speedups(tokens, *sizes, dtype=dtype, naive=False)
-            results[f"moe.grouped_over_masked_gather{suffix}"] = speedup[
-                "grouped_over_masked_gather"
-            ]
+            prefill = tokens == args.tokens
+            speedup = grouped_speedups(
+                tokens, *sizes, dtype=dtype, naive=False, floor=prefill, clock=clock
+            )
+            for name, value in speedup.items():
+                results[f"moe.{name}{suffix}"] = value
         progress.update(task, advance=1, description="balancedness before/after rebalance")
         results.update(balancedness_results(args.ranks, args.redundant, args.route_tokens))
         progress.update(task, advance=1)

@@ -27,9 +27,10 @@ from typing import Any
 
 import torch
 
+from loraplex.loader.quant_choices import QUANTIZED_ON_LOAD
 from loraplex.platform.bench._stdlib_llama import held_out_windows, trained_model
 
-CHOICES = ("int8", "int4", "int4_sym", "fp8")
+CHOICES = QUANTIZED_ON_LOAD
 
 
 def _log(msg: str) -> None:

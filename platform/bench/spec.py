@@ -18,6 +18,12 @@ small GEMMs wait on each other for tens of milliseconds whenever another process
 - spec.b{32,64}_sampled_speedup: temperature 1, where drafts are mostly wrong, so the
   controller must stop drafting; target at least 0.98 (never slower).
 - spec.b*_draft_share: the share of sequence-steps that drafted.
+
+With `--draft` (the default), the draft-model figures on trained tiny models (`spec_draft.py`):
+spec.heavy_shift_al_gain (target at least 1.3), spec.mild_al_gain, the acceptance length per
+adapter with the plain draft and with its draft adapter, spec.draft_model_b1_speedup and
+spec.draft_adapter_b1_speedup. The trained models are cached in `--cache-dir` (default: bench
+quant's, whose target it shares).
 """
 
 from __future__ import annotations
@@ -49,6 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", default="32,64", help="comma-separated; empty: batch 1 only")
     p.add_argument("--k-max", type=int, default=None, help="default: SpecConfig's")
     p.add_argument("--waves", type=int, default=3, help="requests per batch slot (queued)")
+    p.add_argument("--draft", action=argparse.BooleanOptionalAction, default=True,
+                   help="the draft-model figures on trained tiny models")  # fmt: skip
+    p.add_argument("--cache-dir", type=Path, default=None, help="default: <data dir>/bench-quant")
+    p.add_argument("--train-steps", type=int, default=1200, help="the target's training steps")
+    p.add_argument("--draft-steps", type=int, default=600, help="the draft's training steps")
+    p.add_argument("--lora-steps", type=int, default=150, help="each adapter's training steps")
+    p.add_argument("--al-prompts", type=int, default=3, help="prompts per adapter")
+    p.add_argument("--al-prompt-tokens", type=int, default=128)
+    p.add_argument("--al-tokens", type=int, default=64, help="output tokens per prompt")
     p.add_argument("--quick", action="store_true", help="a seconds-long run (for tests)")
     return p
 
@@ -109,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.hidden, args.layers, args.vocab, args.b1_prompts = 64, 1, 256, 1
         args.prompt_tokens, args.tokens, args.batches, args.waves = 32, 16, "4", 2
+        args.train_steps = args.draft_steps = args.lora_steps = 2
+        args.al_prompts, args.al_prompt_tokens, args.al_tokens = 1, 32, 8
     greedy = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
     sampled = SamplingParams(temperature=1.0, max_tokens=args.tokens, ignore_eos=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -126,6 +143,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"RESULT spec.b{batch}{name}_speedup={ratio:.4f}")
                 print(f"RESULT spec.b{batch}{name}_mean_acceptance_length={length:.4f}")
                 print(f"RESULT spec.b{batch}{name}_draft_share={share:.4f}")
+        if args.draft:
+            from loraplex.platform.bench.spec_draft import main_results
+
+            if args.quick:
+                args.cache_dir = path / "trained"
+            elif args.cache_dir is None:
+                from loraplex.platform.settings import default_data_dir
+
+                args.cache_dir = default_data_dir() / "bench-quant"
+            main_results(args, _log)
     return 0
 
 

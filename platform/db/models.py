@@ -30,6 +30,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from loraplex.platform.engine_spec.deployment import DEPLOYMENT_DEFAULTS, sql_default
+from loraplex.platform.engine_spec.quantization import KV_CACHE_CHOICES, WEIGHT_CHOICES
 from loraplex.platform.tokenizing.tool_calls import FAMILIES as TOOL_CALL_FORMATS
 
 NAMING_CONVENTION = {
@@ -43,19 +45,8 @@ NAMING_CONVENTION = {
 FAMILIES = ("dense", "moe")
 # "auto": the device's native compute type (bf16 where the CPU or GPU computes it natively,
 # else fp32), or the scheme a pre-quantized checkpoint fixes.
-WEIGHT_QUANTIZATIONS = (
-    "auto",
-    "fp32",
-    "bf16",
-    "fp16",
-    "fp8",
-    "int8",
-    "int4",
-    "int4_sym",
-    "awq",
-    "gptq",
-)
-KV_CACHE_DTYPES = ("auto", "fp8")
+WEIGHT_QUANTIZATIONS = WEIGHT_CHOICES
+KV_CACHE_DTYPES = KV_CACHE_CHOICES
 VERSION_STATUSES = ("uploading", "validating", "ready", "failed", "deleting")
 JOB_STATUSES = ("queued", "running", "succeeded", "failed")
 IDEMPOTENCY_STATES = ("in_flight", "done")
@@ -63,6 +54,11 @@ OPERATOR_ROLES = ("owner", "operator", "viewer")
 
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+
+
+def _default(field: str) -> str:
+    """A deployment column's server default: `engine_spec`'s default for it, as SQL text."""
+    return sql_default(getattr(DEPLOYMENT_DEFAULTS, field))
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
@@ -173,16 +169,20 @@ class Deployment(Base):
     max_lora_rank: Mapped[int] = mapped_column(Integer)
     replicas: Mapped[int] = mapped_column(Integer)
     expert_parallel_size: Mapped[int] = mapped_column(Integer)
-    share_prefix_cache: Mapped[bool] = mapped_column(Boolean, server_default="false")
+    share_prefix_cache: Mapped[bool] = mapped_column(
+        Boolean, server_default=_default("share_prefix_cache")
+    )
     # How long a request waits for a first ready replica when all are still starting (a cold
     # start, a scale from zero) before the gateway answers 503 with Retry-After.
-    cold_start_wait_s: Mapped[float] = mapped_column(Float, server_default="120")
+    cold_start_wait_s: Mapped[float] = mapped_column(
+        Float, server_default=_default("cold_start_wait_s")
+    )
     # Replicas run the deterministic mode (batch-invariant kernels; engine_spec maps it).
-    deterministic: Mapped[bool] = mapped_column(Boolean, server_default="false")
+    deterministic: Mapped[bool] = mapped_column(Boolean, server_default=_default("deterministic"))
     # Its share of the traffic routed to its base model (gateway/router.py); NULL: by capacity.
     routing_weight: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Whether a request may pick it by name (the `X-Loraplex-Deployment` header).
-    nameable: Mapped[bool] = mapped_column(Boolean, server_default="false")
+    nameable: Mapped[bool] = mapped_column(Boolean, server_default=_default("nameable"))
     # How the gateway reads tool calls in free output (tokenizing/tool_calls.py); NULL: from
     # the chat template.
     tool_call_format: Mapped[str | None] = mapped_column(String(16), nullable=True)

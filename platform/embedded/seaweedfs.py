@@ -84,22 +84,13 @@ class EmbeddedSeaweedFS:
         return bool(topology.get("DataCenters")) and int(topology.get("Max", 0)) > 0
 
     def _s3_answers(self) -> bool:
-        import boto3
-        from botocore.config import Config
+        from loraplex.loader.object_store import make_s3_client
+        from loraplex.loader.storage import StorageConfig
 
-        client = boto3.client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            aws_access_key_id=self.access_key,
-            aws_secret_access_key=self.secret_key,
-            region_name=self.region,
-            config=Config(
-                s3={"addressing_style": "path"},
-                retries={"max_attempts": 1},
-                connect_timeout=2,
-                read_timeout=5,
-            ),
+        storage = StorageConfig(
+            self.endpoint_url, "", self.access_key, self.secret_key, self.region
         )
+        client = make_s3_client(storage, 1, read_timeout_s=5, connect_timeout_s=2)
         client.list_buckets()
         return True
 

@@ -15,7 +15,10 @@ from typing import Any
 import torch
 
 from loraplex.loader.timeline import Timeline
-from loraplex.platform.engine.batch_invariant import make_batch_invariant
+from loraplex.platform.engine.batch_invariant import (
+    DeterministicModeUnsupported,
+    make_batch_invariant,
+)
 from loraplex.platform.engine.block_pool import BlockPool
 from loraplex.platform.engine.cold_start import finish_cold_start
 from loraplex.platform.engine.decode_graphs import recapture_decode_graphs, setup_decode_graphs
@@ -30,6 +33,7 @@ from loraplex.platform.engine.request import Request, RequestStatus
 from loraplex.platform.engine.sampling_params import SamplingParams
 from loraplex.platform.engine.scheduler import Scheduler, SchedulerOutput
 from loraplex.platform.engine.speculative.config import SpecConfig
+from loraplex.platform.engine.speculative.draft_model import DraftModel
 from loraplex.platform.engine.speculative.report import AcceptanceCollector, speculative_state
 from loraplex.platform.engine.speculative.speculator import Speculator
 from loraplex.platform.engine.structured.bitmask import MaskFiller
@@ -41,7 +45,6 @@ from loraplex.platform.engine_spec.speculative import parse_speculative
 from loraplex.platform.tokenizing import IncrementalDetokenizer
 from loraplex.platform.wire import WIRE_VERSION, ColdStartPhase, ReplicaState
 
-CPU_KV_BUDGET = 256 * 1024 * 1024
 log = logging.getLogger(__name__)
 
 
@@ -70,6 +73,11 @@ class EngineCore:
         self.dtype_reason = loaded.dtype_reason  # why this compute dtype (reported in /state)
         self.model = loaded.model
         if config.deterministic:  # batch-invariant kernels, or a refusal naming what is missing
+            why = config.deterministic_refusal(hf_config)  # the architecture (MLA), before kernels
+            if why is not None:
+                raise DeterministicModeUnsupported(
+                    f"the deterministic mode does not cover {why} yet"
+                )
             make_batch_invariant(self.model, config, hf_config, self.dtype)
         self.tokenizer = loaded.tokenizer
         eos = self.tokenizer.eos_token_ids if self.tokenizer is not None else []
@@ -140,7 +148,7 @@ class EngineCore:
                 free, _ = torch.cuda.mem_get_info(torch.device(cfg.device))
                 budget = int(free * cfg.gpu_memory_utilization)
             if budget is None:
-                n = min(CPU_KV_BUDGET // per_block, 2 * cfg.max_num_seqs * per_seq)
+                n = min(cfg.cpu_kv_cache_bytes // per_block, 2 * cfg.max_num_seqs * per_seq)
             else:
                 n = budget // per_block
         if n < per_seq:
@@ -156,6 +164,18 @@ class EngineCore:
         """Plug in the multi-LoRA runtime (`ports.LoraRuntimeProtocol`): it resolves adapter
         references, builds each step's LoRA metadata, and its admission policy gates the
         scheduler."""
+        budget = self.config.expert_lora_memory_bytes
+        if budget is not None:  # the config's expert-LoRA byte budget over the runtime's default
+            experts = getattr(runtime, "experts", None)
+            if experts is None:
+                raise ValueError(
+                    f"expert_lora_memory_bytes is set but {self.model_id} has no MoE experts"
+                )
+            experts.capacity_bytes = budget
+        # the config's starvation bound over the runtime's (one default: EngineConfig's)
+        policy = runtime.admission_policy
+        if hasattr(policy, "max_wait_steps"):
+            policy.max_wait_steps = self.config.lora_max_wait_steps
         self.lora_runtime = runtime
         self.runner.lora_runtime = runtime
         if self.decode_graphs is not None:  # recapture so adapter decode steps replay too
@@ -168,11 +188,28 @@ class EngineCore:
             self.speculator = None
             return
         cfg = self.config
+        max_len = int(cfg.max_model_len)  # type: ignore[arg-type]
+        drafter = None
+        if spec.draft_model is not None:  # method draft_model or draft_adapter
+            drafter = DraftModel.load(
+                spec.draft_model,
+                self.vocab_size,
+                block_size=cfg.block_size,
+                max_model_len=max_len,
+                dtype=str(self.dtype).removeprefix("torch."),
+                device=cfg.device,
+                seed=cfg.seed,
+                storage=cfg.storage,
+            )
+            if spec.method == "draft_adapter":
+                drafter.enable_adapters(max(1, cfg.max_loras), cfg.max_lora_rank)
         self.speculator = Speculator(
             spec,
             self.kv,
             cfg.max_num_batched_tokens,
-            int(cfg.max_model_len),  # type: ignore[arg-type]
+            max_len,
+            drafter,
+            self.runner.sampler,
         )
 
     def add_request(
@@ -449,7 +486,10 @@ class EngineCore:
             compute_dtype=str(self.dtype).removeprefix("torch."),
             compute_dtype_reason=self.dtype_reason,
             deterministic=self.config.deterministic,
-            speculative=speculative_state(self.speculator),
+            speculative=speculative_state(
+                self.speculator,
+                None if self.speculator is None else self.speculator.config.draft_model,
+            ),
             cold_start=[
                 ColdStartPhase(name=name, start_s=start, seconds=seconds)
                 for name, start, seconds in self.timeline.phases()

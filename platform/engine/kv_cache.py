@@ -55,14 +55,14 @@ def allocate_kv_cache(
     device: str | torch.device,
 ) -> list[torch.Tensor]:
     """Allocate `[2, num_blocks, block_size, Hkv, D]` per attention layer and bind it as
-    `attn.kv_cache` (its KV scales moved beside it, one per KV head, before any CUDA graph is
-    captured); returns the tensors in layer order."""
+    `attn.kv_cache`, choosing the layer's attention backend for it (its KV scales moved beside
+    it, one per KV head, before any CUDA graph is captured); returns the tensors in layer order."""
     if num_blocks <= 0 or block_size <= 0:
         raise ValueError("num_blocks and block_size must be positive")
     caches = []
     for attn in attention_layers(model):
         cache = torch.zeros(cache_shape(attn, num_blocks, block_size), dtype=dtype, device=device)
-        attn.kv_cache = cache
+        attn.bind_cache(cache)  # chooses the layer's attention backend for this cache
         attn.kv_scales = attn.kv_scales.per_head(attn.num_kv_heads, device)
         caches.append(cache)
     if not caches:

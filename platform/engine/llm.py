@@ -38,15 +38,14 @@ class LLM:
     """Runs an EngineCore to completion over a batch of prompts (continuous batching inside)."""
 
     def __init__(self, model: str, **engine_args: Any) -> None:
-        # Multi-LoRA is on when asked for: max_loras / max_lora_rank / adapter_memory (bytes).
+        # Multi-LoRA follows EngineConfig's one default, as the server does: on unless
+        # max_loras=0 (sized by max_loras / max_lora_rank / adapter_memory bytes).
         if "adapter_memory" in engine_args:
             engine_args["adapter_memory_bytes"] = engine_args.pop("adapter_memory")
-        lora_args = ("max_loras", "max_lora_rank", "adapter_memory_bytes")
-        want_lora = any(engine_args.get(k) for k in lora_args)
         self.config = EngineConfig(model=model, **engine_args)
         self.core = EngineCore(self.config)
         self._calls = itertools.count()
-        if want_lora and self.config.max_loras > 0:
+        if self.config.serves_adapters:
             from loraplex.platform.engine.lora.runtime import LoraRuntime
 
             self._install_lora_runtime(LoraRuntime.for_engine(self.core))

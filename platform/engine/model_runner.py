@@ -68,7 +68,8 @@ def logits_fn(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     fn = getattr(model, "compute_logits", None)
     if not callable(fn):
         raise TypeError(f"{type(model).__name__} has no compute_logits(hidden) method")
-    return fn
+    typed: Callable[[torch.Tensor], torch.Tensor] = fn
+    return typed
 
 
 class ModelRunner:

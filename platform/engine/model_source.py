@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from loraplex.loader.object_store import ObjectNotFoundError
 from loraplex.loader.quant.quantizer import TensorQuantizer
 from loraplex.loader.select import ExpertShare
 from loraplex.loader.stream_reader import LoadPlan, StreamLoader, narrow_plan, open_loader
@@ -207,10 +206,10 @@ class S3ModelSource:
     def _small_file(self, name: str) -> bytes | None:
         """A small file of the model folder, whole; None if the object does not exist."""
         key = self._key(name)
-        try:
-            data, info = self.loader.store.read_prefix(key, MAX_SMALL_FILE_BYTES + 1)
-        except ObjectNotFoundError:
+        # Listed first: under our IAM policies a GET of a missing key is a 403, not a 404.
+        if self.loader.store.find(key) is None:
             return None
+        data, info = self.loader.store.read_prefix(key, MAX_SMALL_FILE_BYTES + 1)
         if info.size > MAX_SMALL_FILE_BYTES:
             raise ModelSourceError(
                 f"{self.model_id}/{name} is {info.size} bytes, over {MAX_SMALL_FILE_BYTES}"

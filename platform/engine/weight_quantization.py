@@ -28,6 +28,7 @@ from loraplex.loader.quant.compressed_tensors import (
     checkpoint_quant_method,
     compressed_tensors_scheme,
 )
+from loraplex.loader.quant_choices import PREQUANTIZED
 from loraplex.platform.engine.layers.quant import linear_quantization
 from loraplex.platform.engine.models.weight_loading import (
     quantized_linear_inputs,
@@ -60,7 +61,7 @@ class WeightQuantization:
         if self.prequantized:
             if model is None:
                 raise ValueError("reading a pre-quantized checkpoint needs the built model")
-            if self.scheme.name in ("awq", "gptq"):
+            if self.scheme.name in PREQUANTIZED:
                 return AwqGptqReader(self.scheme, quantized_linear_inputs(model))
             return CompressedTensorsReader(self.scheme, quantized_linear_inputs(model))
         if self.choice in ("none", "auto"):

@@ -37,15 +37,10 @@ def sampling_params(options: SamplingOptions) -> SamplingParams:
     return SamplingParams(**kwargs)
 
 
-def adapter_reference(ref: AdapterRef | None) -> Any | None:
-    """The engine's object-storage adapter reference for a wire `AdapterRef`."""
-    if ref is None:
-        return None
-    from loraplex.platform.engine.lora.sources import AdapterRef as EngineAdapterRef
-
-    return EngineAdapterRef(
-        ref.object_prefix, ref.sha256, ref.config_sha256, ref.tenant, ref.targets
-    )
+def adapter_reference(ref: AdapterRef | None) -> AdapterRef | None:
+    """The engine's object-storage adapter reference for a wire `AdapterRef`: the wire model
+    itself (its one definition; the fetcher adds the checks the field constraints cannot)."""
+    return ref
 
 
 def merge_deltas(deltas: list[RequestDelta]) -> RequestDelta:

@@ -9,14 +9,20 @@ a field with `metadata["cli"] = False` never goes on a command line.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from loraplex.loader.storage import StorageConfig
+from loraplex.platform.engine_spec.quantization import (
+    AUTO,
+    KV_CACHE_CHOICES,
+    QUANTIZED_ON_LOAD,
+)
 from loraplex.platform.engine_spec.speculative import parse_speculative, speculative_gap
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-KV_CACHE_DTYPES = ("auto", "fp8")
+KV_CACHE_DTYPES = KV_CACHE_CHOICES
 """`auto` stores K/V in the model's dtype; `fp8` in e4m3 with per-layer scales (half the
 bytes of bf16: about twice the blocks in the same memory)."""
 
@@ -31,12 +37,19 @@ def deterministic_gap(
     ep_size: int = 1,
     device: str = "cpu",
     dtype: str = "float32",
+    model_config: Mapping[str, Any] | None = None,
 ) -> str | None:
     """What of these choices the deterministic mode does not cover yet, None when it covers
-    them all (the one rule: `EngineConfig` and the control plane both ask it)."""
+    them all (the one rule: `EngineConfig` and the control plane both ask it). With the base
+    model's config (`config.json` as a dict) it also answers for the architecture."""
+    if model_config is not None and uses_latent_attention(model_config):
+        return (
+            "multi-head latent attention (MLA: DeepSeek-V2/V3; its latent-cache attention has "
+            "no fixed-order kernel)"
+        )
     if not device.startswith("cpu"):
         return f"device {device} (the GPU kernels' single-tile configuration is not built)"
-    if quantization not in (None, "auto", "fp32", "bf16", "int8", "int4", "int4_sym", "fp8"):
+    if quantization not in (None, AUTO, "fp32", "bf16", *QUANTIZED_ON_LOAD):
         return f"quantization {quantization} (pre-quantized checkpoints' GEMMs are not covered)"
     if kv_cache_dtype != "auto":
         return f"kv_cache_dtype {kv_cache_dtype}"
@@ -45,6 +58,14 @@ def deterministic_gap(
     if ep_size > 1:
         return "expert parallelism"
     return None
+
+
+def uses_latent_attention(model_config: Mapping[str, Any]) -> bool:
+    """Whether a model config describes multi-head latent attention (a compressed KV rank)."""
+    return model_config.get("kv_lora_rank") is not None or model_config.get("model_type") in (
+        "deepseek_v2",
+        "deepseek_v3",
+    )
 
 
 @dataclass
@@ -70,6 +91,10 @@ class EngineConfig:
     block_size: int = _opt(16, "tokens per KV-cache block (a power of two)")
     num_gpu_blocks: int | None = _opt(None, "fixed KV-cache block count (else from memory)")
     kv_cache_memory_bytes: int | None = _opt(None, "bytes for the KV cache")
+    cpu_kv_cache_bytes: int = _opt(
+        256 << 20, "bytes for a CPU engine's KV cache when kv_cache_memory_bytes is unset (at "
+        "most what 2 x max_num_seqs full-length sequences need)",
+    )  # fmt: skip
     gpu_memory_utilization: float = _opt(0.9, "share of free GPU memory for the KV cache")
     max_num_seqs: int = _opt(64, "sequences in one step, at most")
     max_num_batched_tokens: int = _opt(2048, "tokens in one step, at most")
@@ -90,6 +115,15 @@ class EngineConfig:
     adapter_memory_rank_rows: int = _opt(
         2048, "device adapter memory in rank rows when adapter_memory_bytes is unset, at most "
         "max_loras x max_lora_rank (2048 rows: 256 rank-8 or 32 rank-64 adapters resident)",
+    )  # fmt: skip
+    expert_lora_memory_bytes: int | None = _opt(
+        None, "device bytes (per expert-parallel rank) for adapters' expert and router LoRA "
+        "factors on a MoE base, counted in admission (default: max_loras adapters of "
+        "max_lora_rank on every expert target); refused on a dense base",
+    )  # fmt: skip
+    lora_max_wait_steps: int = _opt(
+        32, "engine steps a ready adapter may wait for a batch slot before admission lets no "
+        "other adapter ahead of it (no adapter starves)",
     )  # fmt: skip
     quantization: str | None = _opt(
         None,
@@ -133,6 +167,10 @@ class EngineConfig:
             raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
             raise ValueError("kv_cache_memory_bytes must be positive")
+        if self.cpu_kv_cache_bytes < 1:
+            raise ValueError("cpu_kv_cache_bytes must be positive")
+        if self.lora_max_wait_steps < 0:
+            raise ValueError("lora_max_wait_steps must be >= 0")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.max_num_seqs < 1:
@@ -158,6 +196,8 @@ class EngineConfig:
             raise ValueError("max_loras and max_lora_rank must be >= 0")
         if self.adapter_memory_bytes is not None and self.adapter_memory_bytes < 1:
             raise ValueError("adapter_memory_bytes must be positive")
+        if self.expert_lora_memory_bytes is not None and self.expert_lora_memory_bytes < 1:
+            raise ValueError("expert_lora_memory_bytes must be positive")
         if self.adapter_memory_rank_rows < 1:
             raise ValueError("adapter_memory_rank_rows must be >= 1")
         if self.cuda_graph_sizes is not None and (
@@ -178,13 +218,19 @@ class EngineConfig:
                 raise ValueError(f"speculative decoding does not serve {gap}")
             self.speculative = option.to_json()
 
-    def deterministic_refusal(self) -> str | None:
+    def deterministic_refusal(self, model_config: Mapping[str, Any] | None = None) -> str | None:
         """What of this configuration the deterministic mode does not cover yet (None: all
-        of it, as far as the configuration alone tells; the engine checks the model too)."""
+        of it, as far as the configuration and `model_config`, the base's config.json once
+        loaded, tell; the engine checks the model's modules too)."""
         if not self.deterministic:
             return None
         return deterministic_gap(
-            self.quantization, self.kv_cache_dtype, self.ep_size, self.device, self.dtype
+            self.quantization,
+            self.kv_cache_dtype,
+            self.ep_size,
+            self.device,
+            self.dtype,
+            model_config,
         )
 
     def adapter_rank_rows(self) -> int:

@@ -10,6 +10,7 @@ database-free: it reads the row's attributes (`platform/db/models.py` `Deploymen
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from loraplex.platform.engine_spec.cli import ServerOptions, engine_args
@@ -27,6 +28,34 @@ from loraplex.platform.engine_spec.supported_models import (
     unserved_kv_cache_message,
     unserved_quantization_message,
 )
+
+
+@dataclass(frozen=True)
+class DeploymentDefaults:
+    """What a deployment gets for each choice its creator leaves out: the one place these
+    values are written (the API schema, the deployments service and the database's server
+    defaults read them; a test keeps it so)."""
+
+    weight_quantization: str = AUTO
+    kv_cache_dtype: str = AUTO
+    replicas: int = 1
+    expert_parallel_size: int = 1
+    share_prefix_cache: bool = False
+    cold_start_wait_s: float = 120.0
+    deterministic: bool = False
+    nameable: bool = False
+
+
+DEPLOYMENT_DEFAULTS = DeploymentDefaults()
+
+
+def sql_default(value: bool | float | str) -> str:
+    """A default as a column's server-default SQL text (`false`, `120`, `auto`)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
 
 
 class BaseModelRow(Protocol):

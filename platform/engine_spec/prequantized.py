@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-PREQUANTIZED_WEIGHTS = ("awq", "gptq")
+from loraplex.loader.quant_choices import PREQUANTIZED
+
+PREQUANTIZED_WEIGHTS = PREQUANTIZED
 SERVED_GROUP_SIZE = 128
 SERVED_AWQ_GPTQ = (
     "AWQ version gemm, 4 bits, group_size 128, zero_point true; GPTQ checkpoint_format gptq, "

@@ -1,22 +1,46 @@
 """Whether a deployment's quantization choice can serve a base model on a device, and if not,
 why and what would work. Torch-free: the control plane checks before it stores a deployment,
-and the launcher mapping checks again with the replica's device.
+and the launcher mapping checks again with the replica's device. The platform reads the
+choices' names here; they are defined once in `loraplex.loader.quant_choices` (the loader,
+below the platform, parses them too).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from loraplex.loader.quant_choices import (
+    AUTO,
+    INT4_CHOICES,
+    INT4_GROUP_SIZE,
+    KV_CACHE_CHOICES,
+    QUANTIZED,
+    QUANTIZED_ON_LOAD,
+    WEIGHT_CHOICES,
+)
 from loraplex.platform.engine_spec.prequantized import (
     PREQUANTIZED_WEIGHTS,
     SERVED_AWQ_GPTQ,
     awq_gptq_format,
 )
 
-INT4_GROUP_SIZE = 128
-AUTO = "auto"  # weights: the device's native compute type, or the checkpoint's own scheme
-QUANTIZED_WEIGHTS = ("int8", "int4", "int4_sym", "fp8", *PREQUANTIZED_WEIGHTS)
-INT4_CHOICES = ("int4", "int4_sym")
+__all__ = [
+    "AUTO",
+    "INT4_CHOICES",
+    "INT4_GROUP_SIZE",
+    "KV_CACHE_CHOICES",
+    "QUANTIZED_ON_LOAD",
+    "QUANTIZED_WEIGHTS",
+    "WEIGHT_CHOICES",
+    "WEIGHT_DEVICES",
+    "QuantizationRefused",
+    "check_quantization",
+    "checkpoint_choice",
+    "compressed_tensors_choice",
+    "prequantized_method",
+]
+
+QUANTIZED_WEIGHTS = QUANTIZED
 WEIGHT_DEVICES = ("cpu", "cuda")
 """Device types the quantized Linear methods run on (packed CPU kernels; dequantizing or
 `torch._scaled_mm` paths on CUDA)."""

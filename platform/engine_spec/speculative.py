@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-BUILT_METHODS = ("ngram",)
-PLANNED_METHODS = ("draft_model", "draft_adapter", "eagle", "medusa")
+BUILT_METHODS = ("ngram", "draft_model", "draft_adapter")
+PLANNED_METHODS = ("eagle", "medusa")
 DRAFT_MODEL_METHODS = ("draft_model", "draft_adapter")
 K_MAX_LIMIT = 16
 _KEYS = ("method", "k_min", "k_max", "draft_model")
@@ -25,7 +25,9 @@ _KEYS = ("method", "k_min", "k_max", "draft_model")
 @dataclass(frozen=True)
 class SpeculativeOption:
     """What speculation to run: `method` (ngram: prompt lookup plus each adapter's suffix
-    table), K in [k_min, k_max] per request per step, and the draft model's location for the
+    table; draft_model: a small model sharing the tokenizer, at `draft_model`; draft_adapter:
+    that model with the draft adapter tied to a request's adapter, else that adapter's suffix
+    table, else the plain draft), K in [k_min, k_max] per request per step, and the draft model's location for the
     draft-model methods."""
 
     method: str = "ngram"

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from loraplex.platform.engine_spec.quantization import KV_CACHE_CHOICES, WEIGHT_CHOICES
+
 Family = Literal["dense", "moe"]
 
 SUPPORTED_ARCHITECTURES: dict[str, Family] = {
@@ -40,25 +42,14 @@ def served_architecture(hf_config: dict[str, Any]) -> str | None:
     return None
 
 
-SERVED_WEIGHT_QUANTIZATIONS: tuple[str, ...] = (
-    "auto",
-    "fp32",
-    "bf16",
-    "fp16",
-    "int8",
-    "int4",
-    "int4_sym",
-    "fp8",
-    "awq",
-    "gptq",
-)
+SERVED_WEIGHT_QUANTIZATIONS: tuple[str, ...] = WEIGHT_CHOICES
 """Deployment weight choices the engine implements: `auto` (the device's native compute type,
 or a pre-quantized checkpoint's own scheme), casts on load, int8 (W8A16), int4 (W4A16,
 groups of 128, asymmetric; `int4_sym` symmetric) and fp8 (W8A8 e4m3) quantized on load; awq and
 gptq serve checkpoints stored in those 4-bit formats as they are (W4A16)."""
 
 
-SERVED_KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")
+SERVED_KV_CACHE_DTYPES: tuple[str, ...] = KV_CACHE_CHOICES
 """KV-cache choices the engine implements: `auto` stores K/V in the model's dtype, `fp8` in
 e4m3 with per-layer scales."""
 

@@ -7,14 +7,45 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from loraplex.platform.tokenizing import ModelTokenizer, load_tokenizer
+from loraplex.loader.object_store import ObjectStore
+from loraplex.platform.tokenizing import TOKENIZER_FILES, ModelTokenizer, load_tokenizer
 
 DEFAULT_CONTEXT_LENGTH = 2048
+ASSET_FILES = (*TOKENIZER_FILES, "config.json")  # config: the context length and eos ids
+MAX_ASSET_BYTES = 64 * 1024 * 1024
+
+
+def fetch_model_assets(s3: Any, bucket: str, prefix: str, dest: Path) -> Path:
+    """Download the tokenizer/template/config files under `prefix` into `dest` (once).
+
+    Each file is optional and looked for by listing its exact key (`ObjectStore.find`): under
+    our IAM policies a GET of a missing key is a 403, not a 404."""
+    marker = dest / ".complete"
+    if marker.is_file():
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    store = ObjectStore.over(s3, bucket)
+    for name in ASSET_FILES:
+        info = store.find(prefix + name)
+        if info is None:
+            continue
+        if info.size > MAX_ASSET_BYTES:
+            raise ValueError(f"{prefix}{name} is {info.size} bytes, over {MAX_ASSET_BYTES}")
+        body = store.get_range(info.key, 0, info.size)
+        fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{name}.")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(body)
+        os.replace(tmp, dest / name)
+    marker.write_text("ok")
+    return dest
 
 
 def _context_length(model_dir: Path) -> int:

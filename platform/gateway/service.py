@@ -6,8 +6,6 @@ assets (tokenizer and chat template files fetched from object storage on first u
 from __future__ import annotations
 
 import asyncio
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from loraplex.platform.gateway.adapter_warmer import AdapterWarmer
-from loraplex.platform.gateway.assets import AssetCache, ModelAssets
+from loraplex.platform.gateway.assets import AssetCache, ModelAssets, fetch_model_assets
 from loraplex.platform.gateway.key_cache import KeyCache
 from loraplex.platform.gateway.ratelimit import RateLimiter
 from loraplex.platform.gateway.refusal_pause import RefusalPause
@@ -37,32 +35,6 @@ from loraplex.platform.services.api_keys import (
     use_api_key,
 )
 from loraplex.platform.settings import Settings
-from loraplex.platform.tokenizing import TOKENIZER_FILES
-
-ASSET_FILES = (*TOKENIZER_FILES, "config.json")  # config: the context length and eos ids
-
-
-def fetch_model_assets(s3: Any, bucket: str, prefix: str, dest: Path) -> Path:
-    """Download the tokenizer/template/config files under `prefix` into `dest` (once)."""
-    marker = dest / ".complete"
-    if marker.is_file():
-        return dest
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in ASSET_FILES:
-        try:
-            body = s3.get_object(Bucket=bucket, Key=prefix + name)["Body"].read()
-        except Exception as exc:  # a missing optional file is fine
-            code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
-            if code in {"404", "NoSuchKey", "NotFound"}:
-                continue
-            raise
-        fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{name}.")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(body)
-        os.replace(tmp, dest / name)
-    marker.write_text("ok")
-    return dest
-
 
 REDIS_POOL_SIZE = 64
 REDIS_POOL_WAIT_S = 10.0

@@ -139,7 +139,12 @@ def _inspect(
     beat()
     result = _checked(check_tensors, config, header, base_config, max_rank)
     beat()
-    digest, total = objects.sha256_of(client, bucket, version.weights_key, on_chunk=beat)
+    if version.sha256:
+        # The direct upload hashed the bytes as it stored them: kept, not recomputed (each
+        # replica checks the bytes it fetches against it). The size must still be the upload's.
+        digest, total = version.sha256, size if version.bytes is None else version.bytes
+    else:  # a presigned upload: these bytes never passed through the API
+        digest, total = objects.sha256_of(client, bucket, version.weights_key, on_chunk=beat)
     if total != size:
         raise AdapterValidationError(
             f"adapter_model.safetensors changed while validating ({total} != {size} bytes)",
@@ -242,7 +247,7 @@ def fail_version(
         settings,
         job_id,
         version.id,
-        {"status": "failed", "error": reason},
+        {"status": "failed", "error": reason, "sha256": None},  # no servable bytes
         {"outcome": "failed", "code": code},
     )
     if written:

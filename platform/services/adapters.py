@@ -192,14 +192,17 @@ def drop_version_row(session: Session, version_id: uuid.UUID, adapter_id: uuid.U
             session.delete(adapter)
 
 
-def _start_validation(up: Uploader, version: AdapterVersion, action: str) -> AdapterVersion:
-    """Move an `uploading` version to `validating` with a job; send the job after commit."""
+def _start_validation(
+    up: Uploader, version: AdapterVersion, action: str, sha256: str | None = None
+) -> AdapterVersion:
+    """Move an `uploading` version to `validating` with a job (recording the weights' sha256
+    when the upload computed it); send the job after commit."""
     with session_scope(up.sessions) as session:
         moved = rowcount(
             session.execute(
                 update(AdapterVersion)
                 .where(AdapterVersion.id == version.id, AdapterVersion.status == "uploading")
-                .values(status="validating", s3_upload_id=None)
+                .values(status="validating", s3_upload_id=None, sha256=sha256)
             )
         )
         if moved != 1:
@@ -229,8 +232,13 @@ def upload_adapter(
     config_bytes: bytes | None,
     weights: BinaryIO,
     weights_size: int,
+    weights_sha256: str | None = None,
 ) -> AdapterVersion:
-    """Direct upload: checks what is cheap, stores both files, enqueues validation."""
+    """Direct upload: checks what is cheap, stores both files, enqueues validation.
+
+    The weights' sha256 is recorded on the version here, hashed while streaming them to
+    storage (or `weights_sha256`, when the caller hashed the same file already): validation
+    keeps it, and replicas check the bytes they fetch against it."""
     check_name(name, "name", up.settings.max_name_length)
     check_config(up.settings, config_bytes)
     check_weights_size(up.settings, weights_size)
@@ -247,12 +255,17 @@ def upload_adapter(
     try:
         client = objects.s3_client(up.settings)
         objects.put_bytes(client, up.settings.s3_bucket, version.config_key, config_bytes or b"")
-        objects.put_file(client, up.settings.s3_bucket, version.weights_key, weights)
+        if weights_sha256 is None:
+            weights_sha256, _ = objects.put_file_hashed(
+                client, up.settings.s3_bucket, version.weights_key, weights
+            )
+        else:
+            objects.put_file(client, up.settings.s3_bucket, version.weights_key, weights)
     except Exception as exc:
         _discard(up, version)
         raise storage_unavailable(exc) from exc
     try:
-        return _start_validation(up, version, "adapter_version.upload")
+        return _start_validation(up, version, "adapter_version.upload", sha256=weights_sha256)
     except NotFound:
         remove_version_objects(up.settings, version.object_prefix)  # else: the reconciler
         raise

@@ -17,6 +17,7 @@ from loraplex.platform.db.models import (
     Deployment,
 )
 from loraplex.platform.engine_spec.config import deterministic_gap
+from loraplex.platform.engine_spec.deployment import DEPLOYMENT_DEFAULTS
 from loraplex.platform.engine_spec.quantization import QuantizationRefused, check_quantization
 from loraplex.platform.engine_spec.speculative import parse_speculative, speculative_gap
 from loraplex.platform.engine_spec.supported_models import (
@@ -44,17 +45,17 @@ class DeploymentSpec:
 
     name: str
     base_model: str
-    weight_quantization: str = "auto"
-    kv_cache_dtype: str = "auto"
+    weight_quantization: str = DEPLOYMENT_DEFAULTS.weight_quantization
+    kv_cache_dtype: str = DEPLOYMENT_DEFAULTS.kv_cache_dtype
     max_loras: int | None = None
     max_lora_rank: int | None = None
-    replicas: int = 1
-    expert_parallel_size: int = 1
-    share_prefix_cache: bool = False
-    cold_start_wait_s: float = 120.0
-    deterministic: bool = False
+    replicas: int = DEPLOYMENT_DEFAULTS.replicas
+    expert_parallel_size: int = DEPLOYMENT_DEFAULTS.expert_parallel_size
+    share_prefix_cache: bool = DEPLOYMENT_DEFAULTS.share_prefix_cache
+    cold_start_wait_s: float = DEPLOYMENT_DEFAULTS.cold_start_wait_s
+    deterministic: bool = DEPLOYMENT_DEFAULTS.deterministic
     routing_weight: float | None = None  # share of its base model's traffic; None: by capacity
-    nameable: bool = False  # a request may pick it with the X-Loraplex-Deployment header
+    nameable: bool = DEPLOYMENT_DEFAULTS.nameable  # requests may pick it (X-Loraplex-Deployment)
     tool_call_format: str | None = None  # how tool calls are read in free output; None: template
     speculative: dict[str, Any] | None = None  # engine_spec.speculative's option; None: off
 

@@ -1,5 +1,6 @@
-"""Object-storage helpers over boto3: a client from Settings, puts, ranged reads, prefix delete,
-and presigned multipart uploads.
+"""Object-storage helpers of the control plane: puts, prefix delete and presigned multipart
+uploads, over the loader's S3 stack (`loraplex.loader.object_store`: the client, the test
+for a missing object and ranged reads live there, once).
 """
 
 from __future__ import annotations
@@ -8,40 +9,27 @@ import hashlib
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-import boto3
-from botocore.config import Config as BotoConfig
 from botocore.exceptions import ClientError
 
+from loraplex.loader.object_store import ObjectStore, is_not_found, make_s3_client
 from loraplex.platform.settings import Settings
 
 DELETE_BATCH = 1000
+CONTROL_PLANE_ATTEMPTS = 4
+"""botocore attempts in total per control-plane call (the loader retries its reads itself)."""
 
 
 def s3_client(settings: Settings, *, read_timeout_s: float = 60.0) -> Any:
-    """A boto3 S3 client for the configured endpoint (path-style, SigV4)."""
+    """The platform's S3 client: the loader's factory with botocore retries and checksums."""
     if not settings.s3_endpoint_url:
         raise RuntimeError("LORAPLEX_S3_ENDPOINT_URL is not set: no object storage configured")
-    return boto3.client(
-        "s3",
-        endpoint_url=settings.s3_endpoint_url,
-        **settings.s3_credentials(),
-        region_name=settings.s3_region,
-        config=BotoConfig(
-            signature_version="s3v4",
-            s3={"addressing_style": "path"},
-            connect_timeout=10,
-            read_timeout=read_timeout_s,
-            retries={"max_attempts": 3, "mode": "standard"},
-        ),
+    return make_s3_client(
+        settings.storage(),
+        10,
+        read_timeout_s=read_timeout_s,
+        attempts=CONTROL_PLANE_ATTEMPTS,
+        checksums="when_supported",
     )
-
-
-def is_not_found(exc: Exception) -> bool:
-    """True when a boto3 error means the object (or upload) does not exist."""
-    if not isinstance(exc, ClientError):
-        return False
-    code = str(exc.response.get("Error", {}).get("Code", ""))
-    return code in {"404", "NoSuchKey", "NotFound", "NoSuchUpload"}
 
 
 def put_bytes(client: Any, bucket: str, key: str, data: bytes) -> None:
@@ -55,22 +43,43 @@ def put_file(client: Any, bucket: str, key: str, fileobj: BinaryIO) -> None:
     client.upload_fileobj(fileobj, bucket, key)
 
 
+class _HashingReader:
+    """A read-only, non-seekable view of a file that hashes its bytes as boto3 reads them
+    (non-seekable: boto3 then reads it once, in order)."""
+
+    def __init__(self, fileobj: BinaryIO) -> None:
+        self._f = fileobj
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def read(self, amount: int = -1) -> bytes:
+        data = self._f.read(amount)
+        self.size += len(data)
+        self.digest.update(data)
+        return data
+
+
+def put_file_hashed(client: Any, bucket: str, key: str, fileobj: BinaryIO) -> tuple[str, int]:
+    """`put_file` that also returns the sha256 and size of what it sent, computed on the way
+    (the file is read once: the hash costs no second pass over it)."""
+    fileobj.seek(0)
+    reader = _HashingReader(fileobj)
+    client.upload_fileobj(reader, bucket, key)
+    return reader.digest.hexdigest(), reader.size
+
+
 def object_size(client: Any, bucket: str, key: str) -> int | None:
-    """The object's size in bytes, or None when it does not exist."""
-    try:
-        return int(client.head_object(Bucket=bucket, Key=key)["ContentLength"])
-    except ClientError as exc:
-        if is_not_found(exc):
-            return None
-        raise
+    """The object's size in bytes, or None when it does not exist (from a listing of the exact
+    key: a GET or HEAD of a missing key is a 403, not a 404, under our IAM policies)."""
+    info = ObjectStore.over(client, bucket).find(key)
+    return None if info is None else info.size
 
 
 def read_range(client: Any, bucket: str, key: str, start: int, length: int) -> bytes:
-    """Bytes [start, start+length) of an object through one ranged GET."""
+    """Bytes [start, start+length) of an object (the loader's verified, retried ranged GET)."""
     if length <= 0:
         return b""
-    resp = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{start + length - 1}")
-    return resp["Body"].read()
+    return ObjectStore.over(client, bucket).get_range(key, start, start + length)
 
 
 def read_all(client: Any, bucket: str, key: str, max_bytes: int) -> bytes:

@@ -20,6 +20,9 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
+from loraplex.adapters.identity import adapter_ref_key
+from loraplex.adapters.targets import ResolvedTargets
+
 # The version as a type (the models' fields) and as a value (the header); mypy checks they agree.
 WireVersion = Literal[1]
 WIRE_VERSION: Final[WireVersion] = 1
@@ -119,6 +122,28 @@ class AdapterRef(WireModel):
     config_sha256: str | None = Field(default=None, pattern=_SHA256)
     tenant: str | None = Field(default=None, max_length=256)
     targets: dict[str, Any] | None = None
+
+    @property
+    def key(self) -> str:
+        """The engine-wide identity of this version (prefix cache, host and device tiers)."""
+        return adapter_ref_key(self.sha256, self.config_sha256)
+
+    def resolved_targets(self) -> ResolvedTargets:
+        """The targets as the validation job resolved them (checked field by field)."""
+        return ResolvedTargets.from_json(self.targets)
+
+    def check(self) -> None:
+        """What a replica needs beyond the field constraints above (which pydantic checked when
+        the reference was built): no `..` segment in the prefix, and resolved targets that
+        parse. Raises ValueError (AdapterFormatError for malformed targets)."""
+        if ".." in self.object_prefix.split("/"):
+            raise ValueError("adapter object_prefix must not contain '..'")
+        if self.targets is None:
+            raise ValueError(
+                "the adapter reference carries no resolved targets (the version was validated "
+                "before targets were recorded; the worker's recovery pass fills them in)"
+            )
+        self.resolved_targets()
 
 
 class GenerateRequest(WireModel):

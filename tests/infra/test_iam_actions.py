@@ -6,7 +6,15 @@ Reference for Amazon S3, https://docs.aws.amazon.com/service-authorization/lates
 and each operation's "Permissions" section in the S3 API Reference: HeadObject needs
 s3:GetObject, the multipart calls s3:PutObject, DeleteObjects s3:DeleteObject,
 ListObjectsV2 s3:ListBucket, ListMultipartUploads s3:ListBucketMultipartUploads), and checked
-against infra/terraform/modules/identity."""
+against infra/terraform/modules/identity.
+
+Listing is scoped by `StringLike` on s3:prefix, never `StringLikeIfExists` (which also allows
+a list request without a prefix: the whole bucket's key names). That holds only because no
+code waits for the 404 of a GET or HEAD on a missing key (S3 authorizes that 404 as a list of
+the bucket without a prefix): optional files are looked for by listing their exact key
+(`ObjectStore.find`), which `tests/platform/test_optional_fetches_list_first.py` checks
+against the real server; here the calls of the loader's `ObjectStore` methods count as the
+operations those methods make."""
 
 from __future__ import annotations
 
@@ -41,17 +49,26 @@ BUCKET_ACTIONS = {"s3:ListBucket", "s3:ListBucketMultipartUploads"}
 
 # The code each IRSA role runs (its service account's pods).
 ROLE_CODE = {
-    "api": ["platform/services/adapters.py", "platform/gateway/service.py"],
+    "api": [
+        "platform/services/adapters.py",
+        "platform/gateway/service.py",
+        "platform/gateway/assets.py",
+    ],  # fmt: skip
     "worker": [
         "platform/jobs/delete.py",
         "platform/jobs/reconcile.py",
         "platform/jobs/recovery.py",
         "platform/jobs/validate.py",
     ],  # fmt: skip
-    "engine": ["loader/object_store.py"],
+    "engine": [
+        "loader/checkpoint_index.py",
+        "platform/engine/model_source.py",
+        "platform/engine/lora/sources.py",
+    ],  # fmt: skip
     "models": ["platform/services/base_models.py"],
 }
 OBJECTS = REPO / "platform" / "services" / "objects.py"
+STORE = REPO / "loader" / "object_store.py"
 
 
 def _ops_of(tree: ast.AST) -> set[str]:
@@ -69,14 +86,26 @@ def _ops_of(tree: ast.AST) -> set[str]:
     return found
 
 
-def _helpers() -> dict[str, set[str]]:
-    """Each `services.objects` function and the operations it calls (helpers included)."""
-    tree = ast.parse(OBJECTS.read_text())
-    funcs = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
-    direct = {name: _ops_of(f) for name, f in funcs.items()}
-    calls = {name: {n.func.id for n in ast.walk(f) if isinstance(n, ast.Call)
-                    and isinstance(n.func, ast.Name) and n.func.id in funcs}
-             for name, f in funcs.items()}  # fmt: skip
+def _closure(
+    funcs: dict[str, ast.AST], via: type[ast.AST], extra: dict[str, set[str]] | None = None
+) -> dict[str, set[str]]:
+    """Each function's operations (its own, `extra`'s, and those of the functions it calls,
+    by name or through `self.`)."""
+
+    def callee(node: ast.AST) -> str | None:
+        if not isinstance(node, ast.Call):
+            return None
+        f = node.func
+        if via is ast.Name and isinstance(f, ast.Name):
+            return f.id
+        if via is ast.Attribute and isinstance(f, ast.Attribute):
+            return f.attr
+        return None
+
+    direct = {name: _ops_of(f) | (extra or {}).get(name, set()) for name, f in funcs.items()}
+    calls = {
+        name: {c for n in ast.walk(f) if (c := callee(n)) in funcs} for name, f in funcs.items()
+    }
     out = {}
     for name in funcs:
         seen, todo, ops = set(), [name], set()
@@ -90,17 +119,42 @@ def _helpers() -> dict[str, set[str]]:
     return out
 
 
+def _store_methods() -> dict[str, set[str]]:
+    """Each `ObjectStore` method (loader/object_store.py) and the operations it makes."""
+    tree = ast.parse(STORE.read_text())
+    cls = next(c for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "ObjectStore")
+    funcs = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
+    return {name: ops for name, ops in _closure(funcs, ast.Attribute).items() if ops}
+
+
+def _helpers() -> dict[str, set[str]]:
+    """Each `services.objects` function and the operations it calls (helpers and the loader's
+    `ObjectStore` methods included)."""
+    tree = ast.parse(OBJECTS.read_text())
+    funcs = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
+    store = _store_methods()
+    via_store = {
+        name: {op for n in ast.walk(f) if isinstance(n, ast.Call)
+               and isinstance(n.func, ast.Attribute) for op in store.get(n.func.attr, ())}
+        for name, f in funcs.items()
+    }  # fmt: skip
+    return _closure(funcs, ast.Name, via_store)
+
+
 def needed_actions(role: str) -> set[str]:
     """The IAM actions the role's code needs."""
-    helpers, ops = _helpers(), set()
+    helpers, store, ops = _helpers(), _store_methods(), set()
     for rel in ROLE_CODE[role]:
         tree = ast.parse((REPO / rel).read_text())
         ops |= _ops_of(tree)
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "objects"
-                    and node.func.attr in helpers):  # fmt: skip
-                ops |= helpers[node.func.attr]
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            attr, base = node.func.attr, node.func.value
+            if isinstance(base, ast.Name) and base.id == "objects" and attr in helpers:
+                ops |= helpers[attr]
+            elif attr in store and not (isinstance(base, ast.Name) and base.id == "objects"):
+                ops |= store[attr]  # an ObjectStore (or the node cache over one)
     return {OPS[o] for o in ops}
 
 
@@ -113,6 +167,15 @@ def _locals() -> dict:
 
 def _strings(value: object) -> list[str]:
     return [unq(v) for v in value] if isinstance(value, list) else [unq(value)]
+
+
+def _list_condition() -> dict:
+    """The condition of the `ListOwnKeySpaces` statement of the S3 policy document."""
+    doc = next(d for d in parsed(IDENTITY / "main.tf")["data"] if '"aws_iam_policy_document"' in d)
+    statements = doc['"aws_iam_policy_document"']['"s3"']["statement"]
+    stmt = next(st for st in statements if unq(st["sid"]) == "ListOwnKeySpaces")
+    (condition,) = stmt["condition"]
+    return {k: unq(v) if isinstance(v, str) else v for k, v in condition.items()}
 
 
 def granted(role: str) -> tuple[set[str], list[str]]:
@@ -139,7 +202,40 @@ def test_every_role_is_granted_what_its_code_calls() -> None:
     # The derivation reached the calls the issue is about.
     assert "s3:ListBucketMultipartUploads" in needed_actions("worker")
     assert "s3:ListBucketMultipartUploads" in needed_actions("api")
-    assert needed_actions("engine") == {"s3:GetObject"}
+    # Engines read, and list the exact keys of optional files (checkpoint index, model files).
+    assert needed_actions("engine") == {"s3:GetObject", "s3:ListBucket"}
+    # The gateway (api role) looks for the optional tokenizer files by listing them.
+    assert "s3:ListBucket" in needed_actions("api")
+
+
+def test_listing_needs_a_prefix_inside_the_role_key_spaces() -> None:
+    """`StringLike`, not `StringLikeIfExists`: IfExists also allows a list request with no
+    s3:prefix at all, which names every key of the bucket (every tenant's adapters)."""
+    condition = _list_condition()
+    assert condition["variable"] == "s3:prefix"
+    assert condition["test"] == "StringLike", condition["test"]
+    for role in ROLE_CODE:
+        _, prefixes = granted(role)
+        # No glob admits the empty prefix or a bucket-wide one.
+        assert not any(fnmatch.fnmatchcase(p0, g) for g in prefixes for p0 in ("", "a", "*"))
+        # What the role's code lists: the exact key of an optional file, or a version prefix
+        # to delete, is inside its key spaces.
+        loc = _locals()
+        access = {op: _strings(v) for op, v in fields(fields(loc["access"])[role]).items()}
+        globs = {k: unq(v) for k, v in fields(loc["key_space_globs"]).items()}
+        for space in access["read"] + access["write"]:
+            assert globs[space] in prefixes, (role, space)
+
+
+def test_the_engine_lists_each_optional_model_file_in_its_key_space() -> None:
+    """The keys the engine lists (a model folder's index and small files) match its globs."""
+    from loraplex.loader.checkpoint_index import INDEX_NAME, SINGLE_NAME
+    from loraplex.platform import object_keys
+
+    _, prefixes = granted("engine")
+    folder = object_keys.model_prefix("llama-8b")
+    for name in (INDEX_NAME, SINGLE_NAME, "generation_config.json", "tokenizer.json"):
+        assert any(fnmatch.fnmatchcase(folder + name, g) for g in prefixes), name
 
 
 def test_the_orphan_reconciler_may_list_the_tenants_root() -> None:

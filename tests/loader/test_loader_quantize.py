@@ -5,12 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraplex.loader.quantize import (
-    Quantizer,
-    dequantize_int8,
-    parse_quantization,
-    quantize_int8_per_channel,
-)
+from loraplex.loader.quant import Quantizer, parse_quantization
+from loraplex.loader.quant.weight_only import dequantize_int8, quantize_int8_per_channel
 
 
 def test_choices_are_parsed_and_unknown_ones_refused() -> None:

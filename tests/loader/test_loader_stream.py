@@ -21,7 +21,7 @@ from loraplex.loader.object_store import (
     ObjectStoreError,
     RetryPolicy,
 )
-from loraplex.loader.quantize import Quantizer
+from loraplex.loader.quant import Quantizer
 from loraplex.loader.safetensors_header import SafetensorsError
 from loraplex.loader.select import contiguous_experts, expert_index, expert_selector
 from loraplex.loader.storage import StorageConfig

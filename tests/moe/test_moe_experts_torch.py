@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
+from loraplex.moe import experts_torch
 from loraplex.moe.align import align_block_size, sort_pairs_by_expert
 from loraplex.moe.experts_torch import expert_rows_torch, fused_experts_torch
+from loraplex.moe.packed_experts import PackedExperts, can_pack_experts
 
 
 def _reference(x, w13, w2, weights, ids, expert_map=None):
@@ -91,3 +94,24 @@ def test_align_block_size_random_is_a_permutation() -> None:
         block = block[block < aligned.num_pairs]
         assert (flat[block] == e).all()
     assert sort_pairs_by_expert(ids, 8).counts == torch.bincount(flat, minlength=8).tolist()
+
+
+@pytest.mark.parametrize("copy_bytes", [0, 1 << 40], ids=["per_expert", "sorted_copy"])
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def test_both_combine_paths_match_reference_with_remote_experts(
+    monkeypatch: pytest.MonkeyPatch, copy_bytes: int, packed: bool
+) -> None:
+    """Prefill's per-expert gathers and decode's one sorted copy: same sums, remote skipped."""
+    if packed and not can_pack_experts(torch.empty(1, 1, 1)):
+        pytest.skip("no oneDNN fp32 packing on this build")
+    monkeypatch.setattr(experts_torch, "SORTED_COPY_BYTES", copy_bytes)
+    x, w13, w2, weights, ids = _problem(tokens=40, experts=6, k=3)
+    emap = torch.tensor([2, 1, -1, 3, 0, -1])  # experts 2 and 5 held on another rank
+    local = [4, 1, 0, 3]
+    l13, l2 = w13[local], w2[local]
+    s13, s2 = (PackedExperts(l13), PackedExperts(l2)) if packed else (l13, l2)
+    got = fused_experts_torch(x, s13, s2, weights, ids, expert_map=emap)
+    want = _reference(x, l13, l2, weights, ids, expert_map=emap)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    monkeypatch.setattr(experts_torch, "SORTED_COPY_BYTES", (1 << 40) - copy_bytes)
+    assert torch.equal(fused_experts_torch(x, s13, s2, weights, ids, expert_map=emap), got)

@@ -7,10 +7,13 @@ up-projection is absorbed into the query and the output (`q_nope W_UK` scores ag
 attended `c` goes through `W_UV`), which is exact algebra, so the block tables, prefix cache and
 chunked prefill work on latent rows like on any other KV block. On CUDA the rows are stored
 and decode-only steps attended by the Triton kernels (`mla_triton`); everything else runs the
-torch path here.
+torch path here. Which of the two (a `LatentAttentionBackend`) is chosen once, when the layer's
+cache is bound.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +28,11 @@ from loraplex.platform.engine.layers.mla_triton import (
 )
 from loraplex.platform.engine.layers.paged_attention_torch import is_fp8_cache
 
+FP8_LATENT_REFUSAL = (
+    "an fp8 KV cache is not served with multi-head latent attention (MLA: DeepSeek-V2/V3) yet: "
+    "the latent rows have no fp8 store or scaled read; use kv_cache_dtype auto"
+)
+
 
 class MLAAttention(Attention):
     """Paged attention over latent rows; `kv_cache` is [num_blocks, block_size, latent + rope]
@@ -36,6 +44,15 @@ class MLAAttention(Attention):
         super().__init__(num_heads, 1, kv_lora_rank + rope_dim, scale, layer_idx)
         self.kv_lora_rank = kv_lora_rank
         self.rope_dim = rope_dim
+        self.latent_backend: LatentAttentionBackend | None = None  # chosen by `bind_cache`
+
+    def bind_cache(self, kv_cache: torch.Tensor) -> None:
+        """Bind the layer's latent cache and choose its backend for it (once); an fp8 cache is
+        refused here, when the engine allocates it, not at the first request."""
+        if is_fp8_cache(kv_cache):
+            raise NotImplementedError(FP8_LATENT_REFUSAL)
+        self.kv_cache = kv_cache
+        self.latent_backend = choose_latent_backend(kv_cache)
 
     def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         """One latent row per token (the KV cache allocator asks each layer for its shape)."""
@@ -61,21 +78,81 @@ class MLAAttention(Attention):
         if self.fixed_order:
             raise NotImplementedError("the deterministic mode does not cover MLA attention yet")
         if is_fp8_cache(cache):
-            raise NotImplementedError("an fp8 KV cache is not served for MLA models yet")
+            raise NotImplementedError(FP8_LATENT_REFUSAL)
         rows = torch.cat((latent, k_pe), dim=-1)
         q = torch.cat((q_lat, q_pe), dim=-1)
-        if self.use_triton and mla_triton_available_for(q):
-            write_latent_triton(cache, rows, md.slot_mapping)
-            if md.is_decode_only:
-                s = md.num_seqs
-                out = mla_decode_triton(
-                    q[:s], cache, md.block_tables, md.seq_lens, self.scale, self.kv_lora_rank
-                )
-                pad = q.shape[0] - s
-                return torch.cat((out, out.new_zeros(pad, *out.shape[1:]))) if pad else out
-        else:
-            write_latent(cache, rows, md.slot_mapping)
-        return latent_attention(q, cache, md, self.scale, self.kv_lora_rank)
+        backend = self.latent_backend
+        if backend is None:
+            raise RuntimeError(f"attention layer {self.layer_idx} has no backend: bind_cache first")
+        backend.write_latent(cache, rows, md.slot_mapping)
+        return backend.attend(q, cache, md, self.scale, self.kv_lora_rank)
+
+
+@runtime_checkable
+class LatentAttentionBackend(Protocol):
+    """Writes a step's latent rows into an MLA layer's paged cache and attends over them."""
+
+    name: str
+
+    def write_latent(self, cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> None:
+        """Store rows [T, C+R] at their slots of cache [N, bs, C+R] (slot -1 skipped)."""
+        ...
+
+    def attend(
+        self, q: torch.Tensor, cache: torch.Tensor, md: AttentionMetadata, scale: float, c: int
+    ) -> torch.Tensor:
+        """q [T, H, C+R] (rows written) -> attended latent [T, H, C]."""
+        ...
+
+
+class LatentTorchAttention:
+    """The torch path: any device and dtype."""
+
+    name = "torch"
+
+    def write_latent(self, cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> None:
+        """Store rows [T, C+R] at their slots (slot -1 skipped)."""
+        write_latent(cache, rows, slots)
+
+    def attend(
+        self, q: torch.Tensor, cache: torch.Tensor, md: AttentionMetadata, scale: float, c: int
+    ) -> torch.Tensor:
+        """q [T, H, C+R] of a mixed batch -> attended latent [T, H, C]."""
+        return latent_attention(q, cache, md, scale, c)
+
+
+class LatentTritonAttention:
+    """CUDA: the Triton row store, decode-only steps through the Triton kernel (no host
+    sync), mixed steps through the torch path."""
+
+    name = "triton"
+
+    def write_latent(self, cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> None:
+        """Store rows [T, C+R] at their slots (slot -1 skipped)."""
+        write_latent_triton(cache, rows, slots)
+
+    def attend(
+        self, q: torch.Tensor, cache: torch.Tensor, md: AttentionMetadata, scale: float, c: int
+    ) -> torch.Tensor:
+        """q [T, H, C+R] of a mixed batch -> attended latent [T, H, C]."""
+        if not md.is_decode_only:
+            return latent_attention(q, cache, md, scale, c)
+        s = md.num_seqs
+        out = mla_decode_triton(q[:s], cache, md.block_tables, md.seq_lens, scale, c)
+        pad = q.shape[0] - s
+        return torch.cat((out, out.new_zeros(pad, *out.shape[1:]))) if pad else out
+
+
+def choose_latent_backend(cache: torch.Tensor) -> LatentAttentionBackend:
+    """The backend for an MLA layer bound to `cache` (called once, when it is bound)."""
+    return LatentTritonAttention() if mla_triton_available_for(cache) else LatentTorchAttention()
+
+
+if TYPE_CHECKING:  # mypy checks both implementations against the Protocol
+    _BACKENDS: tuple[LatentAttentionBackend, ...] = (
+        LatentTorchAttention(),
+        LatentTritonAttention(),
+    )
 
 
 def write_latent(cache: torch.Tensor, rows: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -92,7 +169,9 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor, num_blocks: int) -> torch
     return cache.index_select(0, ids).view(s, num_blocks * cache.shape[1], cache.shape[2])
 
 
-def _attend(q: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor, scale: float, c: int):
+def _attend(
+    q: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor, scale: float, c: int
+) -> torch.Tensor:
     """q [B, H, n, C+R] over rows [B, L, C+R] (keys: the whole row; values: its latent part)."""
     k = rows[:, None].to(q.dtype)
     return F.scaled_dot_product_attention(

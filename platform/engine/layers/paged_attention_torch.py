@@ -181,7 +181,7 @@ class _BatchPlan:
 def _plan(md: AttentionMetadata, device: torch.device) -> _BatchPlan:
     """Host-side split of the batch, computed once per step and shared by every layer."""
     plan = md.cache.get("torch_plan")
-    if plan is not None:
+    if isinstance(plan, _BatchPlan):
         return plan
     starts = md.query_start_loc.tolist()
     ctx = md.context_lens.tolist()
@@ -250,3 +250,31 @@ def paged_attention_torch(
             q[a:b], kv_cache, md.block_tables[i], ctx_len, seq_len, scale, scales
         )
     return out
+
+
+class TorchAttention:
+    """The torch path as an `AttentionBackend`: any device, any cache dtype (fp8 included)."""
+
+    name = "torch"
+
+    def write_kv(
+        self,
+        kv_cache: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        scales: KVScales,
+    ) -> None:
+        """Store k, v [T, Hkv, D] at their slots (slot -1 skipped)."""
+        write_kv_torch(kv_cache, k, v, slot_mapping, scales)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        md: AttentionMetadata,
+        scale: float,
+        scales: KVScales,
+    ) -> torch.Tensor:
+        """q [T, Hq, D] of a mixed batch (K/V written) -> out [T, Hq, D]."""
+        return paged_attention_torch(q, kv_cache, md, scale, scales=scales)

@@ -14,10 +14,12 @@ from __future__ import annotations
 import torch
 
 from loraplex.loader.tensor_layout import require_contiguous, require_stride1_last
+from loraplex.platform.engine.layers.attention_metadata import AttentionMetadata
 from loraplex.platform.engine.layers.paged_attention_torch import (
     NO_SCALES,
     KVScales,
     is_fp8_cache,
+    paged_attention_torch,
     to_cache,
 )
 
@@ -214,3 +216,45 @@ def decode_attention_triton(
         BLOCK_D=triton.next_power_of_2(d),
     )
     return out
+
+
+def _decode_triton(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    scale: float,
+    scales: KVScales = NO_SCALES,
+) -> torch.Tensor:
+    """The decode kernel behind the torch path's decode signature (it needs no max length)."""
+    return decode_attention_triton(q, kv_cache, block_tables, seq_lens, scale, scales)
+
+
+class TritonAttention:
+    """The CUDA `AttentionBackend`: the Triton store, decode rows through the Triton kernel
+    (no host sync, graph-capturable), prefill chunks through the torch path."""
+
+    name = "triton"
+
+    def write_kv(
+        self,
+        kv_cache: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        scales: KVScales,
+    ) -> None:
+        """Store k, v [T, Hkv, D] at their slots (slot -1 skipped)."""
+        write_kv_triton(kv_cache, k, v, slot_mapping, scales)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        md: AttentionMetadata,
+        scale: float,
+        scales: KVScales,
+    ) -> torch.Tensor:
+        """q [T, Hq, D] of a mixed batch (K/V written) -> out [T, Hq, D]."""
+        return paged_attention_torch(q, kv_cache, md, scale, _decode_triton, scales)

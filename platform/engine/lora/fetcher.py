@@ -65,6 +65,9 @@ class AdapterFetcher:
         # Called on the fetch thread at each point where a fetch touches shared state
         # (FETCH_STAGES, with the key): tests hold the thread there while the engine steps.
         self.probe: Callable[[str, str], None] | None = None
+        # Called with each adapter's resolved targets as its reference is resolved (before any
+        # request is queued): raises ValueError to refuse what this engine cannot serve.
+        self.admit: Callable[[ResolvedTargets], None] | None = None
 
     def resolve(self, ref: object, resident: Callable[[str], bool]) -> tuple[str, str | None]:
         """A request's adapter reference -> (version key, tenant).
@@ -83,6 +86,7 @@ class AdapterFetcher:
                 ) from exc
         if isinstance(ref, AdapterRef):
             ref.check()
+            self._admit(ref.resolved_targets())
             if self.object_store is None:
                 raise ValueError("this engine has no object store to fetch adapters from")
             source = ObjectSource(ref, self.object_store)
@@ -97,7 +101,11 @@ class AdapterFetcher:
             )
             dir_source, cfg, weights = DirSource.open(path, tenant)
             if dir_source.key not in self.host and not resident(dir_source.key):
-                self.host.put(self._load(cfg, weights, dir_source.key))
+                adapter = self._load(cfg, weights, dir_source.key)
+                self._admit(adapter.targets)
+                self.host.put(adapter)
+            elif self.admit is not None and (held := self.host.get(dir_source.key)) is not None:
+                self._admit(held.targets)  # (a resident one was admitted when it was loaded)
             self.sources.add(dir_source)
             return dir_source.key, tenant
         raise TypeError(
@@ -111,6 +119,10 @@ class AdapterFetcher:
             cfg, weights, self.hf_config, targets=targets, key=key,
             max_rank=self.max_lora_rank, dtype=self.dtype,
         )  # fmt: skip
+
+    def _admit(self, targets: ResolvedTargets) -> None:
+        if self.admit is not None:
+            self.admit(targets)
 
     def _at(self, stage: str, key: str) -> None:
         if self.probe is not None:

@@ -2,37 +2,30 @@
 
 Every LoRA-targetable `Linear` (its slices are modules a PEFT adapter may target) gets a
 `lora_delta` hook. Each call reads the step's metadata from the forward context and adds the
-adapters' low-rank deltas into the output in place, with the fastest path for the device and
-batch: the Triton shrink/expand on a GPU (graph-static for captured decode steps); on a CPU the
-native per-token kernel (`kernels.lora_cpu`, pool rows read in place) where it builds, else the
-packed SGMV-style path (`kernels.lora_packed`): the step's adapter tokens in chunks, two
-batched GEMMs per Linear over chunk weights packed once per adapter layout and kept while
-decode steps repeat it. Neither CPU path's cost grows with the number of distinct adapters.
-Weights come from the device pool the tiers own (`weights()`), read at call time.
+adapters' low-rank deltas into the output in place through one `LoraBackend`, chosen once when
+the hooks are built (`choose_lora_backend`, as vLLM's Punica wrapper is): the Triton
+shrink/expand on a GPU (graph-static for captured decode steps); on a CPU the native per-token
+kernel (`kernels.lora_cpu`, pool rows read in place) where it builds and reads the model's
+dtype, else the packed SGMV-style path (`kernels.lora_packed`): the step's adapter tokens in
+chunks, two batched GEMMs per Linear over chunk weights packed once per adapter layout and kept
+while decode steps repeat it. Neither CPU path's cost grows with the number of distinct
+adapters. Weights come from the device pool the tiers own (`weights()`), read at call time.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from loraplex.adapters.device_pool import DevicePool, LoraLinearSpec
-from loraplex.adapters.kernels.lora_cpu import (
-    NativeLoraLinear,
-    native_lora_available,
-    native_lora_status,
-)
-from loraplex.adapters.kernels.lora_packed import PackCache, lora_compute_dtype, lora_delta_packed
-from loraplex.adapters.kernels.lora_sgmv import SgmvPlan, build_sgmv_plan
-from loraplex.adapters.kernels.lora_triton import (
-    lora_delta_triton,
-    lora_delta_triton_static,
-    triton_lora_available,
-)
+from loraplex.adapters.kernels.lora_backend import LoraBackend, SliceBounds
+from loraplex.adapters.kernels.lora_cpu import NativeLora, native_lora_serves, native_lora_status
+from loraplex.adapters.kernels.lora_packed import PackedLora
+from loraplex.adapters.kernels.lora_triton import HAS_TRITON, TritonLora, lora_delta_triton_static
 from loraplex.adapters.metadata import LoraBatchMeta
 from loraplex.adapters.peft_format import module_dims
 from loraplex.adapters.static_meta import StaticLoraView
@@ -40,7 +33,9 @@ from loraplex.platform.engine.forward_context import peek_forward_context
 from loraplex.platform.engine.layers.linear import Linear
 
 
-def lora_linears(model: nn.Module, hf_config: dict) -> list[tuple[Linear, LoraLinearSpec]]:
+def lora_linears(
+    model: nn.Module, hf_config: dict[str, Any]
+) -> list[tuple[Linear, LoraLinearSpec]]:
     """The model's LoRA-targetable Linears (every slice a module adapters may target), in
     module order, each with the spec the device pool lays its weights out by."""
     dims = module_dims(hf_config)
@@ -57,8 +52,68 @@ def lora_linears(model: nn.Module, hf_config: dict) -> list[tuple[Linear, LoraLi
     return found
 
 
+class RefusedLora:
+    """The deterministic mode where the native kernel cannot serve: every adapter step is
+    refused, naming why (only the per-token native kernel is batch-invariant)."""
+
+    name = "refused"
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def delta(
+        self,
+        lid: int,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        meta: LoraBatchMeta,
+        pool: DevicePool,
+        spec: LoraLinearSpec,
+    ) -> None:
+        """Refuse: the deterministic mode has no LoRA kernel here."""
+        raise NotImplementedError(
+            "the deterministic mode serves adapters through the native CPU LoRA kernel only "
+            f"({self.why})"
+        )
+
+
+def choose_lora_backend(
+    device: torch.device,
+    dtype: torch.dtype,
+    max_rank: int,
+    bounds: SliceBounds,
+    *,
+    fixed_order: bool,
+    pack_cache_bytes: int = 256 << 20,
+) -> LoraBackend:
+    """The LoRA kernels for a model on `device` in `dtype` (called once, at engine build)."""
+    if HAS_TRITON and device.type == "cuda":
+        return TritonLora(bounds, max_rank)
+    if native_lora_serves(device, dtype, max_rank):
+        return NativeLora(bounds)
+    if fixed_order:
+        return RefusedLora(f"{native_lora_status()}; dtype {dtype}, max rank {max_rank}")
+    return PackedLora(pack_cache_bytes)
+
+
+ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _model_dtype(modules: list[Linear]) -> torch.dtype:
+    """The activations' dtype, read from the Linears: a bias, else a plain weight, else any
+    parameter in an activation dtype (a quantized weight's codes never are; its scales may be
+    fp32 where the model is bf16, which the CPU kernels read alike)."""
+    biases = [m.bias for m in modules if m.bias is not None]
+    plain = [m.weight for m in modules if m.quant_method is None]
+    rest = [p for m in modules for p in m.parameters()]
+    for p in (*biases, *plain, *rest):
+        if p.dtype in ACTIVATION_DTYPES:
+            return p.dtype
+    return torch.get_default_dtype()
+
+
 class LoraHooks:
-    """Owns the `lora_delta` hooks of one model and picks the kernel for each call."""
+    """Owns the `lora_delta` hooks of one model and the one backend they call."""
 
     def __init__(
         self,
@@ -67,19 +122,37 @@ class LoraHooks:
         max_lora_rank: int,
         device: torch.device,
         pack_cache_bytes: int = 256 << 20,
+        dtype: torch.dtype | None = None,
     ) -> None:
         self.modules = [m for m, _ in linears]
         self.specs = [s for _, s in linears]
         self.max_lora_rank = max_lora_rank
         self.device = device
+        self.dtype = dtype if dtype is not None else _model_dtype(self.modules)
+        self.pack_cache_bytes = pack_cache_bytes
         self._weights = weights
-        self._slice_tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._native: dict[int, NativeLoraLinear] = {}
-        self.packs = PackCache(pack_cache_bytes)
-        # The deterministic mode: only the per-token native kernel is batch-invariant.
-        self.fixed_order = False
+        self.bounds = SliceBounds(self.specs, device)
+        self._fixed_order = False
+        self.backend = self._choose()
         for lid, module in enumerate(self.modules):
             module.lora_delta = functools.partial(self._delta, lid)
+
+    def _choose(self) -> LoraBackend:
+        return choose_lora_backend(
+            self.device, self.dtype, self.max_lora_rank, self.bounds,
+            fixed_order=self._fixed_order, pack_cache_bytes=self.pack_cache_bytes,
+        )  # fmt: skip
+
+    @property
+    def fixed_order(self) -> bool:
+        """The deterministic mode: only the per-token native kernel is batch-invariant."""
+        return self._fixed_order
+
+    @fixed_order.setter
+    def fixed_order(self, on: bool) -> None:
+        """Set at engine build (`LoraRuntime.for_engine`): the backend is chosen again for it."""
+        self._fixed_order = on
+        self.backend = self._choose()
 
     def detach(self) -> None:
         """Remove the hooks: the model serves the base alone again."""
@@ -94,54 +167,11 @@ class LoraHooks:
             return
         if not isinstance(meta, LoraBatchMeta) or not meta.groups:
             return
-        pool = self._weights()
-        spec = self.specs[lid]
-        if triton_lora_available(x):
-            lora_delta_triton(
-                x, y, pool.a[lid], pool.b[lid], meta, lid, spec.slice_offsets,
-                spec.slice_sizes, self.max_lora_rank, self.slice_tensors(lid),
-            )  # fmt: skip
-        elif (native := self.native_linear(lid, x, pool)) is not None:
-            native(x, y, meta, lid)
-        elif self.fixed_order:
-            raise NotImplementedError(
-                "the deterministic mode serves adapters through the native CPU LoRA kernel only "
-                f"({native_lora_status()})"
-            )
-        else:
-            dtype = lora_compute_dtype(x)
-            if meta.sgmv_plan is None:
-                meta.sgmv_plan = build_sgmv_plan(meta, pool.num_rows, dtype)
-            plan = cast("SgmvPlan | None", meta.sgmv_plan)  # only build_sgmv_plan sets it
-            if plan is None:  # the active adapters have no tokens this step
-                return
-            packed = self.packs.get(
-                lid, pool.a[lid], pool.b[lid], plan, spec.slice_offsets, spec.slice_sizes, dtype
-            )
-            lora_delta_packed(x, y, packed, plan)
-
-    def native_linear(self, lid: int, x: torch.Tensor, pool: DevicePool) -> NativeLoraLinear | None:
-        """Linear `lid`'s native CPU kernel arguments, built on first use and again if the pool's
-        buffers moved; None where the native kernel does not serve these tensors."""
-        native = self._native.get(lid)
-        a, b = pool.a[lid], pool.b[lid]
-        if native is not None and native.serves(a, b):
-            return native
-        if not native_lora_available(x, a, self.max_lora_rank):
-            return None
-        native = self._native[lid] = NativeLoraLinear(a, b, self.slice_tensors(lid))
-        return native
+        self.backend.delta(lid, x, y, meta, self._weights(), self.specs[lid])
 
     def slice_tensors(self, lid: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Linear `lid`'s int32 slice offsets and sizes on the device (built once)."""
-        st = self._slice_tensors.get(lid)
-        if st is None:
-            spec = self.specs[lid]
-            st = self._slice_tensors[lid] = (
-                torch.tensor(spec.slice_offsets, dtype=torch.int32, device=self.device),
-                torch.tensor(spec.slice_sizes, dtype=torch.int32, device=self.device),
-            )
-        return st
+        return self.bounds.get(lid)
 
     def static_delta(
         self, lid: int, x: torch.Tensor, y: torch.Tensor, meta: StaticLoraView
@@ -153,3 +183,17 @@ class LoraHooks:
             x, y, pool.a[lid], pool.b[lid], meta, lid, self.specs[lid].slice_sizes,
             self.slice_tensors(lid),
         )  # fmt: skip
+
+
+if TYPE_CHECKING:  # mypy checks every implementation against the Protocol
+    from loraplex.adapters.kernels.lora_sgmv import SgmvLora
+    from loraplex.adapters.kernels.lora_torch import TorchLora
+
+    _BACKENDS: tuple[LoraBackend, ...] = (
+        TorchLora(),
+        SgmvLora(),
+        PackedLora(),
+        NativeLora(SliceBounds([], torch.device("cpu"))),
+        TritonLora(SliceBounds([], torch.device("cpu")), 1),
+        RefusedLora(""),
+    )

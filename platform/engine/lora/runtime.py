@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, Any, cast
 from torch import nn
 
 from loraplex.adapters.device_pool import DevicePool
+from loraplex.adapters.expert_targets import EXPERT_MODULES
 from loraplex.adapters.host_cache import HostCache
 from loraplex.adapters.metadata import LoraBatchMeta, build_lora_meta
 from loraplex.adapters.static_meta import StaticLoraMeta
+from loraplex.adapters.targets import ResolvedTargets
 from loraplex.moe.layer import MoEBlock
 from loraplex.platform.engine.lora.admission import LoraAdmissionPolicy
 from loraplex.platform.engine.lora.expert_lora import ExpertLoraStore
@@ -132,6 +134,8 @@ class LoraRuntime:
         args.update(overrides)
         runtime = cls(core.model, _hf_config(core.model), **args)
         runtime.hooks.fixed_order = cfg.deterministic
+        if cfg.deterministic and runtime.experts is not None:
+            runtime.fetcher.admit = refuse_expert_lora
         from loraplex.platform.engine.lora.metrics import LoraCollector
 
         core.metrics.registry.register(LoraCollector(runtime, core.metrics.model_name))
@@ -264,6 +268,18 @@ class LoraRuntime:
             "host_evictions": self.host.stats.evictions,
             "adapters": per_adapter,
         }
+
+
+def refuse_expert_lora(targets: ResolvedTargets) -> None:
+    """The deterministic mode's admission check: its fixed-order MoE path has no expert or
+    router LoRA, so such an adapter is refused when named, never failed mid-forward."""
+    on = sorted({m for _, m in targets.modules if m in EXPERT_MODULES})
+    if on:
+        raise ValueError(
+            "the deterministic mode does not cover adapters on MoE experts or the router yet "
+            f"(this adapter targets {', '.join(on)}); serve it from a deployment without "
+            "deterministic, or train it on the attention and dense projections only"
+        )
 
 
 def _hf_config(model: nn.Module) -> dict[str, Any]:

@@ -3,18 +3,17 @@
 A source knows the version's identity (`key`) before any bytes arrive, so a request can be
 keyed (prefix cache, device slots) at once while the fetch runs in the background. Every
 fetch checks the bytes against that identity: a re-uploaded or edited adapter is never served
-under an old key.
+under an old key. An object-storage version is named by the wire's `AdapterRef` (its one
+definition, `platform.wire`; re-exported here for the engine).
 """
 
 from __future__ import annotations
 
 import hashlib
-import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from loraplex.adapters.identity import adapter_ref_key
 from loraplex.adapters.peft_format import AdapterFormatError
 from loraplex.adapters.targets import ResolvedTargets
 from loraplex.adapters.weights import (
@@ -23,6 +22,9 @@ from loraplex.adapters.weights import (
     adapter_version_key,
     read_adapter_dir,
 )
+from loraplex.platform.wire import AdapterRef
+
+__all__ = ["AdapterRef", "DirSource", "LocalAdapterRef", "ObjectReader", "ObjectSource"]
 
 
 class ObjectReader(Protocol):
@@ -31,57 +33,6 @@ class ObjectReader(Protocol):
     def head(self, key: str) -> int: ...
 
     def get_range(self, key: str, start: int, end: int) -> bytes: ...
-
-
-@dataclass(frozen=True)
-class AdapterRef:
-    """An adapter version in object storage, as the gateway hands it to a replica.
-
-    `sha256` is the version's sha256 of `adapter_model.safetensors` (what the validation job
-    records); `config_sha256`, when given, folds the config into the identity too, so two
-    versions with equal weights but different scaling never share caches. `targets` is the
-    version's resolved targets (`ResolvedTargets.to_json`, stored at validation): the replica
-    takes ranks and scales from it and never runs the config's patterns.
-    """
-
-    object_prefix: str
-    sha256: str
-    config_sha256: str | None = None
-    tenant: str | None = None
-    targets: dict | None = None
-
-    def check(self) -> None:
-        """Refuse malformed references (they come from the network)."""
-        for name in ("sha256", "config_sha256"):
-            value = getattr(self, name)
-            if value is None and name == "config_sha256":
-                continue
-            if not isinstance(value, str) or len(value) != 64 or not set(value) <= _HEX:
-                raise ValueError(f"adapter {name} must be 64 hex digits")
-        if self.targets is None:
-            raise ValueError(
-                "the adapter reference carries no resolved targets (the version was validated "
-                "before targets were recorded; the worker's recovery pass fills them in)"
-            )
-        self.resolved_targets()  # AdapterFormatError (a ValueError) when malformed
-        if not isinstance(self.object_prefix, str) or not 0 < len(self.object_prefix) <= 1024:
-            raise ValueError("adapter object_prefix must be a non-empty string")
-        if ".." in self.object_prefix.split("/"):
-            raise ValueError("adapter object_prefix must not contain '..'")
-        if self.tenant is not None and not isinstance(self.tenant, str):
-            raise ValueError("adapter tenant must be a string")
-
-    @property
-    def key(self) -> str:
-        """The engine-wide identity of this version (prefix cache, host and device tiers)."""
-        return adapter_ref_key(self.sha256, self.config_sha256)
-
-    def resolved_targets(self) -> ResolvedTargets:
-        """The targets as the validation job resolved them (checked field by field)."""
-        return ResolvedTargets.from_json(self.targets)
-
-
-_HEX = frozenset(string.hexdigits)
 
 
 @dataclass(frozen=True)

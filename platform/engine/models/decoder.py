@@ -57,7 +57,8 @@ class DenseMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> [T, H]."""
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        out: torch.Tensor = self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return out
 
 
 class SelfAttention(nn.Module):
@@ -107,7 +108,8 @@ class SelfAttention(nn.Module):
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
         out = self.attn(q.reshape(t, -1), k.reshape(t, -1), v)
-        return self.o_proj(out)
+        projected: torch.Tensor = self.o_proj(out)
+        return projected
 
 
 class DecoderLayer(nn.Module):
@@ -126,7 +128,8 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> [T, H]."""
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
 
 
 class DecoderModel(nn.Module):
@@ -149,7 +152,8 @@ class DecoderModel(nn.Module):
         cos, sin = self.rotary_emb(positions, h.dtype)
         for layer in self.layers:
             h = layer(h, cos, sin)
-        return self.norm(h)
+        out: torch.Tensor = self.norm(h)
+        return out
 
 
 class LMHead(nn.Module):
@@ -204,12 +208,14 @@ class DecoderForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids [T] int64, positions [T] int64 -> hidden [T, H] (forward context set)."""
-        return self.model(input_ids, positions)
+        out: torch.Tensor = self.model(input_ids, positions)
+        return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> logits [N, V] in the model's dtype (the sampler upcasts to fp32
         where it computes more than an argmax)."""
-        return self.lm_head(hidden)
+        out: torch.Tensor = self.lm_head(hidden)
+        return out
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load a HuggingFace checkpoint's (name, tensor) pairs, fusing q/k/v and gate/up."""

@@ -69,8 +69,13 @@ class MLASelfAttention(nn.Module):
         self, config: DecoderConfig, mla: MLAConfig, layer_idx: int, dtype: torch.dtype
     ) -> None:
         super().__init__()
-        if current_linear_scheme() is not None:
-            raise NotImplementedError("quantized weights are not served for MLA models yet")
+        scheme = current_linear_scheme()
+        if scheme is not None:
+            raise NotImplementedError(
+                f"quantized weights ({scheme.name}) are not served with multi-head latent "
+                "attention (MLA: DeepSeek-V2/V3) yet: its projections are built unquantized and "
+                "kv_b_proj is read whole to absorb the up-projection; load the float weights"
+            )
         self.mla = mla
         h, hid, bias = mla.num_heads, config.hidden_size, mla.attention_bias
 

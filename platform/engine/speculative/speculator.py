@@ -9,9 +9,11 @@ from dataclasses import dataclass
 
 from loraplex.platform.engine.prefix_cache import KVCacheManager
 from loraplex.platform.engine.request import Request
-from loraplex.platform.engine.scheduler import SchedulerOutput
+from loraplex.platform.engine.sampler import Sampler
+from loraplex.platform.engine.scheduler import ScheduledRequest, SchedulerOutput
 from loraplex.platform.engine.speculative.config import SpecConfig
 from loraplex.platform.engine.speculative.controller import Controller
+from loraplex.platform.engine.speculative.draft_model import DraftModel
 from loraplex.platform.engine.speculative.guard import DraftGuard
 from loraplex.platform.engine.speculative.ngram import NgramIndex
 from loraplex.platform.engine.speculative.suffix_table import AdapterTables
@@ -40,8 +42,14 @@ class Speculator:
         kv: KVCacheManager,
         max_num_batched_tokens: int,
         max_model_len: int,
+        drafter: DraftModel | None = None,
+        sampler: Sampler | None = None,
     ) -> None:
+        if (drafter is None) != (config.draft_model is None) or (drafter and not sampler):
+            raise ValueError("a draft-model method runs with a draft model and the sampler")
         self.config = config
+        self.drafter = drafter
+        self.sampler = sampler
         self.kv = kv
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -55,6 +63,7 @@ class Speculator:
         self._indexes: dict[str, NgramIndex] = {}
         self._rates: dict[str, float] = {}
         self.stats: dict[str | None, AcceptanceStats] = {}
+        self._decode_step = False  # whether the planned step was a decode step (for the guard)
 
     @staticmethod
     def eligible(request: Request) -> bool:
@@ -62,10 +71,20 @@ class Speculator:
         (whose rows the draft rows would need to share) run without speculation."""
         return request.grammar is None and not request.wants_prompt_logprobs
 
+    @staticmethod
+    def model_eligible(request: Request) -> bool:
+        """Whether the draft model may draft for it: not seeded (its output must not depend
+        on whether it drafted) and no logprobs (its emitted tokens are the rejection rule's);
+        these requests draft by prompt lookup, which shares the sampler's draw."""
+        p = request.sampling_params
+        return p.seed is None and p.logprobs is None
+
     def plan(self, sched: SchedulerOutput) -> int:
         """Set `spec_token_ids` (and reserve their KV slots) on the step's sampling requests
         the controller gives a K; returns the number of draft tokens added to the step."""
-        if not _decode_only(sched):  # a prefill chunk in the step: its attention path would
+        # Judged now: after the step the requests hold their new tokens (`samples` turns false).
+        self._decode_step = _decode_only(sched)
+        if not self._decode_step:  # a prefill chunk in the step: its attention path would
             return 0  # run every drafting request's rows as a prefill too
         cands = [s for s in sched.scheduled if self.eligible(s.request)]
         if not cands:
@@ -77,20 +96,51 @@ class Speculator:
         rates = [self._rates.get(s.request.request_id) for s in cands]
         ks = self.controller.choose(rates, sched.num_tokens, num_outputs, budget)
         added = 0
+        sized: list[tuple[ScheduledRequest, int]] = []
         for s, k in zip(cands, ks, strict=True):
             r = s.request
             room = min(
                 r.sampling_params.max_tokens - r.num_output_tokens - 1,
                 self.max_model_len - r.num_tokens - 1,
             )
-            k = min(k, room)
-            if k <= 0:
-                continue
-            drafts = self.propose(r, k)
+            if min(k, room) > 0:
+                sized.append((s, min(k, room)))
+        modelled = self._model_drafts(sized)
+        for s, k in sized:
+            r = s.request
+            drafts = modelled.get(r.request_id) or self.propose(r, k)
             if drafts and self.kv.allocate_slots(r, s.num_tokens + len(drafts)):
                 r.spec_token_ids = drafts
                 added += len(drafts)
         return added
+
+    def _model_drafts(self, sized: list[tuple[ScheduledRequest, int]]) -> dict[str, list[int]]:
+        """The draft model's drafts (with their distributions) for the requests it may draft
+        for, in one batch; a request it has no room for is left to prompt lookup."""
+        if self.drafter is None or self.sampler is None:
+            return {}
+        chosen = [(s.request, k) for s, k in sized if self.model_eligible(s.request)]
+        if self.config.method == "draft_adapter":  # an adapter without a draft adapter: its
+            chosen = [(r, k) for r, k in chosen if not self._table_first(r, k)]  # suffix table
+        if not chosen:
+            return {}
+        got = self.drafter.propose([r for r, _ in chosen], [k for _, k in chosen], self.sampler)
+        return {r.request_id: d for (r, _), d in zip(chosen, got, strict=True) if d}
+
+    def _table_first(self, request: Request, k: int) -> bool:
+        """Whether an adapter's request without a draft adapter drafts from the n-gram tables
+        (they propose something) rather than the plain draft model."""
+        drafter = self.drafter
+        if request.adapter_key is None or drafter is None or drafter.draft_key(request):
+            return False
+        return bool(self.propose(request, k))
+
+    def register_draft_adapter(self, target_key: str, ref: object) -> str:
+        """Tie a draft adapter (for the draft model) to the target adapter version
+        `target_key` (method draft_adapter); returns the draft adapter's key."""
+        if self.drafter is None or self.drafter.adapters is None:
+            raise ValueError("draft adapters need speculative method 'draft_adapter'")
+        return self.drafter.adapters.register(target_key, ref)
 
     def propose(self, request: Request, k: int) -> list[int]:
         """Up to `k` drafts: prompt lookup over the request's own tokens, else the suffix table
@@ -112,7 +162,7 @@ class Speculator:
         """Feed one whole engine step's measured cost to the controller (forward tokens with
         their drafts) and, for a decode step, to the guard (seconds per emitted token)."""
         self.controller.costs.observe(sched.num_tokens + num_drafted, seconds)
-        if _decode_only(sched):
+        if self._decode_step:
             self.guard.record(len(sched.scheduled), num_drafted > 0, seconds, num_emitted)
 
     def settle(self, sched: SchedulerOutput, emitted: Mapping[str, list[int]]) -> None:
@@ -142,6 +192,8 @@ class Speculator:
         """Forget a finished request; its output joins its adapter's suffix table."""
         self._indexes.pop(request.request_id, None)
         self._rates.pop(request.request_id, None)
+        if self.drafter is not None:
+            self.drafter.release(request.request_id)
         if self.tables is not None and request.status.finish_reason != "abort":
             self.tables.add_output(request.adapter_key, request.output_token_ids)
 

@@ -6,6 +6,12 @@ the request that already holds drafts[:j] (so penalties, min_tokens, `logit_bias
 draw of that position and logprobs are exactly those of decoding without speculation), and the
 drafts are kept up to the first row whose sample differs.
 
+A draft model's drafts (`DraftTokens`, carrying the draft distribution q of each depth after
+the request's own sampling settings) are verified by the full rule instead (`rejection_sample`):
+the target's processed distribution p of each row (`Sampler.distribution`) accepts draft d with
+probability min(1, p(d)/q(d)); the first rejected row emits a sample of norm(max(0, p - q)),
+and a request whose drafts are all accepted emits a sample of its last row.
+
 For a point-mass draft q (prompt lookup, suffix tables) this is Leviathan et al.'s rule: the
 draft d is accepted with probability p(d) = min(1, p(d)/q(d)), and a rejected row's sample is
 distributed as p conditioned on != d, i.e. norm(max(0, p - q)). Sharing the sampler's draw also
@@ -22,6 +28,45 @@ import torch
 
 from loraplex.platform.engine.request import Request
 from loraplex.platform.engine.sampler import Sampler
+
+
+class DraftTokens(list[int]):
+    """Drafted tokens with the draft model's distribution at each depth (`probs` [K, V], the
+    request's sampling settings applied): verified by the rejection rule, not by equality."""
+
+    def __init__(self, tokens: list[int], probs: torch.Tensor) -> None:
+        super().__init__(tokens)
+        self.probs = probs
+
+
+def rejection_sample(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    drafts: torch.Tensor,
+    lengths: torch.Tensor,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Leviathan et al.'s rule over N drafting sequences: target p [N, K+1, V], draft q
+    [N, K, V] (drafts sampled from it), drafts [N, K] (live up to `lengths`) -> (accepted
+    drafts [N], the token emitted after them [N]: a sample of norm(max(0, p - q)) at the first
+    rejection, else of p at the row after the last draft)."""
+    n, k = drafts.shape
+    dev = p.device
+    idx = drafts.clamp(min=0).unsqueeze(2)
+    pd = p[:, :k].gather(2, idx).squeeze(2)
+    qd = q.gather(2, idx).squeeze(2)
+    u = torch.rand(n, k, generator=generator, device=dev)
+    live = torch.arange(k, device=dev).unsqueeze(0) < lengths.unsqueeze(1)
+    ok = (u * qd < pd) & live  # accepted with probability min(1, p(d) / q(d))
+    accepted = ok.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    rows = torch.arange(n, device=dev)
+    p_at = p[rows, accepted]
+    q_at = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)[rows, accepted]  # 0 past drafts
+    residual = (p_at - q_at).clamp(min=0.0)
+    total = residual.sum(dim=1, keepdim=True)
+    residual = torch.where(total > 0, residual / total.clamp(min=1e-30), p_at)
+    final = torch.multinomial(residual, 1, generator=generator).squeeze(1)
+    return accepted, final
 
 
 @dataclass
@@ -82,6 +127,9 @@ def verify(
     views, owner = draft_views(requests, drafts)
     if mask is not None:
         mask = mask[torch.tensor(owner, dtype=torch.long, device=mask.device)]
+    modelled = [i for i, d in enumerate(drafts) if isinstance(d, DraftTokens) and d]
+    # Before sampling: the sampler adds logit_bias and the mask to `logits` in place.
+    dist = _model_rows_distribution(sampler, logits, views, drafts, modelled, mask)
     out = sampler(logits, views, mask)
     k_max = max(len(d) for d in drafts)
     n = len(requests)
@@ -102,4 +150,59 @@ def verify(
         got = out.logprobs[row : row + a + 1]
         lps.append(None if got[0] is None else got)  # type: ignore[arg-type]
         row += len(d) + 1
+    if dist is not None:
+        _verify_modelled(sampler, dist, drafts, modelled, tokens)
     return Verified(tokens, lps)
+
+
+def _model_rows_distribution(
+    sampler: Sampler,
+    logits: torch.Tensor,
+    views: list[Request],
+    drafts: list[list[int]],
+    modelled: list[int],
+    mask: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """The target's processed distribution p of the rows of the requests drafted by a model
+    (`modelled`), in order; None when there are none."""
+    if not modelled:
+        return None
+    starts, row = [], 0
+    for d in drafts:
+        starts.append(row)
+        row += len(d) + 1
+    sel = [r for i in modelled for r in range(starts[i], starts[i] + len(drafts[i]) + 1)]
+    idx = torch.tensor(sel, dtype=torch.long, device=logits.device)
+    return sampler.distribution(  # logits[idx] is a copy: the caller's rows stay unchanged
+        logits[idx], [views[r] for r in sel], None if mask is None else mask[idx]
+    )
+
+
+def _verify_modelled(
+    sampler: Sampler,
+    dist: torch.Tensor,
+    drafts: list[list[int]],
+    modelled: list[int],
+    tokens: list[list[int]],
+) -> None:
+    """Replace the emitted tokens of the requests drafted by a model (`modelled`, target
+    distributions `dist` by row) by the rejection rule's (their requests never ask logprobs:
+    the engine drafts them otherwise)."""
+    k = max(len(drafts[i]) for i in modelled)
+    m, v = len(modelled), dist.shape[-1]
+    p = torch.zeros(m, k + 1, v, device=dist.device)
+    q = torch.ones(m, k, v, device=dist.device) / v
+    pad = torch.full((m, k), -1, dtype=torch.int64, device=dist.device)
+    at = 0
+    for j, i in enumerate(modelled):
+        d = drafts[i]
+        assert isinstance(d, DraftTokens)
+        p[j, : len(d) + 1] = dist[at : at + len(d) + 1]
+        q[j, : len(d)] = d.probs.to(dist.device)
+        pad[j, : len(d)] = torch.tensor(list(d), dtype=torch.int64)
+        at += len(d) + 1
+    lengths = torch.tensor([len(drafts[i]) for i in modelled], device=dist.device)
+    accepted, final = rejection_sample(p, q, pad, lengths, sampler.generator)
+    for j, i in enumerate(modelled):
+        a = int(accepted[j])
+        tokens[i] = list(drafts[i][:a]) + [int(final[j])]

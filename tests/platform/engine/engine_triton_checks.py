@@ -14,7 +14,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 
 import torch  # noqa: E402
 
-from loraplex.platform.engine.layers import attention as attention_mod  # noqa: E402
+from loraplex.platform.engine.layers import attention_backend  # noqa: E402
 from loraplex.platform.engine.layers.paged_attention_torch import (  # noqa: E402
     KVScales,
     decode_attention_torch,
@@ -90,7 +90,8 @@ def model_case() -> float:
     from loraplex.platform.engine.model_loading import load_model
     from loraplex.platform.testing.models import save_tiny_model
 
-    attention_mod.triton_available_for = lambda t: True  # run the GPU branch in the interpreter
+    # run the CUDA choice (TritonAttention) in the interpreter: the layers choose at bind time
+    attention_backend.triton_available_for = lambda t: True
     with tempfile.TemporaryDirectory() as tmp:
         hf = save_tiny_model(tmp, "llama", with_tokenizer=False)
         h = PagedHarness(load_model(tmp, dtype="float32"), block_size=4)

@@ -353,3 +353,35 @@ def test_the_modes_logits_are_the_models(world, with_adapter: bool) -> None:
         want = model(torch.tensor([seq[:-1]])).logits[0, len(NEEDLE) - 1 :].float()
     assert got.shape == want.shape
     assert (got - want).abs().max().item() < 1e-4
+
+
+def test_expert_lora_is_refused_at_admission_naming_why(worlds, tmp_path: Path) -> None:
+    """An adapter with LoRA on the MoE experts or router is refused when a request names it
+    (a local directory, or an object-store reference whose resolved targets say so) and when
+    the gateway warms it, never mid-forward: nothing is queued, and the engine goes on serving
+    the base and attention-only adapters under the mode."""
+    from support.expert_adapters import expert_adapter
+    from transformers import AutoModelForCausalLM
+
+    from loraplex.adapters.targets import resolve_config_targets
+    from loraplex.platform.engine.lora import AdapterRef
+
+    base, adapters = worlds("moe")
+    hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    folder = expert_adapter(hf, tmp_path / "experts", seed=5)
+    llm = _llm(base, "float32")
+    core = llm.core
+    config = (folder / "adapter_config.json").read_bytes()
+    targets = resolve_config_targets(config, core.model.hf_config).to_json()
+    ref = AdapterRef(object_prefix="t/a/v1/", sha256="ab" * 32, tenant="t", targets=targets)
+    why = "deterministic mode does not cover adapters on MoE experts or the router"
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    for adapter in (str(folder), ref, {"object_prefix": "t/a/v1/", "sha256": "ab" * 32,
+                                       "targets": targets}):  # fmt: skip
+        with pytest.raises(ValueError, match=why):
+            core.add_request(NEEDLE, params, "refused", adapter=adapter)
+        assert not core.has_unfinished()
+    with pytest.raises(ValueError, match=why):
+        core.lora_runtime.warm(ref)
+    outs = llm.generate([NEEDLE, NEEDLE], params, adapters=[None, str(adapters[0])])
+    assert [len(o.outputs[0].token_ids) for o in outs] == [2, 2]

@@ -164,7 +164,7 @@ class BaseOnlyRuntime:
 
 def test_salt_and_adapter_key_never_share_blocks(models: dict) -> None:
     path, _ = models["llama"]
-    llm = make_llm(path)
+    llm = make_llm(path, max_loras=0)  # no multi-LoRA runtime until one is installed below
     prompt = list(range(3, 40))
     params = SamplingParams(max_tokens=2, **GREEDY)
     with pytest.raises(NotImplementedError, match="multi-LoRA runtime not available"):

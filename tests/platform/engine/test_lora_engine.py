@@ -232,7 +232,9 @@ def test_cold_adapter_fetched_from_s3_while_others_decode(
     prompts = make_prompts(3)
     params = SamplingParams(max_tokens=6, **GREEDY)
     sha = hashlib.sha256(weights).hexdigest()
-    ref = AdapterRef(s3_prefix, sha, tenant="t1", targets=_targets_json(src, core))
+    ref = AdapterRef(
+        object_prefix=s3_prefix, sha256=sha, tenant="t1", targets=_targets_json(src, core)
+    )
     cold = core.add_request(prompts[0], params, "llm-x-0-0-0", adapter=ref)
     core.add_request(prompts[1], params, "llm-x-0-1-0", adapter=str(dirs["r4_qv"]))
     core.add_request(prompts[2], params, "llm-x-0-2-0")
@@ -302,7 +304,10 @@ def test_replica_loading_an_adapter_never_runs_its_patterns(
 
     monkeypatch.setattr(re, "_compile", spy)
     ref = AdapterRef(
-        s3_prefix, hashlib.sha256(weights).hexdigest(), tenant="t1", targets=targets.to_json()
+        object_prefix=s3_prefix,
+        sha256=hashlib.sha256(weights).hexdigest(),
+        tenant="t1",
+        targets=targets.to_json(),
     )
     params = SamplingParams(max_tokens=4, **GREEDY)
     prompt = make_prompts(1)[0]
@@ -418,8 +423,8 @@ def test_identical_bytes_of_two_tenants_survive_the_first_tenants_delete(
     )
     sha = hashlib.sha256(files["adapter_model.safetensors"]).hexdigest()
     targets = _targets_json(src, core)
-    ref_a = AdapterRef(prefix_a, sha, tenant="tenant-a", targets=targets)
-    ref_b = AdapterRef(prefix_b, sha, tenant="tenant-b", targets=targets)
+    ref_a = AdapterRef(object_prefix=prefix_a, sha256=sha, tenant="tenant-a", targets=targets)
+    ref_b = AdapterRef(object_prefix=prefix_b, sha256=sha, tenant="tenant-b", targets=targets)
     assert ref_a.key == ref_b.key
     rows = record_sampled_logits(llm)
     prompt = make_prompts(1)[0]

@@ -103,7 +103,7 @@ def _ref(llm: LLM, folder: Path, prefix: str) -> AdapterRef:
     config = (folder / FILES[0]).read_bytes()
     sha = hashlib.sha256((folder / FILES[1]).read_bytes()).hexdigest()
     targets = resolve_config_targets(config, llm.core.model.hf_config).to_json()
-    return AdapterRef(prefix, sha, tenant="t1", targets=targets)
+    return AdapterRef(object_prefix=prefix, sha256=sha, tenant="t1", targets=targets)
 
 
 class StageGate:

@@ -41,21 +41,26 @@ def _sha(data: bytes) -> str:
 
 def test_fetch_returns_both_files_checked(stored, s3_prefix) -> None:
     store, cfg, weights = stored
-    ref = AdapterRef(s3_prefix, _sha(weights), _sha(cfg))
+    ref = AdapterRef(object_prefix=s3_prefix, sha256=_sha(weights), config_sha256=_sha(cfg))
     assert ObjectSource(ref, store).fetch() == (cfg, weights)
 
 
 def test_other_bytes_are_never_served_under_a_version(stored, s3_prefix) -> None:
     store, cfg, weights = stored
     with pytest.raises(AdapterFormatError, match="does not match version sha256"):
-        ObjectSource(AdapterRef(s3_prefix, _sha(b"x")), store).fetch()
+        ObjectSource(AdapterRef(object_prefix=s3_prefix, sha256=_sha(b"x")), store).fetch()
     with pytest.raises(AdapterFormatError, match="config sha256"):
-        ObjectSource(AdapterRef(s3_prefix, _sha(weights), _sha(b"{}")), store).fetch()
+        ObjectSource(
+            AdapterRef(object_prefix=s3_prefix, sha256=_sha(weights), config_sha256=_sha(b"{}")),
+            store,
+        ).fetch()
 
 
 def test_oversized_objects_are_refused_before_reading(stored, s3_prefix) -> None:
     store, _, weights = stored
-    source = ObjectSource(AdapterRef(s3_prefix, _sha(weights)), store, max_bytes=1000)
+    source = ObjectSource(
+        AdapterRef(object_prefix=s3_prefix, sha256=_sha(weights)), store, max_bytes=1000
+    )
     with pytest.raises(AdapterFormatError, match="over the limit of 1000"):
         source.fetch()
 
@@ -72,8 +77,26 @@ def test_source_map_falls_back_to_another_tenants_copy(
     for name, body in (("adapter_config.json", cfg), ("adapter_model.safetensors", weights)):
         s3_client.put_object(Bucket=s3_bucket, Key=other + name, Body=body)
     targets = {"modules": []}
-    kept = ObjectSource(AdapterRef(other, _sha(weights), _sha(cfg), "t2", targets), store)
-    gone = ObjectSource(AdapterRef(s3_prefix, _sha(weights), _sha(cfg), "t1", targets), store)
+    kept = ObjectSource(
+        AdapterRef(
+            object_prefix=other,
+            sha256=_sha(weights),
+            config_sha256=_sha(cfg),
+            tenant="t2",
+            targets=targets,
+        ),
+        store,
+    )
+    gone = ObjectSource(
+        AdapterRef(
+            object_prefix=s3_prefix,
+            sha256=_sha(weights),
+            config_sha256=_sha(cfg),
+            tenant="t1",
+            targets=targets,
+        ),
+        store,
+    )
     sources = SourceMap()
     sources.add(kept)
     sources.add(gone)

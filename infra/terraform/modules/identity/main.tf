@@ -70,18 +70,18 @@ data "aws_iam_policy_document" "s3" {
     }
   }
 
-  # Listing is limited to the same key spaces (and, for the reconciler, the tenants root).
-  # IfExists: a GET/HEAD of a missing key is checked against ListBucket without a prefix, and
-  # must read as 404 (optional model files, a half-uploaded adapter); the price is that a list
-  # request without a prefix is allowed too (key names only: GetObject stays scoped). See
-  # infra/README.md "Where this falls short".
+  # Listing is limited to the same key spaces (and, for the reconciler, the tenants root); a
+  # list request without a prefix (the whole bucket's key names) is refused. So a GET or HEAD
+  # of a missing key answers 403, not 404: the code never waits for that 404 and looks for
+  # every optional file by listing its exact key (loraplex.loader.object_store.ObjectStore.find;
+  # tests/platform/test_optional_fetches_list_first.py, tests/infra/test_iam_actions.py).
   statement {
     sid       = "ListOwnKeySpaces"
     actions   = ["s3:ListBucket"]
     resources = [var.bucket_arn]
 
     condition {
-      test     = "StringLikeIfExists"
+      test     = "StringLike"
       variable = "s3:prefix"
       values = concat(
         [for s in distinct(concat(each.value.read, each.value.write)) : local.key_space_globs[s]],

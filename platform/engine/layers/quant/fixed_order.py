@@ -11,10 +11,11 @@ from __future__ import annotations
 import torch
 
 from loraplex.loader.quant.schemes import QuantScheme
+from loraplex.loader.quant_choices import QUANTIZED_ON_LOAD
 from loraplex.moe.quant_experts import CPU_INT4_BLOCK, from_cpu_int4_layout, pack_nibbles
 from loraplex.platform.engine.layers.fixed_order_cpu import FixedOrderWeight
 
-COVERED_SCHEMES = ("int8", "int4", "int4_sym", "fp8")
+COVERED_SCHEMES = QUANTIZED_ON_LOAD
 """Schemes quantized on load that the mode covers (pre-quantized checkpoints are not yet)."""
 
 

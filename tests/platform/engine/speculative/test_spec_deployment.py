@@ -45,6 +45,7 @@ def test_the_option_parses_with_defaults_and_prints_canonically() -> None:
     [
         ({"method": "nope"}, "unknown speculative method 'nope'"),
         ({"method": "eagle"}, "'eagle' is not built"),
+        ({"method": "draft_model"}, "needs a draft_model"),
         ({"method": "ngram", "k_max": 0}, "K bounds"),
         ({"method": "ngram", "k_min": 4, "k_max": 2}, "K bounds"),
         ({"method": "ngram", "depth": 2}, "unknown speculative option 'depth'"),

@@ -62,7 +62,9 @@ def test_adapter_tables_are_bounded():
 
 
 def test_spec_config_refuses_what_is_not_built_by_name():
-    with pytest.raises(NotImplementedError, match="draft_model.*not built"):
+    with pytest.raises(NotImplementedError, match="eagle.*not built"):
+        SpecConfig(method="eagle")
+    with pytest.raises(ValueError, match="a draft_model is given with method 'draft_model' or"):
         SpecConfig(method="draft_model")
     with pytest.raises(ValueError, match="unknown speculative method"):
         SpecConfig(method="lookahead")

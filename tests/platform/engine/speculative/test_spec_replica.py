@@ -81,3 +81,14 @@ def test_a_plain_replica_shows_no_speculation(world: tuple[str, str]) -> None:
     core = _llm(world[0]).core
     assert core.speculator is None and core.state().speculative is None
     assert _samples(core.metrics.render(), "loraplex:spec_decode_num_draft_tokens") == {}
+
+
+def test_the_guard_measures_decode_steps_through_the_engine(world: tuple[str, str]) -> None:
+    """The draft guard gets each decode step's cost (with and without drafts), so it can turn
+    drafting off where it measured slower (it was judged after the step, when the request's
+    new tokens made the step look like a prefill, and never measured)."""
+    llm = _llm(world[0], speculative=OPTION)
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    llm.generate([[5, 6, 7, 8, 9] * 4], params)
+    with_drafts, without = llm.core.speculator.guard.seconds_per_token(1)
+    assert with_drafts is not None and without is not None
