@@ -1,6 +1,7 @@
-"""One completion request from validated body to choice events: tokenize (chat template),
-check the context length, fan the `n` choices out to replicas through the router, and
-meter what was used. `responses.py` turns the events into OpenAI objects or SSE frames.
+"""One completion request from job to choice events: the job (built by its endpoint,
+`endpoints.py`), the context-length and sampling rules it is built with, the `n` choices
+fanned out to replicas through the router, and metering of what was used. `responses.py`
+turns the events into OpenAI objects or SSE frames.
 """
 
 from __future__ import annotations
@@ -12,14 +13,12 @@ import time
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway import openai_schemas as oa
 from loraplex.platform.gateway.assets import ModelAssets
-from loraplex.platform.gateway.endpoints import CHAT, TEXT, Endpoint
-from loraplex.platform.gateway.errors import bad_request
-from loraplex.platform.gateway.openai_structured import Constraints, ToolPlan, request_constraints
+from loraplex.platform.gateway.openai_structured import Constraints, ToolPlan
 from loraplex.platform.gateway.ratelimit import RateLimitResult
 from loraplex.platform.gateway.resolve import ResolvedModel, adapter_ref
 from loraplex.platform.gateway.router import Dispatch
@@ -27,8 +26,10 @@ from loraplex.platform.gateway.service import Gateway
 from loraplex.platform.gateway.streaming import spawn
 from loraplex.platform.gateway.usage import Usage
 from loraplex.platform.services import request_log
-from loraplex.platform.tokenizing import TemplateRenderError
 from loraplex.platform.wire import DeltaEvent, FinishEvent, GenerateRequest, SamplingOptions
+
+if TYPE_CHECKING:
+    from loraplex.platform.gateway.endpoints import Endpoint
 
 SEED_MASK = 2**63 - 1
 log = logging.getLogger(__name__)
@@ -58,7 +59,10 @@ class Job:
     served_by: str | None = None  # the deployment whose replica answered (usage names it)
 
 
-def _max_tokens(requested: int | None, prompt_len: int, ctx: int, default: int, param: str) -> int:
+def max_tokens_for(
+    requested: int | None, prompt_len: int, ctx: int, default: int, param: str
+) -> int:
+    """The completion's token budget: what was asked, else the default, within the context."""
     room = ctx - prompt_len
     if room < 1:
         raise HttpError(
@@ -110,7 +114,7 @@ def check_prompt_length(text: str, assets: ModelAssets, requested: int | None, p
     )
 
 
-def _sampling(
+def sampling_for(
     body: oa.SamplingFields, max_tokens: int, logprobs: int | None, constraints: Constraints
 ) -> SamplingOptions:
     """What the replica samples with; fields the client left out take the engine's defaults
@@ -137,99 +141,6 @@ def _sampling(
         min_tokens=body.min_tokens,
         **constraints.sampling_fields(),
     )
-
-
-def build_chat_job(
-    body: oa.ChatCompletionRequest,
-    resolved: ResolvedModel,
-    assets: ModelAssets,
-    tenant_id: uuid.UUID,
-    api_key_id: uuid.UUID | None,
-    default_max_tokens: int,
-    model: str | None = None,
-) -> Job:
-    """Render the conversation, tokenize it and check limits (`model`: the name the caller
-    used, when it is not the body's)."""
-    tok = assets.tokenizer
-    constraints = request_constraints(
-        body, tok.vocab_size, tok.template.source, resolved.tool_call_format
-    )
-    tools = constraints.tools.template_tools() if constraints.tools else None
-    messages = [m.template_dict() for m in body.messages]
-    try:
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
-    except TemplateRenderError as exc:
-        raise bad_request(exc.message, param="messages") from None
-    check_prompt_length(text, assets, body.requested_max_tokens(), "messages")
-    ids = assets.tokenizer.encode(text, add_special_tokens=False)
-    if not ids:
-        raise bad_request("The rendered conversation is empty.", param="messages")
-    max_tokens = _max_tokens(
-        body.requested_max_tokens(), len(ids), assets.context_length, default_max_tokens, "messages"
-    )
-    top_n = (body.top_logprobs or 0) if body.logprobs else None
-    job = Job(
-        CHAT,
-        model or body.model,
-        resolved,
-        ids,
-        max_tokens,
-        body.n,
-        top_n,
-        _sampling(body, max_tokens, top_n, constraints),
-        tenant_id,
-        api_key_id,
-        body.stream,
-        body.include_usage,
-    )
-    job.cid = oa.new_id("chatcmpl")
-    job.tools = constraints.tools
-    return job
-
-
-def build_text_job(
-    body: oa.CompletionRequest,
-    resolved: ResolvedModel,
-    assets: ModelAssets,
-    tenant_id: uuid.UUID,
-    api_key_id: uuid.UUID | None,
-    default_max_tokens: int,
-    model: str | None = None,
-) -> Job:
-    """Tokenize the prompt (or check the given ids) and check limits."""
-    constraints = request_constraints(body, assets.tokenizer.vocab_size, None)
-    prompt = body.prompt_text_or_ids()
-    if isinstance(prompt, str):
-        check_prompt_length(prompt, assets, body.requested_max_tokens(), "prompt")
-        ids = assets.tokenizer.encode(prompt, add_special_tokens=True)
-        if not ids:
-            raise bad_request("The prompt is empty.", param="prompt")
-    else:
-        vocab = assets.tokenizer.vocab_size
-        if not prompt:
-            raise bad_request("The prompt is empty.", param="prompt")
-        if any(t < 0 or t >= vocab for t in prompt):
-            raise bad_request(f"Prompt token ids must be in [0, {vocab}).", param="prompt")
-        ids = prompt
-    max_tokens = _max_tokens(
-        body.requested_max_tokens(), len(ids), assets.context_length, default_max_tokens, "prompt"
-    )
-    job = Job(
-        TEXT,
-        model or body.model,
-        resolved,
-        ids,
-        max_tokens,
-        body.n,
-        body.logprobs,
-        _sampling(body, max_tokens, body.logprobs, constraints),
-        tenant_id,
-        api_key_id,
-        body.stream,
-        body.include_usage,
-    )
-    job.cid = oa.new_id("cmpl")
-    return job
 
 
 Event = tuple[int, DeltaEvent | FinishEvent]

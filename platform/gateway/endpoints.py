@@ -9,18 +9,23 @@ from __future__ import annotations
 import codecs
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from loraplex.platform.gateway import openai_schemas as oa
+from loraplex.platform.gateway.assets import ModelAssets
+from loraplex.platform.gateway.completion import (
+    Job,
+    check_prompt_length,
+    max_tokens_for,
+    sampling_for,
+)
+from loraplex.platform.gateway.errors import bad_request
+from loraplex.platform.gateway.openai_structured import request_constraints
+from loraplex.platform.gateway.resolve import ResolvedModel
 from loraplex.platform.gateway.streaming import sse
 from loraplex.platform.gateway.tool_outputs import ToolStream, reads_tool_calls, tool_calls_of
-from loraplex.platform.tokenizing import display_bytes
+from loraplex.platform.tokenizing import TemplateRenderError, display_bytes
 from loraplex.platform.wire import DeltaEvent, TokenLogprobs
-
-if TYPE_CHECKING:
-    from loraplex.platform.gateway.assets import ModelAssets
-    from loraplex.platform.gateway.completion import Job
-    from loraplex.platform.gateway.resolve import ResolvedModel
 
 
 def chat_logprobs(logprobs: list[TokenLogprobs] | None) -> list[dict[str, Any]]:
@@ -53,6 +58,99 @@ def text_logprobs(deltas: list[DeltaEvent], offset: int = 0) -> dict[str, Any]:
     return out
 
 
+def build_chat_job(
+    body: oa.ChatCompletionRequest,
+    resolved: ResolvedModel,
+    assets: ModelAssets,
+    tenant_id: uuid.UUID,
+    api_key_id: uuid.UUID | None,
+    default_max_tokens: int,
+    model: str | None = None,
+) -> Job:
+    """Render the conversation, tokenize it and check limits (`model`: the name the caller
+    used, when it is not the body's)."""
+    tok = assets.tokenizer
+    constraints = request_constraints(
+        body, tok.vocab_size, tok.template.source, resolved.tool_call_format
+    )
+    tools = constraints.tools.template_tools() if constraints.tools else None
+    messages = [m.template_dict() for m in body.messages]
+    try:
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
+    except TemplateRenderError as exc:
+        raise bad_request(exc.message, param="messages") from None
+    check_prompt_length(text, assets, body.requested_max_tokens(), "messages")
+    ids = assets.tokenizer.encode(text, add_special_tokens=False)
+    if not ids:
+        raise bad_request("The rendered conversation is empty.", param="messages")
+    max_tokens = max_tokens_for(
+        body.requested_max_tokens(), len(ids), assets.context_length, default_max_tokens, "messages"
+    )
+    top_n = (body.top_logprobs or 0) if body.logprobs else None
+    job = Job(
+        CHAT,
+        model or body.model,
+        resolved,
+        ids,
+        max_tokens,
+        body.n,
+        top_n,
+        sampling_for(body, max_tokens, top_n, constraints),
+        tenant_id,
+        api_key_id,
+        body.stream,
+        body.include_usage,
+    )
+    job.cid = oa.new_id("chatcmpl")
+    job.tools = constraints.tools
+    return job
+
+
+def build_text_job(
+    body: oa.CompletionRequest,
+    resolved: ResolvedModel,
+    assets: ModelAssets,
+    tenant_id: uuid.UUID,
+    api_key_id: uuid.UUID | None,
+    default_max_tokens: int,
+    model: str | None = None,
+) -> Job:
+    """Tokenize the prompt (or check the given ids) and check limits."""
+    constraints = request_constraints(body, assets.tokenizer.vocab_size, None)
+    prompt = body.prompt_text_or_ids()
+    if isinstance(prompt, str):
+        check_prompt_length(prompt, assets, body.requested_max_tokens(), "prompt")
+        ids = assets.tokenizer.encode(prompt, add_special_tokens=True)
+        if not ids:
+            raise bad_request("The prompt is empty.", param="prompt")
+    else:
+        vocab = assets.tokenizer.vocab_size
+        if not prompt:
+            raise bad_request("The prompt is empty.", param="prompt")
+        if any(t < 0 or t >= vocab for t in prompt):
+            raise bad_request(f"Prompt token ids must be in [0, {vocab}).", param="prompt")
+        ids = prompt
+    max_tokens = max_tokens_for(
+        body.requested_max_tokens(), len(ids), assets.context_length, default_max_tokens, "prompt"
+    )
+    job = Job(
+        TEXT,
+        model or body.model,
+        resolved,
+        ids,
+        max_tokens,
+        body.n,
+        body.logprobs,
+        sampling_for(body, max_tokens, body.logprobs, constraints),
+        tenant_id,
+        api_key_id,
+        body.stream,
+        body.include_usage,
+    )
+    job.cid = oa.new_id("cmpl")
+    return job
+
+
 class StreamWriter(Protocol):
     """One stream's SSE frames, written from wire events (state kept per stream)."""
 
@@ -70,7 +168,7 @@ class Endpoint(Protocol):
 
     @property
     def name(self) -> str:
-        """"chat" or "text" (logs and metrics)."""
+        """ "chat" or "text" (logs and metrics)."""
         ...
 
     @property
@@ -122,8 +220,6 @@ class _Chat:
     def build_job(self, body: Any, resolved: ResolvedModel, assets: ModelAssets,
                   tenant_id: uuid.UUID, api_key_id: uuid.UUID | None, default_max_tokens: int,
                   model: str) -> Job:  # fmt: skip
-        from loraplex.platform.gateway.completion import build_chat_job
-
         return build_chat_job(
             body, resolved, assets, tenant_id, api_key_id, default_max_tokens, model
         )
@@ -218,8 +314,6 @@ class _Text:
     def build_job(self, body: Any, resolved: ResolvedModel, assets: ModelAssets,
                   tenant_id: uuid.UUID, api_key_id: uuid.UUID | None, default_max_tokens: int,
                   model: str) -> Job:  # fmt: skip
-        from loraplex.platform.gateway.completion import build_text_job
-
         return build_text_job(
             body, resolved, assets, tenant_id, api_key_id, default_max_tokens, model
         )

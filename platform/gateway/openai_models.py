@@ -4,7 +4,7 @@ describe them, and the fuzz test checks every answer against them)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -137,6 +137,8 @@ class ModelDeployment(_Out):
     name: str
     quantization: ModelQuantization
     deterministic: bool = False
+    # the deployment's speculative decoding (method, K bounds, draft model); None: off
+    speculative: dict[str, Any] | None = None
 
 
 class ModelObject(_Out):

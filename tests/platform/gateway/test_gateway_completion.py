@@ -10,7 +10,8 @@ from support.gateway_catalog import make_model_dir
 
 from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.assets import ModelAssets
-from loraplex.platform.gateway.completion import SEED_MASK, build_chat_job, build_text_job
+from loraplex.platform.gateway.completion import SEED_MASK
+from loraplex.platform.gateway.endpoints import build_chat_job, build_text_job
 from loraplex.platform.gateway.openai_schemas import parse_chat_request, parse_completion_request
 from loraplex.platform.gateway.resolve import ResolvedModel
 from loraplex.platform.wire import AdapterRef

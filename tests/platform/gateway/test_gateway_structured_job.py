@@ -14,8 +14,8 @@ from support.gateway_catalog import make_model_dir
 
 from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.assets import ModelAssets
-from loraplex.platform.gateway.completion import build_chat_job, build_text_job
 from loraplex.platform.gateway.deployment_choice import DeploymentRoute
+from loraplex.platform.gateway.endpoints import build_chat_job, build_text_job
 from loraplex.platform.gateway.openai_schemas import parse_chat_request, parse_completion_request
 from loraplex.platform.gateway.openai_structured import Tool, ToolPlan, tool_call_schema
 from loraplex.platform.gateway.resolve import ResolvedModel, with_named_deployment
