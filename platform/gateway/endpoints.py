@@ -6,13 +6,13 @@ events. `responses.py` drives them; nothing else asks which kind a request is.
 
 from __future__ import annotations
 
-import codecs
 import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from loraplex.platform.gateway import openai_schemas as oa
 from loraplex.platform.gateway.assets import ModelAssets
+from loraplex.platform.gateway.chunk_parts import TextHoles, chat_logprobs, text_logprobs
 from loraplex.platform.gateway.completion import (
     Job,
     check_prompt_length,
@@ -24,38 +24,8 @@ from loraplex.platform.gateway.openai_structured import request_constraints
 from loraplex.platform.gateway.resolve import ResolvedModel
 from loraplex.platform.gateway.streaming import sse
 from loraplex.platform.gateway.tool_outputs import ToolStream, reads_tool_calls, tool_calls_of
-from loraplex.platform.tokenizing import TemplateRenderError, display_bytes
-from loraplex.platform.wire import DeltaEvent, TokenLogprobs
-
-
-def chat_logprobs(logprobs: list[TokenLogprobs] | None) -> list[dict[str, Any]]:
-    """Chat-style `logprobs.content` entries of some tokens."""
-    return [
-        oa.chat_logprobs_entry(lp.token, lp.logprob, [(t.token, t.logprob) for t in lp.top])
-        for lp in logprobs or ()
-    ]
-
-
-def text_logprobs(deltas: list[DeltaEvent], offset: int = 0) -> dict[str, Any]:
-    """Completions-style logprobs of some deltas (`text_offset` counted from `offset`)."""
-    out: dict[str, Any] = {
-        "tokens": [],
-        "token_logprobs": [],
-        "top_logprobs": [],
-        "text_offset": [],
-    }
-    pos = offset
-    chars = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    for delta in deltas:
-        for lp in delta.logprobs or ():
-            out["tokens"].append(lp.token)
-            out["token_logprobs"].append(lp.logprob)
-            out["top_logprobs"].append({t.token: t.logprob for t in lp.top})
-            out["text_offset"].append(pos)
-            # offsets count characters of the text: a token that is part of a character
-            # moves the offset only once the character is complete
-            pos += len(chars.decode(display_bytes(lp.token)))
-    return out
+from loraplex.platform.tokenizing import TemplateRenderError
+from loraplex.platform.wire import DeltaEvent
 
 
 def build_chat_job(
@@ -266,6 +236,7 @@ class _ChatStream:
             else {}
         )
         self.held: dict[int, list[dict[str, Any]]] = {i: [] for i in range(job.n)}
+        self.holes = TextHoles(lambda i, text: self._chunk(i, {"content": text}))
 
     def _chunk(self, index: int, delta: dict[str, Any], **kw: Any) -> bytes:
         j = self.job
@@ -279,6 +250,8 @@ class _ChatStream:
 
     def frame(self, index: int, delta: DeltaEvent | None, finish: str | None) -> bytes:
         text = delta.text if delta is not None else ""
+        if text and finish is None and self.job.top_n is None and index not in self.tools:
+            return self.holes.fill(index, text)
         lps = chat_logprobs(delta.logprobs) if delta is not None else []
         if index in self.tools:
             return self._tool_frames(index, text, lps, finish)
@@ -343,6 +316,14 @@ class _TextStream:
     def __init__(self, job: Job) -> None:
         self.job = job
         self.offsets = [0] * job.n
+        self.holes = TextHoles(lambda i, text: self._chunk(i, text, None, None))
+
+    def _chunk(
+        self, index: int, text: str, lps: dict[str, Any] | None, finish: str | None
+    ) -> bytes:
+        j = self.job
+        return sse(oa.text_chunk(j.cid, j.created, j.model, index, text, logprobs=lps,
+                                 finish_reason=finish, with_usage_field=j.include_usage))  # fmt: skip
 
     def opening(self) -> bytes:
         return b""
@@ -352,16 +333,18 @@ class _TextStream:
         has_lps = delta is not None and bool(delta.logprobs)
         if not text and finish is None and not has_lps:
             return b""
-        j = self.job
-        lps = None
-        if j.top_n is not None:
-            lps = text_logprobs([delta] if delta is not None else [], self.offsets[index])
+        if self.job.top_n is None:
+            return (
+                self.holes.fill(index, text)
+                if finish is None
+                else self._chunk(index, text, None, finish)
+            )
+        lps = text_logprobs([delta] if delta is not None else [], self.offsets[index])
         self.offsets[index] += len(text)
-        return sse(oa.text_chunk(j.cid, j.created, j.model, index, text, logprobs=lps,
-                                 finish_reason=finish, with_usage_field=j.include_usage))  # fmt: skip
+        return self._chunk(index, text, lps, finish)
 
 
 CHAT: Endpoint = _Chat()
 TEXT: Endpoint = _Text()
 
-__all__ = ["CHAT", "TEXT", "Endpoint", "StreamWriter", "chat_logprobs", "text_logprobs"]
+__all__ = ["CHAT", "TEXT", "Endpoint", "StreamWriter", "build_chat_job", "build_text_job"]

@@ -12,12 +12,13 @@ was sent yet; `ReplicaRejected` (a 4xx) is not retried.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 
 import httpx
 from pydantic import ValidationError
 
 from loraplex.platform.errors import GENERIC_MESSAGE, LoraplexError
+from loraplex.platform.gateway.replica_stream import StreamBroken, post_stream
 from loraplex.platform.http_errors import REQUEST_ID_HEADER, current_request_id
 from loraplex.platform.wire import (
     WIRE_VERSION,
@@ -73,8 +74,8 @@ def _protocol_error(url: str, what: str) -> ReplicaUnavailable:
     return ReplicaUnavailable(f"replica {url}: protocol error: {what}")
 
 
-def _check_version(url: str, resp: httpx.Response) -> None:
-    got = resp.headers.get(WIRE_VERSION_HEADER)
+def _check_version(url: str, headers: Mapping[str, str]) -> None:
+    got = headers.get(WIRE_VERSION_HEADER.lower())  # httpx headers and ours: lower-case names
     if got != _VERSION:
         raise _protocol_error(url, f"it speaks wire version {got or 'none'}, not {_VERSION}")
 
@@ -124,12 +125,16 @@ def _coalesced(events: list[DeltaEvent | FinishEvent]) -> list[DeltaEvent | Fini
     return out
 
 
+CONNECT_TIMEOUT_S = 2.0
+
+
 class ReplicaClient:
-    """Talks to replicas over one shared `httpx.AsyncClient`."""
+    """Talks to replicas: `/generate` streams over connections of their own
+    (`replica_stream.py`), the short calls over one shared `httpx.AsyncClient`."""
 
     def __init__(self, http: httpx.AsyncClient, secret: str, read_timeout_s: float = 120.0) -> None:
         self._http = http
-        self._timeout = httpx.Timeout(connect=2.0, read=read_timeout_s, write=10.0, pool=10.0)
+        self._read_timeout_s = read_timeout_s
         self._base_headers = {WIRE_VERSION_HEADER: _VERSION, "authorization": bearer(secret)}
 
     def _headers(self, **extra: str) -> dict[str, str]:
@@ -144,23 +149,24 @@ class ReplicaClient:
         """Stream `req` from the replica at `url`: delta events, then its finish event."""
         headers = self._headers(**{"content-type": "application/json"})
         try:
-            async with self._http.stream(
-                "POST",
-                f"{url}/generate",
-                content=req.model_dump_json(),
-                headers=headers,
-                timeout=self._timeout,
+            async with post_stream(
+                url,
+                "/generate",
+                req.model_dump_json().encode(),
+                headers,
+                connect_timeout_s=CONNECT_TIMEOUT_S,
+                read_timeout_s=self._read_timeout_s,
             ) as resp:
-                if resp.status_code >= 500 or resp.status_code == 429:
-                    body = await resp.aread()
+                if resp.status >= 500 or resp.status == 429:
+                    body = await resp.read_all()
                     raise ReplicaUnavailable(
-                        f"replica {url} answered {resp.status_code}: {body[:500]!r}"
+                        f"replica {url} answered {resp.status}: {body[:500]!r}"
                     )
-                _check_version(url, resp)
-                if resp.status_code >= 400:
-                    raise _rejection(url, resp.status_code, await resp.aread())
+                _check_version(url, resp.headers)
+                if resp.status >= 400:
+                    raise _rejection(url, resp.status, await resp.read_all())
                 buffer = b""
-                async for chunk in resp.aiter_raw():
+                async for chunk in resp.body():
                     frames = (buffer + chunk).split(b"\n\n")
                     buffer = frames.pop()  # an incomplete frame waits for the next read
                     events = [_event(url, frame) for frame in frames if frame.strip()]
@@ -169,8 +175,8 @@ class ReplicaClient:
                         if isinstance(event, FinishEvent):
                             return
                 raise ReplicaUnavailable(f"replica {url}: the stream ended before its finish")
-        except httpx.HTTPError as exc:
-            raise ReplicaUnavailable(f"replica {url}: {type(exc).__name__}: {exc}") from exc
+        except StreamBroken as exc:
+            raise ReplicaUnavailable(f"replica {url}: {exc}") from exc
 
     async def abort(self, url: str, request_id: str) -> int:
         """Ask the replica to drop `request_id` now (frees its KV blocks and adapter ref);
@@ -219,7 +225,7 @@ class ReplicaClient:
             raise ReplicaUnavailable(f"replica {url} state: {exc}") from exc
         if resp.status_code != 200:
             raise ReplicaUnavailable(f"replica {url} state: HTTP {resp.status_code}")
-        _check_version(url, resp)
+        _check_version(url, resp.headers)
         try:
             return ReplicaState.model_validate_json(resp.content)
         except ValidationError as exc:

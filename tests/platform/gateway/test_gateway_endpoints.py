@@ -67,3 +67,29 @@ def test_text_chunks_carry_offsets_across_a_choice() -> None:
     assert second["choices"][0]["logprobs"]["text_offset"] == [4]
     assert second["choices"][0]["logprobs"]["top_logprobs"] == [{" cat": -0.5, " dog": -1.5}]
     assert writer.frame(0, DeltaEvent(token_ids=[], text=""), None) == b""
+
+
+TEXTS = ["hi", " cat", "日本語", 'a "quote"\n', "\x00", "\u2028", "\\", "🙂"]
+
+
+def test_content_chunks_are_the_bytes_the_chunk_builder_writes() -> None:
+    """The common frame (new text only) is written from bytes kept around the text: for any
+    text they are exactly what the chunk builder and the SSE encoder write."""
+    from loraplex.platform.gateway import openai_schemas as oa
+    from loraplex.platform.gateway.streaming import sse
+
+    for usage in (False, True):
+        for endpoint in (CHAT, TEXT):
+            job = _job(endpoint, n=2, top_n=None)
+            job.include_usage = usage
+            writer = endpoint.stream_writer(job)
+            for index in (0, 1):
+                for text in TEXTS:
+                    got = writer.frame(index, DeltaEvent(token_ids=[1], text=text), None)
+                    if endpoint is CHAT:
+                        want = oa.chat_chunk(job.cid, job.created, job.model, index,
+                                             {"content": text}, with_usage_field=usage)  # fmt: skip
+                    else:
+                        want = oa.text_chunk(job.cid, job.created, job.model, index, text,
+                                             with_usage_field=usage)  # fmt: skip
+                    assert got == sse(want), (endpoint.name, text)

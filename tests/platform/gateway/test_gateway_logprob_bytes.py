@@ -7,7 +7,7 @@ from support.byte_bpe import byte_level_tokenizer, byte_tokens
 
 from loraplex.platform.engine.outputs import RequestDelta
 from loraplex.platform.engine.wire_mapping import EventWriter
-from loraplex.platform.gateway.endpoints import chat_logprobs, text_logprobs
+from loraplex.platform.gateway.chunk_parts import chat_logprobs, text_logprobs
 from loraplex.platform.wire import DeltaEvent, decode_event
 
 

@@ -6,7 +6,6 @@ still a protocol error."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -34,31 +33,50 @@ FINISH = FinishEvent(
 )
 
 
-class _Body(httpx.AsyncByteStream):
-    def __init__(self, reads: list[bytes]) -> None:
-        self.reads = reads
+async def _serve(reads: list[bytes], port_box: list[int], done: asyncio.Event) -> None:
+    """A real HTTP server answering one `/generate` with `reads`, each sent as one HTTP chunk
+    (pausing between them, so each arrives as a read of its own)."""
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for chunk in self.reads:
-            await asyncio.sleep(0)
-            yield chunk
-
-
-def _client(reads: list[bytes]) -> ReplicaClient:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
-            200,
-            headers={WIRE_VERSION_HEADER: str(WIRE_VERSION), "content-type": "text/event-stream"},
-            stream=_Body(reads),
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1]) for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )  # fmt: skip
+        await reader.readexactly(length)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            + f"{WIRE_VERSION_HEADER}: {WIRE_VERSION}\r\n".encode()
+            + b"transfer-encoding: chunked\r\n\r\n"
         )
+        for chunk in reads:
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            await writer.drain()
+            await asyncio.sleep(0.005)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
 
-    return ReplicaClient(httpx.AsyncClient(transport=httpx.MockTransport(handler)), "s")
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port_box.append(server.sockets[0].getsockname()[1])
+    async with server:
+        await done.wait()
 
 
 async def _events(reads: list[bytes]) -> list[DeltaEvent | FinishEvent]:
-    client = _client(reads)
-    req = GenerateRequest(request_id="r", prompt_token_ids=[1, 2, 3])
-    return [e async for e in client.generate("http://replica", req)]
+    port: list[int] = []
+    done = asyncio.Event()
+    server = asyncio.ensure_future(_serve(reads, port, done))
+    while not port:
+        await asyncio.sleep(0.001)
+    async with httpx.AsyncClient() as http:
+        client = ReplicaClient(http, "s")
+        req = GenerateRequest(request_id="r", prompt_token_ids=[1, 2, 3])
+        try:
+            return [e async for e in client.generate(f"http://127.0.0.1:{port[0]}", req)]
+        finally:
+            done.set()
+            await server
 
 
 def test_frames_of_one_read_become_one_delta() -> None:
