@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Coroutine
@@ -35,6 +34,7 @@ from loraplex.platform.gateway.openai_models import (
     UsageList,
 )
 from loraplex.platform.gateway.ratelimit import TenantLimits, tenant_limits
+from loraplex.platform.gateway.request_parsing import parse_elsewhere, parse_request
 from loraplex.platform.gateway.resolve import NoDeployment, with_named_deployment
 from loraplex.platform.gateway.service import Gateway
 from loraplex.platform.gateway.streaming import bounded_relay
@@ -45,7 +45,6 @@ from loraplex.platform.services.usage_report import usage_report_for
 
 log = logging.getLogger(__name__)
 INFERENCE_SCOPE = "inference"
-MAX_JSON_DEPTH = 32
 INLINE_PARSE_BYTES = 32 * 1024  # larger bodies are parsed on the text workers
 # A body this small renders and tokenizes in well under a millisecond: on the event loop it
 # costs less than the hop to a text worker and back; larger ones go to the workers.
@@ -149,45 +148,6 @@ async def _authenticate(gw: Gateway, request: Request) -> Caller:
     return Caller(use.tenant_id, use.key_id, tenant_limits(use, gw.settings))
 
 
-def _depth(value: Any, limit: int) -> int:
-    stack = [(value, 1)]
-    deepest = 0
-    while stack:
-        item, d = stack.pop()
-        deepest = max(deepest, d)
-        if deepest > limit:
-            return deepest
-        if isinstance(item, dict):
-            stack.extend((v, d + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, d + 1) for v in item)
-    return deepest
-
-
-def parse_json_body(raw: bytes) -> Any:
-    """The JSON of a request body: 400 `invalid_json` for bytes that are not JSON or nest
-    deeper than `MAX_JSON_DEPTH` (Python's parser gives up on deep nesting with a
-    RecursionError, not a ValueError)."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        reason = "it is nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-        raise HttpError(
-            400, f"The request body is not valid JSON: {reason}", code="invalid_json"
-        ) from None
-    if _depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
-        raise HttpError(400, "The request body is nested too deeply.", code="invalid_json")
-    return body
-
-
-def _parse_request(raw: bytes, endpoint: Endpoint, adapter: str | None) -> Any:
-    """The body as the request model of `endpoint` (400 for bad JSON or fields)."""
-    body = parse_json_body(raw)
-    if adapter is not None and isinstance(body, dict):
-        body = {**body, "model": body.get("model") or adapter}
-    return endpoint.parse(body)
-
-
 async def _parsed_body(
     gw: Gateway, request: Request, endpoint: Endpoint, adapter: str | None, tenant: str
 ) -> tuple[Any, int]:
@@ -202,8 +162,11 @@ async def _parsed_body(
             code="request_too_large",
         )
     if len(raw) <= INLINE_PARSE_BYTES:
-        return _parse_request(raw, endpoint, adapter), len(raw)
-    return await gw.text.run_for(tenant, _parse_request, raw, endpoint, adapter), len(raw)
+        return parse_request(raw, endpoint, adapter), len(raw)
+    # in the tenant's turn on a text worker, which waits on the parse process
+    return await gw.text.run_for(tenant, parse_elsewhere, gw.parser, raw, endpoint, adapter), len(
+        raw
+    )
 
 
 def _check_model_name(model: str) -> None:

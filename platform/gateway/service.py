@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from loraplex.platform.gateway.adapter_warmer import AdapterWarmer
 from loraplex.platform.gateway.assets import AssetCache, ModelAssets, fetch_model_assets
 from loraplex.platform.gateway.key_cache import KeyCache
+from loraplex.platform.gateway.parse_process import ParseProcess
 from loraplex.platform.gateway.ratelimit import RateLimiter
 from loraplex.platform.gateway.refusal_pause import RefusalPause
 from loraplex.platform.gateway.replica_client import ReplicaClient
@@ -77,6 +78,7 @@ class Gateway:
         self.assets = AssetCache()
         self.keys = KeyCache(redis, settings.api_key_cache_ttl_s)
         self.refusals = RefusalPause(settings.rate_limited_delay_s, settings.rate_limited_held)
+        self.parser = ParseProcess()  # large bodies: parsed away from this process's GIL
         self.text = TextWorkers(settings.text_workers, settings.text_queue_limit)
 
     @classmethod
@@ -114,6 +116,7 @@ class Gateway:
         await self.http.aclose()
         await self.redis.aclose()
         self.text.close()
+        self.parser.close()
 
     async def key_use(self, token: str) -> KeyUse | None:
         """The live key `token` and its tenant's limits (None: unknown or revoked; raises

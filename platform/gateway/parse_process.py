@@ -1,0 +1,37 @@
+"""The gateway's parse process: one child process that parses large request bodies
+(`request_parsing.parse_elsewhere`), so their JSON never holds this process's GIL."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+
+class ParseProcess:
+    """One process for CPU-heavy parsing (started at its first use)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _executor(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                # spawn: the API has threads running; a fork would copy their locks
+                context = multiprocessing.get_context("spawn")
+                self._pool = ProcessPoolExecutor(1, mp_context=context)
+            return self._pool
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """`fn(*args)` in the process (a module-level function; call from a worker thread:
+        this waits for it)."""
+        return self._executor().submit(fn, *args).result()
+
+    def close(self) -> None:
+        """Stop the process (calls waiting on it fail)."""
+        with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = None
