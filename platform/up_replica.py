@@ -6,7 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplex.platform.engine_spec import EngineConfig, engine_config_for_deployment
+from loraplex.platform.engine_spec import (
+    EngineConfig,
+    engine_config_for_deployment,
+    on_a_shared_machine,
+)
 from loraplex.platform.launcher.reconcile import DeploymentSnapshot, snapshot
 from loraplex.platform.settings import Settings
 
@@ -49,6 +53,5 @@ def ensure_deployment(settings: Settings, base_model: str, model_dir: Path) -> L
                 name=base_model, base_model=base_model, weight_quantization="auto"
             )
             found = create_deployment(session, settings, spec, actor="system")
-        return LocalDeployment(
-            found.name, engine_config_for_deployment(found, model=str(model_dir)), snapshot(found)
-        )
+        config = on_a_shared_machine(engine_config_for_deployment(found, model=str(model_dir)))
+        return LocalDeployment(found.name, config, snapshot(found))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import multiprocessing
 import os
 import random
@@ -170,6 +171,7 @@ def run(
     replica: tuple[str, str] | None = None,
     offline: Callable[[list[str], list[int], list[str] | None], float] | None = None,
     first_request: Callable[[str], dict[str, float]] | None = None,
+    all_cores: Callable[[list[str], list[int]], float] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Warm up, then the adapter workload and the base-model baseline; returns both summaries.
 
@@ -201,6 +203,15 @@ def run(
                 tps = offline([s.prompt for s in specs], [o.tokens for o in outcomes], names)
             results[label]["offline_output_tps"] = tps
             results[label]["served_over_offline"] = results[label]["output_tps"] / tps
+            if label == "serve.base" and all_cores is not None:
+                # The replica leaves a core to the API on a shared machine; the engine alone
+                # on every core, for the record.
+                with console.status("offline on every core…"):
+                    every = all_cores([s.prompt for s in specs], [o.tokens for o in outcomes])
+                results[label]["offline_all_cores_output_tps"] = every
+                results[label]["served_over_offline_all_cores"] = (
+                    results[label]["output_tps"] / every
+                )
     if replica is not None and args.overhead_runs > 0:
         from loraplex.platform.bench._gateway_overhead import measure
 
@@ -239,18 +250,26 @@ def main(argv: list[str]) -> int:
     with local_stack(args.num_adapters) as info:
         url, key, replica_url, secret = info
 
-        def offline(prompts: list[str], tokens: list[int], names: list[str] | None) -> float:
+        def offline(
+            prompts: list[str], tokens: list[int], names: list[str] | None, every_core: bool = False
+        ) -> float:
             # A fresh process: this one holds the stack's clients and threads (measured
             # here, the same engine ran at a fifth of its speed).
             folders = None if names is None else [str(info.adapter_dirs[n]) for n in names]
-            job = (info.engine_config, info.model_dir, prompts, tokens, folders)
+            config = info.engine_config
+            if every_core:
+                config = dataclasses.replace(config, cpu_threads=None)
+            job = (config, info.model_dir, prompts, tokens, folders)
             with multiprocessing.get_context("spawn").Pool(1) as pool:
                 return float(pool.apply(offline_output_tps, job))
+
+        def all_cores(prompts: list[str], tokens: list[int]) -> float:
+            return offline(prompts, tokens, None, every_core=True)
 
         def first_request(base: str) -> dict[str, float]:
             from loraplex.platform.bench._first_request import measure
 
             return measure(url, key, info.model_dir, base, args.first_request_runs)
 
-        print_results(run(url, key, args, (replica_url, secret), offline, first_request))
+        print_results(run(url, key, args, (replica_url, secret), offline, first_request, all_cores))
     return 0

@@ -25,7 +25,7 @@ from rich.console import Console
 
 from loraplex.platform.child_env import child_env
 from loraplex.platform.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedSeaweedFS
-from loraplex.platform.engine_spec import engine_config_for_deployment
+from loraplex.platform.engine_spec import engine_config_for_deployment, on_a_shared_machine
 from loraplex.platform.gateway.replica_agent import register_replica
 from loraplex.platform.local_processes import (
     start_api_process,
@@ -165,8 +165,8 @@ def local_stack(
                     deterministic=deterministic,
                 ),
             )
-            engine_config = dataclasses.replace(
-                engine_config_for_deployment(deployment, model=str(model_dir)),
+            engine_config = dataclasses.replace(  # as `loraplex up` runs it, on this machine
+                on_a_shared_machine(engine_config_for_deployment(deployment, model=str(model_dir))),
                 **(engine_overrides or {}),
             )
             tenant = create_tenant(session, "bench")

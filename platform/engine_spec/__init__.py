@@ -14,6 +14,7 @@ from loraplex.platform.engine_spec.deployment import (
     UnservableDeploymentError,
     engine_args_for_deployment,
     engine_config_for_deployment,
+    on_a_shared_machine,
 )
 
 __all__ = [
@@ -25,5 +26,6 @@ __all__ = [
     "engine_args_for_deployment",
     "engine_config_for_deployment",
     "engine_default",
+    "on_a_shared_machine",
     "parse_engine_args",
 ]

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraplex.platform.embedded.process import ServiceProcess, http_ok, listen_socket
-from loraplex.platform.engine_spec import EngineConfig, engine_args, engine_config_for_deployment
+from loraplex.platform.engine_spec import (
+    EngineConfig,
+    engine_args,
+    engine_config_for_deployment,
+    on_a_shared_machine,
+)
 from loraplex.platform.engine_spec.deployment import DeploymentRow
 from loraplex.platform.gateway.replica_agent import register_replica
 from loraplex.platform.gateway.replicas import Heartbeat
@@ -113,8 +118,10 @@ class LocalLauncher:
         when there is one, else from the bucket."""
         folder = self.local_models.get(deployment.base_model.name)
         if folder is not None:
-            return engine_config_for_deployment(deployment, model=str(folder))
-        return engine_config_for_deployment(deployment, bucket=self.settings.s3_bucket)
+            config = engine_config_for_deployment(deployment, model=str(folder))
+        else:
+            config = engine_config_for_deployment(deployment, bucket=self.settings.s3_bucket)
+        return on_a_shared_machine(config)  # the API and the services run here too
 
     def engine_args(self, deployment: DeploymentRow) -> list[str]:
         """The engine options of every replica of `deployment` (before its socket options)."""

@@ -13,7 +13,11 @@ import pytest
 from support.infra import release, validate_resource
 from support.kube_api import KubeApi
 
-from loraplex.platform.engine_spec import engine_config_for_deployment, parse_engine_args
+from loraplex.platform.engine_spec import (
+    engine_config_for_deployment,
+    on_a_shared_machine,
+    parse_engine_args,
+)
 from loraplex.platform.launcher import READY, STARTING
 from loraplex.platform.launcher.k8s import APPLY, FIELD_MANAGER, KubernetesLauncher
 from loraplex.platform.launcher.local import LocalLauncher
@@ -109,10 +113,14 @@ def test_local_and_kubernetes_launchers_run_the_same_command_line(tmp_path: Path
     args = _engine_container(k8s.resources(row, 1))["args"]
     pod_args, bind = args[:-4], args[-4:]
     assert bind[0::2] == ["--host", "--port"]  # the template binds the pod IP, nothing else
-    assert local.engine_args(row) == k8s.engine_args(row) == pod_args
+    assert k8s.engine_args(row) == pod_args
     config, _ = parse_engine_args(pod_args)
     assert config == engine_config_for_deployment(row, bucket=bucket)
     assert (config.quantization, config.max_loras, config.ep_size) == ("fp32", 5, 2)
+    # The same mapping; a local replica shares its machine with the API, so it leaves a core.
+    local_config, _ = parse_engine_args(local.engine_args(row))
+    assert local_config == on_a_shared_machine(config)
+    assert config.cpu_threads is None and local_config.cpu_threads is not None
 
 
 def test_scaling_changes_the_rendered_replica_count() -> None:
