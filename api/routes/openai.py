@@ -163,10 +163,11 @@ async def _parsed_body(
         )
     if len(raw) <= INLINE_PARSE_BYTES:
         return parse_request(raw, endpoint, adapter), len(raw)
+    if len(raw) < gw.settings.parse_process_min_bytes:
+        return await gw.text.run_for(tenant, parse_request, raw, endpoint, adapter), len(raw)
     # in the tenant's turn on a text worker, which waits on the parse process
-    return await gw.text.run_for(tenant, parse_elsewhere, gw.parser, raw, endpoint, adapter), len(
-        raw
-    )
+    parsed = await gw.text.run_for(tenant, parse_elsewhere, gw.parser, raw, endpoint, adapter)
+    return parsed, len(raw)
 
 
 def _check_model_name(model: str) -> None:
