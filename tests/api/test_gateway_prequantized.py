@@ -133,6 +133,7 @@ def test_a_prequantized_deployment_serves_an_adapter_through_the_gateway(
                 "name": body["name"],
                 "quantization": {"weights": method, "kv_cache": "auto"},
                 "deterministic": False,
+                "speculative": None,
             }
         ]
         assert models[f"ad-{method}"].model_extra["deployments"] == want
