@@ -129,6 +129,6 @@ def test_quantized_deployment_serves_an_adapter_through_the_gateway(
     listed = {m.id: m for m in qstack.client().models.list().data}
     want = [{"name": f"{qstack.bases[weights]}-dep",
              "quantization": {"weights": weights, "kv_cache": kv},
-             "deterministic": False}]  # fmt: skip
+             "deterministic": False, "speculative": None}]  # fmt: skip
     assert listed[qstack.bases[weights]].model_extra["deployments"] == want
     assert listed[name].model_extra["deployments"] == want
