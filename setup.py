@@ -6,7 +6,7 @@
 
 from setuptools import find_namespace_packages, setup
 
-PARTS = ["platform", "adapters", "moe", "loader", "api", "migrations"]
+PARTS = ["platform", "adapters", "moe", "loader", "api", "migrations", "bench"]
 EXCLUDE = ["*__pycache__*", "*.egg-info*"]
 
 packages: list[str] = []

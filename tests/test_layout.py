@@ -51,3 +51,22 @@ def test_loraplex_folder_links_every_part_for_import_linter() -> None:
     for name, link in links.items():
         assert link.is_symlink() and str(link.readlink()) == f"../{name}"
         assert link.resolve() == REPO / name
+
+
+RUNTIME_PARTS = ("platform", "adapters", "moe", "loader", "api")
+
+
+def test_benchmarks_are_their_own_part_outside_the_runtime() -> None:
+    """The benchmarks (`loraplex bench NAME`) are the `bench/` part, `loraplex.bench`: none of
+    the runtime parts ships a benchmark module (import contract `bench-outside-runtime`)."""
+    from support.import_tree import parts
+
+    assert "bench" in parts()
+    assert (REPO / "bench" / "__init__.py").is_file()
+    inside = [
+        str(p.relative_to(REPO))
+        for part in RUNTIME_PARTS
+        for p in (REPO / part).rglob("bench")
+        if p.is_dir()
+    ]
+    assert inside == []

@@ -18,7 +18,7 @@ from support.gateway_clients import MESSAGES
 from support.gateway_stack import Api, Replica, settings_env
 from support.peft_adapters import make_peft_adapter
 
-from loraplex.platform.bench.serve_stack import upload_and_wait
+from loraplex.bench.serve_stack import upload_and_wait
 from loraplex.platform.db.models import Deployment
 from loraplex.platform.db.session import make_sessionmaker, session_scope
 from loraplex.platform.engine.llm import LLM

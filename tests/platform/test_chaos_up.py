@@ -19,7 +19,7 @@ import httpx
 import pytest
 from support.up_process import UpProcess, restarted, supervised
 
-from loraplex.platform.bench.serve_stack import upload_and_wait
+from loraplex.bench.serve_stack import upload_and_wait
 from loraplex.platform.demo_model import make_demo_model
 from loraplex.platform.testing.adapters import write_random_adapter
 

@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from loraplex.platform.bench.serve_stack import upload_and_wait
+from loraplex.bench.serve_stack import upload_and_wait
 from support.waiting import wait_until
 
 

@@ -13,7 +13,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from loraplex.platform.bench import graphs as graphs_bench  # noqa: E402
+from loraplex.bench import graphs as graphs_bench  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.decode_graphs import (  # noqa: E402
     capture_sizes,

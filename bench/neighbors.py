@@ -1,0 +1,400 @@
+"""`loraplex bench neighbors`: does one tenant slow another? A bystander tenant streams steady
+chat requests while an attacker tenant sends, in turn, each attack a tenant can send, then all
+of them at once. For each attack, beside the bystander's quiet baseline measured in the same
+run (a quiet window just before each attack): the bystander's TTFT p95 over quiet, its
+errors, the API process's peak memory growth, and the longest event-loop stall the API logged
+(`loop_stall_log_ms`, CPU time on the loop), its own work apart from garbage collection.
+
+Attacks: 4 MB prompts, 200 MB bodies (sent chunked), deeply nested JSON, byte-token floods
+(the attacker's adapter pushed onto lone UTF-8 continuation bytes with `logit_bias`),
+console sign-in floods, parallel large uploads, and connect-and-leave before the first token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+
+from loraplex.bench.serve import pct
+from loraplex.bench.serve_stack import StackInfo, local_stack
+from loraplex.platform.settings import Settings
+
+console = Console(stderr=True)
+STALL_LINE = re.compile(
+    r"event loop held for ([0-9.]+) ms of CPU by .* \(([0-9.]+) ms of it collecting garbage\)"
+)
+ATTACKS = (
+    "long_prompts",
+    "huge_bodies",
+    "nested_json",
+    "byte_tokens",
+    "signin_flood",
+    "uploads",
+    "leave_early",
+)
+
+
+def pin(pid: int, cores: set[int]) -> None:
+    """Move every thread of process `pid` onto `cores`."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(task.name), cores)
+
+
+def split_cores() -> tuple[set[int], set[int]] | None:
+    """(cores for the replica, cores for everything else), half each; None on one core."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return None
+    half = len(cores) // 2
+    return set(cores[half:]), set(cores[:half])
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of a process (KiB), 0 when it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        return 0
+    return 0
+
+
+class Bystander:
+    """Steady streamed chat requests from another tenant; TTFT and errors per window."""
+
+    def __init__(self, url: str, key: str, model: str, streams: int) -> None:
+        self.url, self.key, self.model, self.streams = url, key, model, streams
+        self.ttfts: list[float] = []
+        self.errors = 0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def _loop(self) -> None:
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": "tell me a story"}],
+            "max_tokens": 16,
+            "stream": True,
+        }
+        headers = {"Authorization": f"Bearer {self.key}"}
+        with httpx.Client(timeout=60) as client:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                try:
+                    with client.stream(
+                        "POST", f"{self.url}/v1/chat/completions", json=body, headers=headers
+                    ) as resp:
+                        if resp.status_code != 200:
+                            self.errors += 1
+                            continue
+                        first = None
+                        for line in resp.iter_lines():
+                            if first is None and line.startswith("data: {"):
+                                first = time.monotonic() - started
+                        if first is None:
+                            self.errors += 1
+                        else:
+                            self.ttfts.append(first)
+                except httpx.HTTPError:
+                    self.errors += 1
+                time.sleep(0.05)
+
+    def start(self) -> None:
+        """Start the streams."""
+        self._stop.clear()
+        self._threads = [threading.Thread(target=self._loop) for _ in range(self.streams)]
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> tuple[list[float], int]:
+        """Stop; the window's TTFTs and error count (and reset them)."""
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+        out, errors = self.ttfts, self.errors
+        self.ttfts, self.errors = [], 0
+        return out, errors
+
+
+def _raw(url: str, head: bytes) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    sock.sendall(head)
+    return sock
+
+
+class Attacker:
+    """The attacks, each a function run in a loop by several threads until told to stop."""
+
+    def __init__(self, info: StackInfo, key: str, model: str, byte_token: int, upload_mb: int):
+        self.url, self.key, self.model = info[0], key, model
+        self.byte_token = byte_token
+        self.upload_mb = upload_mb
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"}
+
+    def long_prompts(self, client: httpx.Client) -> None:
+        prompt = "word " * (780 * 1024)  # ~3.9 MB: under the body limit, far over the context
+        client.post(
+            f"{self.url}/v1/completions",
+            json={"model": self.model, "prompt": prompt, "max_tokens": 4},
+            headers=self._headers(),
+        )
+
+    def huge_bodies(self, client: httpx.Client) -> None:
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {self.key}\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        ).encode()
+        chunk = b"a" * (1 << 20)
+        with _raw(self.url, head) as sock:
+            try:
+                for _ in range(200):  # 200 MB unless the server cuts it off
+                    sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            except OSError:
+                pass
+
+    def nested_json(self, client: httpx.Client) -> None:
+        client.post(
+            f"{self.url}/v1/chat/completions", content=b"[" * 100_000, headers=self._headers()
+        )
+
+    def byte_tokens(self, client: httpx.Client) -> None:
+        body = {
+            "model": self.model,
+            "prompt": "x",
+            "max_tokens": 1500,
+            "logit_bias": {str(self.byte_token): 100},
+            "stream": True,
+        }
+        with client.stream(
+            "POST", f"{self.url}/v1/completions", json=body, headers=self._headers()
+        ) as resp:
+            for _ in resp.iter_bytes():
+                pass
+
+    def signin_flood(self, client: httpx.Client) -> None:
+        page = client.get(f"{self.url}/console/sign-in")
+        found = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+        token = found.group(1) if found else ""
+        client.post(
+            f"{self.url}/console/sign-in",
+            data={"email": "owner@example.com", "password": "wrong", "csrf_token": token},
+        )
+
+    def uploads(self, client: httpx.Client) -> None:
+        size = self.upload_mb << 20
+        head = (
+            f"POST /v1/adapters HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {self.key}\r\n"
+            "Content-Type: multipart/form-data; boundary=b\r\n"
+            f"Content-Length: {size}\r\n\r\n"
+        ).encode()
+        chunk = b"\0" * (1 << 20)
+        with _raw(self.url, head) as sock:
+            try:
+                for _ in range(self.upload_mb):
+                    sock.sendall(chunk)
+            except OSError:
+                pass
+
+    def leave_early(self, client: httpx.Client) -> None:
+        prompt = "word " * 1500
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {self.key}\r\n"
+            "Content-Type: application/json\r\n"
+        ).encode()
+        body = json.dumps(
+            {"model": self.model, "prompt": prompt, "max_tokens": 64, "stream": True}
+        ).encode()
+        with _raw(self.url, head + b"Content-Length: %d\r\n\r\n" % len(body) + body):
+            time.sleep(0.02)  # gone before the first token
+
+    def _threads(self, names: list[str], threads: int, stop: Any) -> None:
+        """In the attacker's own process: `threads` threads per attack, each repeating it
+        until `stop` is set. The process runs at the lowest priority: on this one machine its
+        own CPU (building 4 MB prompts, pushing 200 MB bodies) would otherwise be measured as
+        the platform's; a real attacker's client runs on its own machine."""
+        os.nice(19)
+
+        def loop(fn: Callable[[httpx.Client], None]) -> None:
+            with httpx.Client(timeout=30) as client:
+                while not stop.is_set():
+                    with contextlib.suppress(httpx.HTTPError, OSError):
+                        fn(client)
+
+        started = [
+            threading.Thread(target=loop, args=(getattr(self, name),))
+            for name in names
+            for _ in range(threads)
+        ]
+        for t in started:
+            t.start()
+        for t in started:
+            t.join()
+
+    def run(self, names: list[str], threads: int, stop: Any) -> list[Any]:
+        """Start the attacks in a process of their own (its threads never hold the GIL the
+        bystander's client needs); returns it, to join once `stop` is set."""
+        if not names:
+            return []
+        proc = multiprocessing.get_context("fork").Process(
+            target=self._threads, args=(names, threads, stop), daemon=True
+        )
+        proc.start()
+        return [proc]
+
+
+def _stalls_since(log: Path, offset: int) -> tuple[tuple[float, float], int]:
+    """The longest loop stall the API logged after byte `offset` of its log (its own work,
+    and garbage collection that ran inside a callback), and the log's end."""
+    try:
+        data = log.read_bytes()
+    except OSError:
+        return (0.0, 0.0), offset
+    work, gc_pause = 0.0, 0.0
+    for m in STALL_LINE.finditer(data[offset:].decode(errors="replace")):
+        total, collecting = float(m.group(1)), float(m.group(2))
+        work, gc_pause = max(work, total - collecting), max(gc_pause, collecting)
+    return (work, gc_pause), len(data)
+
+
+def _tenant(url: str, admin_key: str, name: str, limits: dict[str, int]) -> str:
+    headers = {"Authorization": f"Bearer {admin_key}"}
+    t = httpx.post(
+        f"{url}/admin/v1/tenants", headers=headers, json={"name": name, **limits}, timeout=30
+    )
+    t.raise_for_status()
+    k = httpx.post(
+        f"{url}/admin/v1/tenants/{t.json()['id']}/api-keys",
+        headers=headers,
+        json={"name": "attacker"},
+        timeout=30,
+    )
+    k.raise_for_status()
+    return str(k.json()["key"])
+
+
+def _byte_token(model_dir: Path) -> int:
+    from loraplex.platform.tokenizing import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    for tid in range(tok.vocab_size):
+        raw = tok.token_bytes(tid)
+        if len(raw) == 1 and 0x80 <= raw[0] < 0xC0:
+            return tid
+    raise RuntimeError("the model's vocabulary has no lone continuation-byte token")
+
+
+def _window(
+    info: StackInfo, bystander: Bystander, attacker: Attacker, names: list[str], args: Any
+) -> tuple[list[float], int, float]:
+    """One window: the bystander streams while `names` attack (none: a quiet window); its
+    TTFTs, errors and the API's peak memory growth (MiB)."""
+    stop = multiprocessing.get_context("fork").Event()
+    base_rss = rss_kib(info.api_pid) if info.api_pid else 0
+    peak = base_rss
+    bystander.start()
+    threads = attacker.run(names, args.attack_threads, stop)
+    end = time.monotonic() + args.seconds
+    while time.monotonic() < end:
+        peak = max(peak, rss_kib(info.api_pid) if info.api_pid else 0)
+        time.sleep(0.1)
+    stop.set()
+    ttfts, errors = bystander.stop()
+    for t in threads:
+        t.join(timeout=60)
+    time.sleep(1.0)  # let the replica drain before the next window
+    return ttfts, errors, (peak - base_rss) / 1024
+
+
+def measure(info: StackInfo, args: argparse.Namespace) -> dict[str, float]:
+    """For each attack (and all at once): a quiet window, then the attack; the RESULT
+    values, each attack against the quiet window just before it (the machine drifts)."""
+    url = info[0]
+    # The attacker is an ordinary tenant: the platform's default limits (the bench stack
+    # lifts them for everyone else), so what it can do is what any tenant could.
+    defaults = Settings()
+    limits = {
+        "requests_per_minute": defaults.rate_limit_rpm,
+        "tokens_per_minute": defaults.rate_limit_tpm,
+    }
+    attacker = Attacker(
+        info, _tenant(url, info.admin_key, "attacker", limits), "demo",
+        _byte_token(info.model_dir), args.upload_mb,
+    )  # fmt: skip
+    bystander = Bystander(url, info[1], "bench-0", args.streams)
+    out: dict[str, float] = {}
+    _, log_offset = _stalls_since(info.api_log, 0)
+    windows = [[a] for a in args.attacks] + ([list(args.attacks)] if args.all_at_once else [])
+    for names in windows:
+        label = names[0] if len(names) == 1 else "all"
+        console.print(f"quiet, then attack: {label}")
+        quiet, quiet_errors, _ = _window(info, bystander, attacker, [], args)
+        _, log_offset = _stalls_since(info.api_log, log_offset)
+        ttfts, errors, growth = _window(info, bystander, attacker, names, args)
+        (stall, gc_pause), log_offset = _stalls_since(info.api_log, log_offset)
+        quiet_p95 = pct(quiet, 95)
+        out[f"{label}_quiet_ttft_p95_ms"] = quiet_p95 * 1000
+        out[f"{label}_bystander_ttft_p95_over_quiet"] = pct(ttfts, 95) / quiet_p95
+        out[f"{label}_bystander_errors"] = float(errors + quiet_errors)
+        out[f"{label}_api_peak_rss_growth_mb"] = growth
+        out[f"{label}_loop_stall_max_ms"] = stall
+        out[f"{label}_gc_pause_max_ms"] = gc_pause
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's options."""
+    p = argparse.ArgumentParser(prog="loraplex bench neighbors", description=__doc__)
+    p.add_argument("--seconds", type=float, default=10.0, help="length of each window")
+    p.add_argument("--streams", type=int, default=2, help="the bystander's concurrent streams")
+    p.add_argument("--attack-threads", type=int, default=3, help="threads per attack")
+    p.add_argument("--upload-mb", type=int, default=512, help="size of each attacking upload")
+    p.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=ATTACKS)
+    p.add_argument("--no-all-at-once", dest="all_at_once", action="store_false")
+    p.add_argument("--stall-ms", type=float, default=20.0, help="API loop stalls logged past")
+    p.add_argument("--keep-logs", type=Path, help="copy the stack's logs here at the end")
+    p.add_argument(
+        "--shared-cores",
+        dest="isolate_replica",
+        action="store_false",
+        help="let the replica share cores with the API and the clients (default: its own half)",
+    )
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of `loraplex bench neighbors`."""
+    args = build_parser().parse_args(argv)
+    overrides: dict[str, Any] = {"loop_stall_log_ms": args.stall_ms}
+    split = split_cores() if args.isolate_replica else None
+    engine: dict[str, Any] = {}
+    if split is not None:
+        # The replica gets cores of its own, as it would get its own GPU node; the API, the
+        # services and this process (attacker and bystander clients) share the rest.
+        os.sched_setaffinity(0, split[1])  # children start here and inherit it
+        engine["cpu_threads"] = len(split[0])
+        console.print(f"replica on cores {sorted(split[0])}, the rest on {sorted(split[1])}")
+    with local_stack(1, args.keep_logs, overrides, engine) as info:
+        if split is not None and info.replica_pid is not None:
+            pin(info.replica_pid, split[0])
+        results = measure(info, args)
+    for name, value in results.items():
+        print(f"RESULT neighbors.{name}={value:.4g}")
+    return 0
