@@ -30,7 +30,7 @@ CUDA_TEST_FILES = (
     "tests/platform/engine/test_engine_decode_cuda_graph.py",
     "tests/platform/engine/test_engine_decode_graphs.py",
     "tests/platform/engine/test_engine_lora_decode_graphs.py",
-    "tests/loader/test_loader_cuda_graphs.py",
+    "tests/platform/engine/test_engine_cuda_graph_runner.py",
     "tests/platform/engine/quant/test_quant_triton_cuda.py",
 )
 LOADER_CUDA_TEST = "tests/loader/test_loader_stream.py::test_cuda_target"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from loraplex.loader.cuda_graphs import time_step
+from loraplex.platform.engine.cuda_graphs import time_step
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -70,3 +70,15 @@ def test_benchmarks_are_their_own_part_outside_the_runtime() -> None:
         if p.is_dir()
     ]
     assert inside == []
+
+
+def test_cuda_graph_capture_lives_with_the_engine() -> None:
+    """Graph capture replays the engine's decode step, so it is the engine's
+    (`platform/engine/cuda_graphs.py`); the loader only streams weights in."""
+    assert (REPO / "platform" / "engine" / "cuda_graphs.py").is_file()
+    capturing = [
+        str(p.relative_to(REPO))
+        for p in (REPO / "loader").rglob("*.py")
+        if any(word in p.read_text() for word in ("CUDAGraph", "torch.cuda.graph"))
+    ]
+    assert capturing == []

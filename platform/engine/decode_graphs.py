@@ -31,8 +31,8 @@ import torch
 
 from loraplex.adapters.metadata import LoraBatchMeta
 from loraplex.adapters.static_meta import StaticLoraMeta
-from loraplex.loader.cuda_graphs import CudaGraphRunner, GraphInput, default_capture_sizes
 from loraplex.loader.timeline import Timeline
+from loraplex.platform.engine.cuda_graphs import CudaGraphRunner, GraphInput, default_capture_sizes
 from loraplex.platform.engine.forward_context import ForwardContext, forward_context
 from loraplex.platform.engine.layers.attention_metadata import AttentionMetadata
 

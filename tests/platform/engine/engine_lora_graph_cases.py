@@ -21,8 +21,8 @@ pytest.importorskip("peft")
 
 from support.peft_adapters import make_adapter  # noqa: E402
 
-from loraplex.loader.cuda_graphs import CudaGraphRunner  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
+from loraplex.platform.engine.cuda_graphs import CudaGraphRunner  # noqa: E402
 from loraplex.platform.engine.decode_graphs import (  # noqa: E402
     _replay,
     decode_graph_inputs,

@@ -1,7 +1,8 @@
 """GPU only: the decode step captured as CUDA graphs gives the same tokens as eager mode.
 
-Capture itself belongs to the loader; this checks the engine's side of the seam
-(`prepare_decode_inputs` / `run_decode_step` on static buffers, `decode_graphs` replays).
+Capture itself is `cuda_graphs.py`'s (test_engine_cuda_graph_runner.py); this checks the
+model's side (`prepare_decode_inputs` / `run_decode_step` on static buffers, `decode_graphs`
+replays).
 """
 
 from __future__ import annotations

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraplex.loader.cuda_graphs import (
+from loraplex.loader.timeline import Timeline
+from loraplex.platform.engine.cuda_graphs import (
     CudaGraphRunner,
     GraphInput,
     default_capture_sizes,
     pad_to_captured,
     time_step,
 )
-from loraplex.loader.timeline import Timeline
 
 
 def test_default_capture_sizes_are_vllm_style_largest_first() -> None:
