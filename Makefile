@@ -23,7 +23,7 @@ PIP_FLAGS ?= -qq --progress-bar off --disable-pip-version-check
 # mypy over the package ([tool.mypy] in pyproject.toml); run from the root, where `loraplex/`
 # links the parts.
 MYPY = $(BIN)/mypy -p loraplex.platform -p loraplex.adapters -p loraplex.moe -p loraplex.loader -p loraplex.api \
-	-p loraplex.bench
+	-p loraplex.bench -p loraplex.infra
 
 ARGS ?=
 PYTEST_ARGS ?=

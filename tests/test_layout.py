@@ -43,11 +43,13 @@ def test_loraplex_platform_imports_from_the_folder() -> None:
 
 def test_loraplex_folder_links_every_part_for_import_linter() -> None:
     """`loraplex/` at the root holds one relative link per part of the distribution (setup.py's
-    PARTS) and nothing else: what plain `lint-imports` walks, so a new part needs its link."""
-    from support.import_tree import parts
+    PARTS, and `infra` it maps by hand) and nothing else: what plain `lint-imports` and mypy
+    walk, so a new part needs its link."""
+    from support.import_tree import linked_parts
 
     links = {p.name: p for p in (REPO / "loraplex").iterdir()}
-    assert set(links) == set(parts())
+    assert set(links) == set(linked_parts())
+    assert "infra" in links
     for name, link in links.items():
         assert link.is_symlink() and str(link.readlink()) == f"../{name}"
         assert link.resolve() == REPO / name

@@ -23,6 +23,21 @@ def parts() -> list[str]:
     raise AssertionError("setup.py has no PARTS list")
 
 
+def linked_parts() -> list[str]:
+    """What the root's `loraplex/` folder links: setup.py's PARTS and the parts it maps by hand
+    (`package_dir["loraplex.infra"] = "infra"`: only infra/'s Kubernetes renderer is Python)."""
+    tree = ast.parse((REPO / "setup.py").read_text())
+    by_hand = [
+        node.targets[0].slice.value.removeprefix("loraplex.")
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Subscript)
+        and getattr(node.targets[0].value, "id", None) == "package_dir"
+        and isinstance(node.targets[0].slice, ast.Constant)
+    ]
+    return [*parts(), *by_hand]
+
+
 def package_tree(root: Path, name: str, folders: dict[str, Path]) -> Path:
     """`root/name/` with one entry per folder: a symlink for a regular package, a real folder
     of symlinks (plus an empty __init__.py) for a namespace portion such as `platform/`."""
