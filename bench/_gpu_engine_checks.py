@@ -23,6 +23,8 @@ from loraplex.bench._gpu_kernel_checks import CheckContext
 
 CheckResult = tuple[bool | None, str, dict[str, float]]
 
+# The checkout the CUDA tests run from (bench/ is a top-level part).
+REPO_ROOT = Path(__file__).resolve().parents[1]
 # Tests that only run (or only mean something) on a CUDA device.
 CUDA_TEST_FILES = (
     "tests/adapters/test_lora_kernels_triton_cuda.py",
@@ -41,11 +43,10 @@ LLAMA_8B = dict(
 
 
 def _pytest(args: list[str], timeout_s: int = 420) -> CheckResult:
-    root = Path(__file__).resolve().parents[1]  # the repository root (bench/ is a part)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
     try:
         proc = subprocess.run(
-            cmd, cwd=root, capture_output=True, text=True, timeout=timeout_s, check=False
+            cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s, check=False
         )
     except subprocess.TimeoutExpired:
         return False, f"timed out after {timeout_s} s", {}

@@ -77,3 +77,10 @@ def test_quantized_moe_check_passes_at_tiny_sizes_under_the_interpreter() -> Non
     assert found["gpu_check.moe_quant_fp16_pass"] == "1"
     for kind in ("int8", "int4", "fp8"):
         assert float(found[f"gpu_check.moe_quant_{kind}_fp16_rel_err"]) < 5e-3
+
+
+def test_the_cuda_test_files_it_runs_exist_in_the_checkout() -> None:
+    from loraplex.bench._gpu_engine_checks import CUDA_TEST_FILES, LOADER_CUDA_TEST, REPO_ROOT
+
+    files = [*CUDA_TEST_FILES, LOADER_CUDA_TEST.partition("::")[0]]
+    assert [f for f in files if not (REPO_ROOT / f).is_file()] == []
