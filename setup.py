@@ -4,14 +4,21 @@
 `platform` module; it is a namespace portion, so packages are discovered as namespaces.
 """
 
+from pathlib import Path
+
 from setuptools import find_namespace_packages, setup
 
-PARTS = ["platform", "adapters", "moe", "loader", "api", "migrations", "bench"]
+# The runtime: what the container images copy and install.
+PARTS = ["platform", "adapters", "moe", "loader", "api", "migrations"]
+# The benchmarks (`loraplex bench NAME`): installed from a source checkout, left out of the
+# images (their build context holds PARTS only), so no runtime install carries them.
+OPTIONAL_PARTS = ["bench"]
 EXCLUDE = ["*__pycache__*", "*.egg-info*"]
+HERE = Path(__file__).resolve().parent
 
 packages: list[str] = []
 package_dir: dict[str, str] = {}
-for part in PARTS:
+for part in PARTS + [p for p in OPTIONAL_PARTS if (HERE / p).is_dir()]:
     package_dir[f"loraplex.{part}"] = part
     packages.append(f"loraplex.{part}")
     packages += [

@@ -114,14 +114,23 @@ def cmd_admin_create_user(args: argparse.Namespace) -> int:
 
 
 # The benchmarks are their own part (`bench/`), reached by import string like the gateway's app:
-# no runtime module imports them (import contract `bench-outside-runtime`).
+# no runtime module imports them (import contract `bench-outside-runtime`), and the container
+# images, which install the runtime parts only, do not carry them.
 BENCH_PACKAGE = "loraplex.bench"
+BENCH_MISSING = (
+    "error: the benchmarks are not installed here (the bench/ part installs from a source "
+    "checkout; the container images leave it out)"
+)
 
 
 def available_benches() -> list[str]:
-    """Names of the modules under `loraplex.bench`."""
-    bench = importlib.import_module(BENCH_PACKAGE)
-
+    """Names of the modules under `loraplex.bench` ([] where that part is not installed)."""
+    try:
+        bench = importlib.import_module(BENCH_PACKAGE)
+    except ModuleNotFoundError as exc:
+        if exc.name != BENCH_PACKAGE:
+            raise  # the part is there but something it imports is not: show that
+        return []
     return sorted(
         m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_")
     )
@@ -130,6 +139,9 @@ def available_benches() -> list[str]:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run `loraplex.bench.<name>:main(argv)`."""
     names = available_benches()
+    if not names:
+        print(BENCH_MISSING, file=sys.stderr)
+        return 2
     if not args.name or args.name in ("-h", "--help"):
         print("usage: loraplex bench NAME [ARGS...]")
         print(f"available: {', '.join(names) or '(none)'}")

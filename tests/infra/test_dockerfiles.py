@@ -75,6 +75,16 @@ def test_build_context_has_every_package_folder() -> None:
         assert "COPY infra/k8s infra/k8s" in text and "!infra/k8s/" in ignore
 
 
+def test_images_leave_the_benchmarks_out() -> None:
+    """setup.py's OPTIONAL_PARTS (the benchmarks) install from a checkout, never into an image."""
+    optional = re.search(r"^OPTIONAL_PARTS = \[(.*?)\]", (REPO / "setup.py").read_text(), re.M)
+    folders = [p.strip().strip('"') for p in optional.group(1).split(",")]
+    assert folders == ["bench"]
+    for path in DOCKERFILES:
+        ignore = (DOCKER / f"{path.name}.dockerignore").read_text()
+        assert f"COPY {folders[0]} " not in path.read_text() and f"!{folders[0]}/" not in ignore
+
+
 def _final(name: str) -> str:
     return _stages((DOCKER / name).read_text())[-1]
 

@@ -26,3 +26,14 @@ def test_bench_runs_a_module_of_the_bench_part() -> None:
     run = [*cli, "gpu-check", "--dry-run", "--only", "lora_fp16"]
     ok = subprocess.run(run, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_without_the_bench_part_it_says_so(monkeypatch, capsys) -> None:
+    """The container images install the runtime parts only: `loraplex bench` there says the
+    benchmarks are not installed instead of failing on an import."""
+    import loraplex.platform.cli as cli
+
+    monkeypatch.setattr(cli, "BENCH_PACKAGE", "loraplex.no_such_bench_part")
+    assert cli.available_benches() == []
+    assert cli.main(["bench", "serve"]) == 2
+    assert "benchmarks are not installed" in capsys.readouterr().err

@@ -14,13 +14,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def parts() -> list[str]:
-    """The top-level folders that make up `loraplex` (setup.py's PARTS)."""
+def parts(names: tuple[str, ...] = ("PARTS", "OPTIONAL_PARTS")) -> list[str]:
+    """The top-level folders that make up `loraplex` (setup.py's PARTS, the runtime, and its
+    OPTIONAL_PARTS, the benchmarks a source checkout installs too)."""
     tree = ast.parse((REPO / "setup.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "PARTS":
-            return list(ast.literal_eval(node.value))
-    raise AssertionError("setup.py has no PARTS list")
+    found = {
+        node.targets[0].id: list(ast.literal_eval(node.value))
+        for node in tree.body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) in names
+    }
+    if "PARTS" in names and "PARTS" not in found:
+        raise AssertionError("setup.py has no PARTS list")
+    return [part for name in names for part in found.get(name, [])]
 
 
 def linked_parts() -> list[str]:
