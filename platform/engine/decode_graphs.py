@@ -1,6 +1,6 @@
 """CUDA graphs for the engine's decode step: capture after load, replay for decode-only batches.
 
-On a GPU the decode forward (static inputs, no host sync) is captured with the loader's
+On a GPU the decode forward (static inputs, no host sync) is captured with `cuda_graphs`'s
 `CudaGraphRunner` for a list of batch sizes (vLLM-like 1, 2, 4, 8, 16, ... up to
 `max_num_seqs`, or `EngineConfig.cuda_graph_sizes`), largest first in one memory pool. Each
 replay is installed in `ModelRunner.decode_graphs`, so a decode-only step of n requests is

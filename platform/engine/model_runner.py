@@ -4,8 +4,8 @@ It lays the step's tokens out flat (each request's new tokens contiguous), build
 AttentionMetadata with slots and block tables, sets the forward context (attention, and the
 LoRA runtime's per-step metadata when one is installed), runs the model, computes logits
 only at the rows that need them, and samples. Decode-only steps go through static buffers
-(`prepare_decode_inputs` + `run_decode_step`) so the loader can capture them as CUDA graphs
-and install replays in `decode_graphs`.
+(`prepare_decode_inputs` + `run_decode_step`) so `decode_graphs` can capture them as CUDA graphs
+and install their replays.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class ModelRunner:
         )
         self.decode_query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=dev)
         self._decode_max_seq_len = 1
-        # Filled by the loader after capture: padded batch size -> replay returning logits [B, V].
+        # Filled by `decode_graphs` after capture: padded batch size -> replay returning logits [B, V].
         self.decode_graphs: dict[int, Callable[[], torch.Tensor]] = {}
         self.lora_metadata: object | None = None
         # Set by decode_graphs when the graphs were captured with LoRA (static metadata).
