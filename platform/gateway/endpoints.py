@@ -7,6 +7,7 @@ events. `responses.py` drives them; nothing else asks which kind a request is.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -180,20 +181,25 @@ def _text(deltas: list[DeltaEvent]) -> str:
 
 
 @dataclass(frozen=True)
-class _Chat:
-    name: str = "chat"
-    chunk_object: str = "chat.completion.chunk"
+class _Kind:
+    """What both kinds do alike, through the functions each is built with."""
 
-    def parse(self, body: Any) -> oa.ChatCompletionRequest:
-        return oa.parse_chat_request(body)
+    name: str
+    chunk_object: str
+    parse_body: Callable[[Any], Any]
+    build: Callable[..., Job]
+
+    def parse(self, body: Any) -> Any:
+        return self.parse_body(body)
 
     def build_job(self, body: Any, resolved: ResolvedModel, assets: ModelAssets,
                   tenant_id: uuid.UUID, api_key_id: uuid.UUID | None, default_max_tokens: int,
                   model: str) -> Job:  # fmt: skip
-        return build_chat_job(
-            body, resolved, assets, tenant_id, api_key_id, default_max_tokens, model
-        )
+        return self.build(body, resolved, assets, tenant_id, api_key_id, default_max_tokens, model)
 
+
+@dataclass(frozen=True)
+class _Chat(_Kind):
     def response(
         self, job: Job, per_choice: dict[int, list[DeltaEvent]], finishes: dict[int, str],
         usage: dict[str, Any],
@@ -277,20 +283,7 @@ class _ChatStream:
 
 
 @dataclass(frozen=True)
-class _Text:
-    name: str = "text"
-    chunk_object: str = "text_completion"
-
-    def parse(self, body: Any) -> oa.CompletionRequest:
-        return oa.parse_completion_request(body)
-
-    def build_job(self, body: Any, resolved: ResolvedModel, assets: ModelAssets,
-                  tenant_id: uuid.UUID, api_key_id: uuid.UUID | None, default_max_tokens: int,
-                  model: str) -> Job:  # fmt: skip
-        return build_text_job(
-            body, resolved, assets, tenant_id, api_key_id, default_max_tokens, model
-        )
-
+class _Text(_Kind):
     def response(
         self, job: Job, per_choice: dict[int, list[DeltaEvent]], finishes: dict[int, str],
         usage: dict[str, Any],
@@ -344,7 +337,7 @@ class _TextStream:
         return self._chunk(index, text, lps, finish)
 
 
-CHAT: Endpoint = _Chat()
-TEXT: Endpoint = _Text()
+CHAT: Endpoint = _Chat("chat", "chat.completion.chunk", oa.parse_chat_request, build_chat_job)
+TEXT: Endpoint = _Text("text", "text_completion", oa.parse_completion_request, build_text_job)
 
 __all__ = ["CHAT", "TEXT", "Endpoint", "StreamWriter", "build_chat_job", "build_text_job"]
