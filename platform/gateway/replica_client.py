@@ -75,7 +75,7 @@ def _protocol_error(url: str, what: str) -> ReplicaUnavailable:
 
 
 def _check_version(url: str, headers: Mapping[str, str]) -> None:
-    got = headers.get(WIRE_VERSION_HEADER.lower())  # httpx headers and ours: lower-case names
+    got = headers.get(WIRE_VERSION_HEADER)  # a lower-case name: httpx's headers and ours agree
     if got != _VERSION:
         raise _protocol_error(url, f"it speaks wire version {got or 'none'}, not {_VERSION}")
 

@@ -28,10 +28,9 @@ from loraplex.platform.gateway.streaming import drain_background, spawn
 from loraplex.platform.gateway.text_work import TextWorkers
 from loraplex.platform.gateway.usage import UsageRecorder
 from loraplex.platform.services.api_keys import (
-    KEY_PREFIX,
-    MAX_KEY_CHARS,
     KeyUse,
     hash_key,
+    looks_like_key,
     touch_key_use,
     use_api_key,
 )
@@ -122,7 +121,7 @@ class Gateway:
         """The live key `token` and its tenant's limits (None: unknown or revoked; raises
         `TenantSuspended`): from the key cache, else verified (and its use recorded) in the
         database, off the event loop."""
-        if not token.startswith(KEY_PREFIX) or len(token) > MAX_KEY_CHARS:
+        if not looks_like_key(token):
             return None  # not one of ours: no query
         digest = hash_key(token)
         generation = await self.keys.generation()

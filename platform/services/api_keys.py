@@ -88,10 +88,15 @@ def list_api_keys(session: Session, tenant_id: uuid.UUID) -> list[ApiKey]:
     return list(session.scalars(stmt))
 
 
+def looks_like_key(plain: str) -> bool:
+    """Whether `plain` could be one of our keys at all (else it is refused without a query)."""
+    return plain.startswith(KEY_PREFIX) and len(plain) <= MAX_KEY_CHARS
+
+
 def verify_api_key(session: Session, plain: str) -> ApiKey | None:
     """The live (not revoked) key matching `plain`, or None; `TenantSuspended` (403) when its
     tenant is suspended (the tenant comes in the same query)."""
-    if not plain.startswith(KEY_PREFIX) or len(plain) > MAX_KEY_CHARS:
+    if not looks_like_key(plain):
         return None
     stmt = select(ApiKey).where(ApiKey.key_hash == hash_key(plain), ApiKey.revoked_at.is_(None))
     key = session.scalars(stmt).one_or_none()
@@ -136,12 +141,15 @@ def use_api_key(sessions: sessionmaker[Session], plain: str) -> KeyUse | None:
 
 
 def touch_key_use(sessions: sessionmaker[Session], key_id: uuid.UUID) -> None:
-    """Record the use of a key the gateway verified from its cache (off the event loop; the
-    UPDATE is guarded as in `touch_last_used`)."""
-    now = datetime.now(UTC)
-    stale = or_(ApiKey.last_used_at.is_(None), ApiKey.last_used_at < now - TOUCH_INTERVAL)
+    """Record the use of a key the gateway verified from its cache (off the event loop)."""
     with sessions() as session, session.begin():
-        session.execute(update(ApiKey).where(ApiKey.id == key_id, stale).values(last_used_at=now))
+        _touch(session, key_id, datetime.now(UTC))
+
+
+def _touch(session: Session, key_id: uuid.UUID, now: datetime) -> None:
+    """The guarded UPDATE: concurrent uses of one key write its `last_used_at` once."""
+    stale = or_(ApiKey.last_used_at.is_(None), ApiKey.last_used_at < now - TOUCH_INTERVAL)
+    session.execute(update(ApiKey).where(ApiKey.id == key_id, stale).values(last_used_at=now))
 
 
 def touch_last_used(session: Session, key: ApiKey) -> None:
@@ -150,8 +158,7 @@ def touch_last_used(session: Session, key: ApiKey) -> None:
     now = datetime.now(UTC)
     if key.last_used_at is not None and now - key.last_used_at < TOUCH_INTERVAL:
         return
-    stale = or_(ApiKey.last_used_at.is_(None), ApiKey.last_used_at < now - TOUCH_INTERVAL)
-    session.execute(update(ApiKey).where(ApiKey.id == key.id, stale).values(last_used_at=now))
+    _touch(session, key.id, now)
     key.last_used_at = now
 
 
