@@ -79,7 +79,7 @@ def _rank_main(
     port: int,
     backend: str,
     fn: Callable[..., Any],
-    args: tuple,
+    args: tuple[Any, ...],
     results: Any,
 ) -> None:
     torch.set_num_threads(1)

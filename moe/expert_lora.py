@@ -71,7 +71,12 @@ def add_router_lora(logits: torch.Tensor, x: torch.Tensor, lora: ExpertLoraBatch
 
 
 def _segment_delta(
-    y: torch.Tensor, x: torch.Tensor, runs: list[int], slots: list, part: str, expert: int
+    y: torch.Tensor,
+    x: torch.Tensor,
+    runs: list[int],
+    slots: list[ExpertLoraWeights | None],
+    part: str,
+    expert: int,
 ) -> None:
     """y[seg] += x[seg] A_e^T B_e^T for each adapter segment of one expert's run."""
     off = runs[0]  # rows with no adapter come first

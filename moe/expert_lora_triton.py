@@ -166,7 +166,8 @@ def rank_pad(lora: ExpertLoraBatch) -> int:
         for part in ("w13_a", "w2_a")
         if getattr(w, part) is not None
     ]
-    return max(MIN_RANK_PAD, triton.next_power_of_2(max(ranks, default=1)))
+    padded: int = triton.next_power_of_2(max(ranks, default=1))  # triton ships no types
+    return max(MIN_RANK_PAD, padded)
 
 
 def _stacked(

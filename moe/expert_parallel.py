@@ -35,7 +35,9 @@ class ExpertParallelGroup:
         w = self.world_size
         return [num_tokens * r // w for r in range(w + 1)]
 
-    def _exchange(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int]):
+    def _exchange(
+        self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int]
+    ) -> torch.Tensor:
         recv = send.new_empty((sum(recv_counts), *send.shape[1:]))
         dist.all_to_all_single(
             recv,

@@ -40,7 +40,9 @@ class ExpertStorage:
         """Whether the routed experts' int4 codes are in PyTorch's CPU kernel layout."""
         return {"w13", "w2"} <= self._cpu_int4
 
-    def _stack_param(self, name: str, slots: int, n: int, k: int, device) -> None:
+    def _stack_param(
+        self, name: str, slots: int, n: int, k: int, device: torch.device | str | None
+    ) -> None:
         """Register the empty stack `name` [slots, n, k] (codes and `name_scale` if quantized)."""
         self._stacks.append(name)
         if self.quant_kind is None:
@@ -54,7 +56,7 @@ class ExpertStorage:
         setattr(self, name, nn.Parameter(codes, requires_grad=False))
         setattr(self, f"{name}_scale", nn.Parameter(scale, requires_grad=False))
 
-    def _put(self, name: str, index: tuple, tensor: torch.Tensor) -> None:
+    def _put(self, name: str, index: tuple[int | slice, ...], tensor: torch.Tensor) -> None:
         """Write a float tensor into stack `name`[index] (index: a slot or all slots, then
         rows), quantizing it first when the stack is quantized."""
         param = getattr(self, name)
@@ -128,7 +130,7 @@ class ExpertStorage:
     def stack(self, name: str) -> torch.Tensor | QuantizedExperts | PackedExperts:
         """Stack `name` as the expert kernels take it: a float tensor, `PackedExperts` or
         `QuantizedExperts`."""
-        param = getattr(self, name)
+        param: nn.Parameter = getattr(self, name)
         if name in self._packed:
             return self._packed[name]
         if self.quant_kind is None:

@@ -21,6 +21,7 @@ import triton.language as tl
 
 from loraplex.moe.align import align_block_size
 from loraplex.moe.experts_torch import ExpertWeights, check_expert_weights
+from loraplex.moe.packed_experts import PackedExperts
 from loraplex.moe.quant_experts import QuantizedExperts
 
 _QUANT = {"int8": 1, "int4": 2, "fp8": 3}
@@ -174,6 +175,8 @@ def _tiles(num_pairs: int, on_gpu: bool) -> tuple[int, int, int]:
 
 def _operand(w: ExpertWeights) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int, int], int, int]:
     """(codes or weights, scales, (stride_se, stride_sn, stride_sg), QUANT, GROUP) for a kernel."""
+    if isinstance(w, PackedExperts):  # oneDNN's layout exists on a CPU only
+        raise ValueError("oneDNN-packed experts run on the torch path, not the Triton kernels")
     if not isinstance(w, QuantizedExperts):
         return w, w, (0, 0, 0), 0, 1
     if w.cpu_int4:

@@ -47,7 +47,9 @@ def softmax_topk(
     return weights, ids
 
 
-def group_mask(scores: torch.Tensor, n_group: int, topk_group: int, per_group_k: int):
+def group_mask(
+    scores: torch.Tensor, n_group: int, topk_group: int, per_group_k: int
+) -> torch.Tensor:
     """[T, E] bool: the experts of each token's `topk_group` best groups, a group scored by the
     sum of its `per_group_k` best scores."""
     num_tokens, num_experts = scores.shape

@@ -36,13 +36,16 @@ from loraplex.moe.experts_torch import (
 )
 from loraplex.moe.gating import select_experts
 from loraplex.moe.placement import ExpertPlacement
-from loraplex.moe.quant_experts import refuse_prequantized_expert
+from loraplex.moe.quant_experts import QuantizedExperts, refuse_prequantized_expert
 from loraplex.moe.spec import MoESpec
 from loraplex.moe.stats import ExpertLoadRecorder
 
 _PER_EXPERT = re.compile(r"^experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
 _SHARED = re.compile(r"^shared_experts?\.(gate_proj|up_proj|down_proj)\.weight$")
 _GATE_HALF = {"w1": 0, "gate_proj": 0, "w3": 1, "up_proj": 1}
+
+# A piece of a parameter a checkpoint fills: (name,), (name, slot) or (name, slot, half).
+Piece = tuple[str] | tuple[str, int] | tuple[str, int, int]
 
 
 def _use_triton(x: torch.Tensor) -> bool:
@@ -51,6 +54,14 @@ def _use_triton(x: torch.Tensor) -> bool:
 
 class MoEBlock(ExpertStorage, nn.Module):
     """Router + routed experts (+ shared expert); under EP this rank holds only its experts."""
+
+    # The expert stacks `ExpertStorage._stack_param` registers (codes when quantized, an
+    # empty meta tensor when packed for oneDNN), and the shared expert's weights (a one-slot
+    # quantized stack, or a float matrix; None without a shared expert).
+    w13: nn.Parameter
+    w2: nn.Parameter
+    shared_w13: nn.Parameter | None
+    shared_w2: nn.Parameter | None
 
     def __init__(
         self,
@@ -74,13 +85,15 @@ class MoEBlock(ExpertStorage, nn.Module):
         self.load_recorder: ExpertLoadRecorder | None = None
         # This step's expert/router LoRA for this block (set by the engine's LoRA runtime).
         self.expert_lora: Callable[[MoEBlock], ExpertLoraBatch | None] | None = None
+        # The engine's deterministic mode's forward for this block (fixed-order kernels),
+        # used instead of the grouped kernels when set.
+        self.deterministic_forward: Callable[[torch.Tensor], torch.Tensor] | None = None
         # Called (block, old, new) after a placement change, on every rank at the same step:
         # whatever else is held per local expert slot (adapters' expert slices) moves too.
         self.placement_listeners: list[
             Callable[[MoEBlock, ExpertPlacement, ExpertPlacement], None]
         ] = []
         h, i, e = spec.hidden_size, spec.intermediate_size, spec.num_experts
-        kw = {"dtype": dtype, "device": device}
         # DeepSeek-V3 keeps its router in fp32 whatever the model dtype (as transformers does).
         gate_dtype = torch.float32 if self._router_fp32 else dtype
         self.gate_weight = nn.Parameter(
@@ -101,13 +114,17 @@ class MoEBlock(ExpertStorage, nn.Module):
             self._stack_param("shared_w2", 1, h, s, device)
         else:
             self.shared_w13 = (
-                nn.Parameter(torch.empty(2 * s, h, **kw), requires_grad=False) if s else None
+                nn.Parameter(torch.empty(2 * s, h, dtype=dtype, device=device), requires_grad=False)
+                if s
+                else None
             )
             self.shared_w2 = (
-                nn.Parameter(torch.empty(h, s, **kw), requires_grad=False) if s else None
+                nn.Parameter(torch.empty(h, s, dtype=dtype, device=device), requires_grad=False)
+                if s
+                else None
             )
         self.shared_gate = (
-            nn.Parameter(torch.empty(1, h, **kw), requires_grad=False)
+            nn.Parameter(torch.empty(1, h, dtype=dtype, device=device), requires_grad=False)
             if spec.shared_gated
             else None
         )
@@ -119,9 +136,9 @@ class MoEBlock(ExpertStorage, nn.Module):
         """DeepSeek routers (and any sigmoid router) score in fp32, as transformers does."""
         return self.spec.router_fp32 or self.spec.gating.scoring == "sigmoid"
 
-    def _all_pieces(self) -> set[tuple]:
+    def _all_pieces(self) -> set[Piece]:
         """Every piece of every parameter a checkpoint must fill (for completeness checks)."""
-        pieces: set[tuple] = {("gate_weight",)}
+        pieces: set[Piece] = {("gate_weight",)}
         if self.e_score_correction_bias is not None:
             pieces.add(("e_score_correction_bias",))
         for slot in range(len(self.local_experts)):
@@ -214,15 +231,15 @@ class MoEBlock(ExpertStorage, nn.Module):
             if match and self.shared_w13 is not None:
                 s = self.spec.shared_intermediate_size
                 part = match.group(1)
-                slot = (0,) if "shared_w2" in self._stacks else ()  # quantized: 1-slot stacks
+                lead: tuple[int, ...] = (0,) if "shared_w2" in self._stacks else ()  # 1-slot
                 if part == "down_proj":
                     self._expect(name, tensor, (self.spec.hidden_size, s))
-                    self._put("shared_w2", (*slot, slice(None)), tensor)
+                    self._put("shared_w2", (*lead, slice(None)), tensor)
                     self._missing.discard(("shared_w2",))
                 else:
                     half = _GATE_HALF[part]
                     self._expect(name, tensor, (s, self.spec.hidden_size))
-                    self._put("shared_w13", (*slot, slice(half * s, (half + 1) * s)), tensor)
+                    self._put("shared_w13", (*lead, slice(half * s, (half + 1) * s)), tensor)
                     self._missing.discard(("shared_w13", half))
                 return True
             if name == "shared_expert_gate.weight" and self.shared_gate is not None:
@@ -269,18 +286,13 @@ class MoEBlock(ExpertStorage, nn.Module):
     def shared(self, x: torch.Tensor, lora: ExpertLoraBatch | None = None) -> torch.Tensor | None:
         """Shared-expert output for `x` (sigmoid-gated for Qwen2-MoE), None if there is none;
         with each token's adapter's shared-expert LoRA when `lora` has one."""
-        if self.shared_w13 is None:
+        if self.shared_w13 is None or self.shared_w2 is None:
             return None
-        quantized = "shared_w13" in self._stacks
-        if quantized:
-            w13, w2 = self.stack("shared_w13"), self.stack("shared_w2")
-            gate_up = w13.matmul(x, 0)
-        else:
-            gate_up = F.linear(x, self.shared_w13)
+        gate_up = self._shared_linear("shared_w13", self.shared_w13, x)
         if lora is not None:
             gate_up = add_token_lora(gate_up, x, lora, "shared13")
         act = silu_and_mul(gate_up)
-        out = w2.matmul(act, 0) if quantized else F.linear(act, self.shared_w2)
+        out = self._shared_linear("shared_w2", self.shared_w2, act)
         if lora is not None:
             out = add_token_lora(out, act, lora, "shared2")
         if self.shared_gate is not None:
@@ -290,10 +302,25 @@ class MoEBlock(ExpertStorage, nn.Module):
             out = torch.sigmoid(gate) * out
         return out
 
-    def _routed_local(self, x, weights, ids, lora: ExpertLoraBatch | None = None) -> torch.Tensor:
+    def _shared_linear(self, name: str, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """x @ W^T for a shared-expert weight: a quantized one-slot stack, or a float matrix."""
+        if name not in self._stacks:
+            return F.linear(x, weight)
+        stack = self.stack(name)
+        if not isinstance(stack, QuantizedExperts):  # only quantized shared experts are stacks
+            raise TypeError(f"{name}: a shared-expert stack holds quantized codes")
+        return stack.matmul(x, 0)
+
+    def _routed_local(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        lora: ExpertLoraBatch | None = None,
+    ) -> torch.Tensor:
         w13, w2 = self.stack("w13"), self.stack("w2")
         if lora is not None:  # adapters' expert deltas inside the grouped GEMMs
-            if _use_triton(x) and isinstance(w13, torch.Tensor):
+            if _use_triton(x) and isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor):
                 from loraplex.moe.expert_lora_triton import fused_experts_lora_triton
 
                 return fused_experts_lora_triton(x, w13, w2, weights, ids, lora)
@@ -315,39 +342,45 @@ class MoEBlock(ExpertStorage, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[T, H] -> [T, H]."""
+        if self.deterministic_forward is not None:
+            return self.deterministic_forward(x)
         lora = self.expert_lora(self) if self.expert_lora is not None else None
-        if self.ep is None:
+        if self.ep is None or self.placement is None:  # __init__ gives an EP block a placement
             weights, ids = self.route(x, lora)
             if self.load_recorder is not None:
                 self.load_recorder.record(self.layer_idx, ids)
             out = self._routed_local(x, weights, ids, lora)
             shared = self.shared(x, lora)
             return out if shared is None else out + shared
-        bounds = self.ep.token_bounds(x.shape[0])
-        start, end = bounds[self.ep.rank], bounds[self.ep.rank + 1]
+        ep, placement = self.ep, self.placement
+        bounds = ep.token_bounds(x.shape[0])
+        start, end = bounds[ep.rank], bounds[ep.rank + 1]
         x_local = x[start:end]
         lora_local = lora.rows(start, end) if lora is not None else None
         weights, ids = self.route(x_local, lora_local)
         if self.load_recorder is not None:
             self.load_recorder.record(self.layer_idx, ids)
-        if lora is None:
-            out = self.ep.dispatch_combine(
-                x_local, weights, ids, self.placement, self._rows, pair_offset=start * ids.shape[1]
+        if lora is None or lora_local is None:
+            out = ep.dispatch_combine(
+                x_local, weights, ids, placement, self._rows, pair_offset=start * ids.shape[1]
             )
         else:  # rows travel with their token's adapter slot; slots are the same on every rank
             w13, w2 = self.stack("w13"), self.stack("w2")
+            adapter_slots = lora.slots
 
-            def rows_lora(rows, slots, tags):
-                return expert_rows_lora_torch(rows, slots, tags, w13, w2, lora.slots)
+            def rows_lora(
+                rows: torch.Tensor, slots: torch.Tensor, tags: torch.Tensor
+            ) -> torch.Tensor:
+                return expert_rows_lora_torch(rows, slots, tags, w13, w2, adapter_slots)
 
-            out = self.ep.dispatch_combine(
-                x_local, weights, ids, self.placement, rows_lora,
+            out = ep.dispatch_combine(
+                x_local, weights, ids, placement, rows_lora,
                 pair_offset=start * ids.shape[1], token_tags=lora_local.token_slot,
             )  # fmt: skip
         shared = self.shared(x_local, lora_local)
         if shared is not None:
             out = out + shared
-        return self.ep.all_gather_tokens(out, bounds)
+        return ep.all_gather_tokens(out, bounds)
 
     def apply_placement(self, placement: ExpertPlacement) -> None:
         """Switch to a new expert placement between steps, moving weights between ranks.
@@ -357,7 +390,7 @@ class MoEBlock(ExpertStorage, nn.Module):
         """
         if placement.num_experts != self.spec.num_experts:
             raise ValueError("new placement has a different number of experts")
-        if self.ep is None:
+        if self.ep is None or self.placement is None:  # __init__ gives an EP block a placement
             raise ValueError("placement changes need an expert-parallel group")
         names = ["w13", "w2"] + (["w13_scale", "w2_scale"] if self.quant_kind else [])
         tensors = [self.dense_stack(n).contiguous() for n in names]

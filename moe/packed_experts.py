@@ -64,7 +64,10 @@ class PackedExperts:
         """x [M, K] @ W_expert^T -> [M, N] in x's dtype."""
         if x.dtype != self.dtype:
             x = x.to(self.dtype)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed[expert], None, "none", [None], "")
+        y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            x, self.packed[expert], None, "none", [None], ""
+        )
+        return y
 
     def dense(self) -> torch.Tensor:
         """The plain stack [E, N, K] back (for moving or reading weights)."""

@@ -74,7 +74,13 @@ def scale_dtype(kind: str, compute: torch.dtype) -> torch.dtype:
 
 
 def empty_stack(
-    kind: str, slots: int, n: int, k: int, group: int, compute: torch.dtype, device=None
+    kind: str,
+    slots: int,
+    n: int,
+    k: int,
+    group: int,
+    compute: torch.dtype,
+    device: torch.device | str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Empty (codes, scales) of a quantized stack [slots, n, k] (ValueError if int4's groups
     do not divide k)."""

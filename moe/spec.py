@@ -7,6 +7,7 @@ defaults follow the transformers config classes so a sparse config.json still wo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from loraplex.moe.gating import GatingConfig
 
@@ -32,7 +33,7 @@ class MoESpec:
             raise ValueError(f"top_k={self.gating.top_k} > num_experts={self.num_experts}")
 
 
-def _model_type(config: dict) -> str:
+def _model_type(config: dict[str, Any]) -> str:
     model_type = config.get("model_type")
     if model_type:
         return str(model_type)
@@ -46,14 +47,14 @@ def _model_type(config: dict) -> str:
     }.get(arch, "")
 
 
-def _num_experts(config: dict, default: int) -> int:
+def _num_experts(config: dict[str, Any], default: int) -> int:
     for key in ("num_experts", "num_local_experts", "n_routed_experts"):
         if config.get(key) is not None:
             return int(config[key])
     return default
 
 
-def moe_spec_from_config(config: dict) -> MoESpec:
+def moe_spec_from_config(config: dict[str, Any]) -> MoESpec:
     """Build the sparse-block spec for a supported MoE architecture's config dict."""
     kind = _model_type(config)
     hidden = int(config["hidden_size"])

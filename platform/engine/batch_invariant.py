@@ -14,7 +14,6 @@ refused here, naming what is missing, rather than served with a promise they wou
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import torch
@@ -25,7 +24,6 @@ from loraplex.platform.engine.layers.attention import Attention
 from loraplex.platform.engine.layers.fixed_order_cpu import (
     fixed_order_available,
     fixed_order_linear,
-    fixed_order_silu_mul,
 )
 from loraplex.platform.engine.layers.fixed_order_experts import FixedOrderExperts
 from loraplex.platform.engine.layers.linear import Linear
@@ -34,7 +32,7 @@ from loraplex.platform.engine.layers.onednn_weights import dense, is_packed
 from loraplex.platform.engine.layers.paged_attention_cpu import LIBRARY as ATTENTION_LIBRARY
 from loraplex.platform.engine.layers.quant.base import frozen
 from loraplex.platform.engine.layers.quant.fixed_order import fixed_order_weight, uncovered_scheme
-from loraplex.platform.engine.models.decoder import DenseMLP
+from loraplex.platform.engine.models.decoder import DenseMLP, LMHead
 from loraplex.platform.engine_spec.config import EngineConfig
 
 DTYPES = (torch.float32, torch.bfloat16)
@@ -48,7 +46,7 @@ class FixedOrderHead(nn.Module):
     """The LM head through the fixed-order kernel (its weight read from the wrapped head, so a
     tied embedding stays shared)."""
 
-    def __init__(self, head: nn.Module) -> None:
+    def __init__(self, head: LMHead) -> None:
         super().__init__()
         if is_packed(head.weight):  # an untied head packed for oneDNN: unpacked once, here
             head.weight = nn.Parameter(dense(head.weight.data), requires_grad=False)
@@ -57,12 +55,6 @@ class FixedOrderHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> logits [N, V] in the weight's dtype."""
         return fixed_order_linear(hidden, self.head.weight)
-
-
-def _fixed_order_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A gated MLP's forward (`models.decoder` MLP: down(silu(gate) * up)) with the fixed-order
-    SiLU; installed per instance by `make_batch_invariant`."""
-    return self.down_proj(fixed_order_silu_mul(self.gate_up_proj(x)))
 
 
 def _fix_linear(module: Linear) -> None:
@@ -113,17 +105,15 @@ def make_batch_invariant(
                 _fix_linear(module)
             except NotImplementedError as exc:
                 raise DeterministicModeUnsupported(str(exc)) from exc
-        elif isinstance(module, RMSNorm | Attention):
+        elif isinstance(module, RMSNorm | Attention | DenseMLP):
             module.fixed_order = True
-        elif isinstance(module, DenseMLP):
-            module.forward = types.MethodType(_fixed_order_mlp_forward, module)
         elif isinstance(module, MoEBlock):
             module.unpack_stacks()  # plain float stacks: the kernel reads them in place
             try:
-                module.forward = FixedOrderExperts(module).forward
+                module.deterministic_forward = FixedOrderExperts(module).forward
             except NotImplementedError as exc:
                 raise DeterministicModeUnsupported(str(exc)) from exc
     head = getattr(model, "lm_head", None)
-    if head is None:
+    if not isinstance(head, LMHead):
         raise DeterministicModeUnsupported(f"{type(model).__name__} has no lm_head to fix")
     model.lm_head = FixedOrderHead(head)

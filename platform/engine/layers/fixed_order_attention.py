@@ -18,7 +18,7 @@ from loraplex.platform.engine.layers.paged_attention_cpu import native_decode_at
 
 def _per_token(md: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Each token's block table row and its attended length (position + 1), built once a step."""
-    cached = md.cache.get("per_token")
+    cached: tuple[torch.Tensor, torch.Tensor, int] | None = md.cache.get("per_token")
     if cached is not None:
         return cached
     starts = md.query_start_loc.tolist()

@@ -96,12 +96,15 @@ def fixed_order_linear(
     tensor in x's dtype or a quantized `FixedOrderWeight`."""
     kernel = LIBRARY.get("fixed_order_linear")
     n, k = weight.shape
-    quantized = isinstance(weight, FixedOrderWeight)
-    if (not quantized and weight.dtype != x.dtype) or (bias is not None and bias.dtype != x.dtype):
+    w_dtype = None if isinstance(weight, FixedOrderWeight) else weight.dtype
+    if (w_dtype is not None and w_dtype != x.dtype) or (bias is not None and bias.dtype != x.dtype):
         raise ValueError(f"fixed-order linear needs x, weight and bias of one dtype, got "
-                         f"{x.dtype}, {weight.dtype}")  # fmt: skip
+                         f"{x.dtype}, {w_dtype or 'quantized'}, "
+                         f"{None if bias is None else bias.dtype}")  # fmt: skip
     x2 = _rows(x, k, "fixed_order_linear")
-    if quantized:
+    scale: int | None
+    zf: int | None
+    if isinstance(weight, FixedOrderWeight):
         kind, w, group = WEIGHT_KINDS[weight.kind], weight.codes, weight.group
         scale, zf = weight.scale.data_ptr(), None if weight.zf is None else weight.zf.data_ptr()
     else:

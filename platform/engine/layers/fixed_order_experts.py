@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from loraplex.moe.layer import MoEBlock
 from loraplex.moe.packed_experts import PackedExperts
 from loraplex.moe.quant_experts import QuantizedExperts, from_cpu_int4_layout, pack_nibbles
 from loraplex.platform.engine.layers.fixed_order_cpu import (
@@ -46,14 +47,14 @@ def expert_weights(stack: torch.Tensor | QuantizedExperts | PackedExperts) -> li
 class FixedOrderExperts:
     """A MoE block's weights laid out once for the fixed-order kernels, and its forward."""
 
-    def __init__(self, block: torch.nn.Module) -> None:
+    def __init__(self, block: MoEBlock) -> None:
         if block.ep is not None:
             raise NotImplementedError("the deterministic mode does not cover expert parallelism")
         self.block = block
         self.w13 = expert_weights(block.stack("w13"))
         self.w2 = expert_weights(block.stack("w2"))
         self.shared: tuple[ExpertWeight, ExpertWeight] | None = None
-        if block.shared_w13 is not None:
+        if block.shared_w13 is not None and block.shared_w2 is not None:
             if "shared_w13" in block._stacks:  # a quantized shared expert: one-slot stacks
                 (w13,), (w2,) = (
                     expert_weights(block.stack(n)) for n in ("shared_w13", "shared_w2")
@@ -105,11 +106,10 @@ class FixedOrderExperts:
             out = out + per_pair[:, k] * w[:, k : k + 1]
         out = out.to(x.dtype)
         if self.shared is not None:
-            out = out + self._shared(x)
+            out = out + self._shared(x, *self.shared)
         return out
 
-    def _shared(self, x: torch.Tensor) -> torch.Tensor:
-        w13, w2 = self.shared
+    def _shared(self, x: torch.Tensor, w13: ExpertWeight, w2: ExpertWeight) -> torch.Tensor:
         out = fixed_order_linear(fixed_order_silu_mul(fixed_order_linear(x, w13)), w2)
         if self.block.shared_gate is not None:
             gate = fixed_order_linear(x, self.block.shared_gate.data)

@@ -45,6 +45,18 @@ class Linear(nn.Module):
     names of its output slices (e.g. `["o_proj"]`), `slice_sizes` their output widths.
     """
 
+    # What a quantized weight's method (`layers.quant`) registers on the layer: its tensors
+    # (`weight_zero`, `input_scale`, `input_perm` only for the schemes that have them) and
+    # the kernel it chose once loaded.
+    weight_scale: nn.Parameter
+    weight_zero: nn.Parameter
+    input_scale: nn.Parameter
+    input_perm: nn.Parameter | None
+    input_scales: list[float]
+    compute_dtype: torch.dtype
+    quant_kernel: str
+    fp8_w8a8: bool
+
     def __init__(
         self,
         in_features: int,

@@ -58,7 +58,7 @@ def _yarn(dim: int, params: dict[str, Any], max_positions: int) -> tuple[torch.T
 
 def mla_softmax_scale(qk_head_dim: int, params: dict[str, Any]) -> float:
     """`qk_head_dim ** -0.5`, times `mscale(factor, mscale_all_dim) ** 2` under a scaled rope."""
-    scale = qk_head_dim**-0.5
+    scale: float = qk_head_dim**-0.5
     if params.get("rope_type", "default") != "default" and params.get("mscale_all_dim"):
         m = yarn_mscale(float(params["factor"]), float(params["mscale_all_dim"]))
         scale = scale * m * m

@@ -51,12 +51,16 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
             f"cannot pack a {weight.dtype} {weight.layout} weight on {weight.device} for oneDNN "
             "(bf16 on a CPU with native bf16 only)"
         )
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS_HINT)
+    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(
+        weight.detach().contiguous(), PACK_ROWS_HINT
+    )
+    return packed
 
 
 def is_packed(weight: torch.Tensor) -> bool:
     """Whether `weight` is a oneDNN-packed tensor (multiply it with `packed_linear`)."""
-    return weight.layout == torch._mkldnn  # type: ignore[attr-defined]  # missing from torch's stubs
+    packed: bool = weight.layout == torch._mkldnn  # type: ignore[attr-defined]  # missing from torch's stubs
+    return packed
 
 
 def dense(weight: torch.Tensor) -> torch.Tensor:
@@ -69,4 +73,5 @@ def packed_linear(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """x [..., in] @ W^T (+ bias) -> [..., out], W packed by `pack_weight`."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
+    y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
+    return y

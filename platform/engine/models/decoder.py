@@ -16,6 +16,7 @@ from torch import nn
 
 from loraplex.platform.engine.layers.activation import check_activation, silu_and_mul
 from loraplex.platform.engine.layers.attention import Attention
+from loraplex.platform.engine.layers.fixed_order_cpu import fixed_order_silu_mul
 from loraplex.platform.engine.layers.linear import Linear, MergedLinear
 from loraplex.platform.engine.layers.norm import RMSNorm
 from loraplex.platform.engine.layers.onednn_weights import (
@@ -54,10 +55,15 @@ class DenseMLP(nn.Module):
             name="down_proj",
             dtype=dtype,
         )
+        # The deterministic mode's SiLU-and-mul, whose result for a row never depends on the
+        # rows beside it (`batch_invariant.py` sets it).
+        self.fixed_order = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> [T, H]."""
-        out: torch.Tensor = self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        act = fixed_order_silu_mul(gate_up) if self.fixed_order else silu_and_mul(gate_up)
+        out: torch.Tensor = self.down_proj(act)
         return out
 
 

@@ -143,7 +143,8 @@ class MLASelfAttention(nn.Module):
         q_lat = torch.einsum("thd,hdc->thc", q_nope, w_uk)
         out_lat = self.attn.forward_latent(q_lat, q_pe, latent, k_pe)
         out = torch.einsum("thc,hvc->thv", out_lat, w_uv)
-        return self.o_proj(out.reshape(t, m.num_heads * m.v_head_dim))
+        projected: torch.Tensor = self.o_proj(out.reshape(t, m.num_heads * m.v_head_dim))
+        return projected
 
 
 class MLADecoderLayer(nn.Module):
@@ -169,7 +170,8 @@ class MLADecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, rope)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        mlp_out: torch.Tensor = self.mlp(self.post_attention_layernorm(x))
+        return x + mlp_out
 
 
 class MLADecoderModel(nn.Module):
@@ -200,7 +202,8 @@ class MLADecoderModel(nn.Module):
         cos, sin = self.rotary_emb(positions, h.dtype)
         for layer in self.layers:
             h = layer(h, cos, sin, self.rotary_emb)
-        return self.norm(h)
+        out: torch.Tensor = self.norm(h)
+        return out
 
 
 class MLAForCausalLM(nn.Module):
@@ -237,11 +240,13 @@ class MLAForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids [T], positions [T] -> hidden [T, hidden] (forward context set)."""
-        return self.model(input_ids, positions)
+        out: torch.Tensor = self.model(input_ids, positions)
+        return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, V] in the model's dtype."""
-        return self.lm_head(hidden)
+        out: torch.Tensor = self.lm_head(hidden)
+        return out
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load the checkpoint, skipping DeepSeek-V3's multi-token-prediction layers (stored

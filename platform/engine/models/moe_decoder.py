@@ -22,8 +22,9 @@ from loraplex.platform.engine.layers.quant import current_linear_scheme
 from loraplex.platform.engine.models.decoder import DecoderConfig, DenseMLP
 
 
-class MoEDecoderMixin:
-    """Put before a dense decoder class in the bases: `class M(MoEDecoderMixin, Qwen3...)`."""
+class MoEDecoderMixin(nn.Module):
+    """Put before a dense decoder class in the bases: `class M(MoEDecoderMixin, Qwen3...)`
+    (a Module itself, so the MRO runs it first and then the decoder's `__init__`)."""
 
     def __init__(
         self,

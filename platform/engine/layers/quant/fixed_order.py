@@ -8,15 +8,21 @@ each row's dot product, grouped int8 each code, int4 is `(q - 8) * s + zf` per g
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from loraplex.loader.quant.schemes import QuantScheme
 from loraplex.loader.quant_choices import QUANTIZED_ON_LOAD
 from loraplex.moe.quant_experts import CPU_INT4_BLOCK, from_cpu_int4_layout, pack_nibbles
 from loraplex.platform.engine.layers.fixed_order_cpu import FixedOrderWeight
+from loraplex.platform.engine.layers.quant.int4 import Int4Method
 
 COVERED_SCHEMES = QUANTIZED_ON_LOAD
 """Schemes quantized on load that the mode covers (pre-quantized checkpoints are not yet)."""
+
+if TYPE_CHECKING:
+    from loraplex.platform.engine.layers.linear import Linear
 
 
 def uncovered_scheme(scheme: QuantScheme) -> str | None:
@@ -28,7 +34,7 @@ def uncovered_scheme(scheme: QuantScheme) -> str | None:
     return None
 
 
-def _int4_codes(layer) -> torch.Tensor:  # noqa: ANN001
+def _int4_codes(layer: Linear) -> torch.Tensor:
     """The layer's int4 codes [out, in] (0..15) from whichever layout it holds."""
     if layer.quant_kernel != "cpu_int4pack":
         return layer.weight.data
@@ -44,9 +50,11 @@ def _int4_codes(layer) -> torch.Tensor:  # noqa: ANN001
     )
 
 
-def fixed_order_weight(layer) -> FixedOrderWeight:  # noqa: ANN001
+def fixed_order_weight(layer: Linear) -> FixedOrderWeight:
     """`layer`'s (a quantized `Linear`) weight for the fixed-order kernel."""
     method = layer.quant_method
+    if method is None:
+        raise ValueError("a fixed-order quantized weight needs a quantized Linear")
     kind = method.scheme.kind
     if getattr(layer, "input_perm", None) is not None:
         raise NotImplementedError("the deterministic mode does not cover act-order int4 weights")
@@ -57,7 +65,7 @@ def fixed_order_weight(layer) -> FixedOrderWeight:  # noqa: ANN001
     if kind == "fp8":
         codes = layer.weight.data.contiguous()
         return FixedOrderWeight("fp8", codes, layer.weight_scale.data.float().contiguous())
-    if kind != "int4":
+    if kind != "int4" or not isinstance(method, Int4Method):
         raise NotImplementedError(f"the deterministic mode does not cover {kind} weights")
     codes = _int4_codes(layer)
     if layer.quant_kernel == "cpu_int4pack":  # scale [G, out, 2]: (s, (8 - z) * s)

@@ -19,12 +19,17 @@ checkpoint was calibrated for (the tests measure the gap).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from loraplex.loader.quant.schemes import QuantScheme
 from loraplex.loader.quant.weight_only import FP8_MAX
 from loraplex.platform.engine.layers.quant.base import add_bias, frozen
+
+if TYPE_CHECKING:
+    from loraplex.platform.engine.layers.linear import Linear
 
 
 def scaled_mm_supported(device: torch.device) -> bool:
@@ -73,7 +78,7 @@ def quantize_static(x: torch.Tensor, scale: float) -> torch.Tensor:
     return (q.float() * scale).to(x.dtype)
 
 
-def _static_input_linear(layer, x: torch.Tensor) -> torch.Tensor:
+def _static_input_linear(layer: Linear, x: torch.Tensor) -> torch.Tensor:
     """Each projection's input quantized with its own static scale, times its weight rows."""
     w = fp8_codes_to(layer.weight, x.dtype)
     parts = [
@@ -92,7 +97,7 @@ class Fp8Method:
     def __init__(self, scheme: QuantScheme) -> None:
         self.scheme = scheme
 
-    def create_weights(self, layer, dtype: torch.dtype) -> None:
+    def create_weights(self, layer: Linear, dtype: torch.dtype) -> None:
         layer.compute_dtype = dtype
         layer.weight = frozen(
             torch.empty(layer.out_features, layer.in_features, dtype=torch.float8_e4m3fn)
@@ -101,12 +106,12 @@ class Fp8Method:
         if self.scheme.static_input:  # one value per projection, repeated over its rows
             layer.input_scale = frozen(torch.empty(layer.out_features, dtype=torch.float32))
 
-    def finish_loading(self, layer) -> None:
+    def finish_loading(self, layer: Linear) -> None:
         layer.fp8_w8a8 = use_scaled_mm(layer.weight.device) and not self.scheme.static_input
         if self.scheme.static_input:
             layer.input_scales = [float(layer.input_scale[off]) for off in layer.slice_offsets]
 
-    def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         if self.scheme.static_input:

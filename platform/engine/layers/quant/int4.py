@@ -17,6 +17,8 @@ int64 per input feature; an identity order (trivial g_idx) is dropped at load an
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
@@ -30,6 +32,9 @@ from loraplex.platform.engine.layers.quant.triton_weight_only import (
     w4a16_matmul,
 )
 
+if TYPE_CHECKING:
+    from loraplex.platform.engine.layers.linear import Linear
+
 
 class Int4Method:
     """Grouped int4 weight-only linear."""
@@ -38,7 +43,7 @@ class Int4Method:
         self.scheme = scheme
         self.group = scheme.group_size
 
-    def create_weights(self, layer, dtype: torch.dtype) -> None:
+    def create_weights(self, layer: Linear, dtype: torch.dtype) -> None:
         if layer.in_features % self.group:
             raise ValueError(
                 f"int4 needs in_features ({layer.in_features}) divisible by the group size "
@@ -54,13 +59,13 @@ class Int4Method:
         if self.scheme.act_order:  # -1: not loaded yet (every slice of a fused layer shares it)
             layer.input_perm = frozen(torch.full((layer.in_features,), -1, dtype=torch.int64))
 
-    def zeros(self, layer) -> torch.Tensor:
+    def zeros(self, layer: Linear) -> torch.Tensor:
         """The integer zero point of each group (8 everywhere when symmetric)."""
         if self.scheme.symmetric:
             return torch.full_like(layer.weight_scale, 8.0)
         return layer.weight_zero
 
-    def finish_loading(self, layer) -> None:
+    def finish_loading(self, layer: Linear) -> None:
         perm = getattr(layer, "input_perm", None)
         if perm is not None and torch.equal(perm, torch.arange(perm.numel(), device=perm.device)):
             layer.input_perm = None  # a trivial g_idx: nothing to gather
@@ -81,7 +86,7 @@ class Int4Method:
         ):
             self.use_triton(layer)
 
-    def use_triton(self, layer) -> None:
+    def use_triton(self, layer: Linear) -> None:
         """Pack the loaded codes two a byte for the Triton W4A16 GEMM (CUDA; CPU tests under
         TRITON_INTERPRET=1 call it directly)."""
         layer.weight = frozen(pack_int4(layer.weight.data))
@@ -90,14 +95,14 @@ class Int4Method:
             layer.weight_zero = frozen(layer.weight_zero.data.float().contiguous())
         layer.quant_kernel = "triton"
 
-    def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         perm = getattr(layer, "input_perm", None)
         if perm is not None:
             x2 = x2.index_select(1, perm)
         if layer.quant_kernel == "cpu_int4pack" and x2.device.type == "cpu":
-            sz = layer.weight_scale
+            sz: torch.Tensor = layer.weight_scale
             if sz.dtype != x2.dtype:
                 sz = sz.to(x2.dtype)
             y = torch._weight_int4pack_mm_for_cpu(x2.contiguous(), layer.weight, self.group, sz)

@@ -16,6 +16,8 @@ what is stored, the float weight exists only during the call.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
@@ -29,6 +31,9 @@ from loraplex.platform.engine.layers.quant.triton_weight_only import (
 CPU_PACKED_MAX_ROWS = 15
 """Rows (tokens) up to which the CPU's packed int8 kernel beats casting the codes for a GEMM."""
 
+if TYPE_CHECKING:
+    from loraplex.platform.engine.layers.linear import Linear
+
 
 class Int8Method:
     """Per-channel symmetric int8 weight-only linear."""
@@ -36,7 +41,7 @@ class Int8Method:
     def __init__(self, scheme: QuantScheme) -> None:
         self.scheme = scheme
 
-    def create_weights(self, layer, dtype: torch.dtype) -> None:
+    def create_weights(self, layer: Linear, dtype: torch.dtype) -> None:
         layer.compute_dtype = dtype
         layer.quant_kernel = "dequant"
         layer.weight = frozen(torch.empty(layer.out_features, layer.in_features, dtype=torch.int8))
@@ -48,7 +53,7 @@ class Int8Method:
         shape = (layer.out_features, layer.in_features // group) if group else layer.out_features
         layer.weight_scale = frozen(torch.empty(shape, dtype=torch.float32))
 
-    def finish_loading(self, layer) -> None:
+    def finish_loading(self, layer: Linear) -> None:
         if self.scheme.group_size:
             layer.quant_kernel = "dequant_grouped"
         elif layer.weight.device.type == "cpu":
@@ -57,14 +62,14 @@ class Int8Method:
         elif triton_weight_only_available(layer.weight):
             self.use_triton(layer)
 
-    def use_triton(self, layer) -> None:
+    def use_triton(self, layer: Linear) -> None:
         """Lay the loaded tensors out for the Triton W8A16 GEMM (CUDA; CPU tests under
         TRITON_INTERPRET=1 call it directly)."""
         layer.weight = frozen(layer.weight.data.contiguous())
         layer.weight_scale = frozen(layer.weight_scale.data.float().contiguous())
         layer.quant_kernel = "triton"
 
-    def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         if layer.quant_kernel == "dequant_grouped":
@@ -74,7 +79,7 @@ class Int8Method:
             w = (codes * layer.weight_scale.to(x2.dtype)[..., None]).view(out, inp)
             y = F.linear(x2, w)
         elif layer.quant_kernel == "cpu_int8pack" and x2.device.type == "cpu":
-            scale = layer.weight_scale
+            scale: torch.Tensor = layer.weight_scale
             if scale.dtype != x2.dtype:
                 scale = scale.to(x2.dtype)
             if x2.shape[0] <= CPU_PACKED_MAX_ROWS:
