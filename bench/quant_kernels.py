@@ -56,7 +56,7 @@ def paths(w: torch.Tensor, device: str) -> dict[str, Callable[[torch.Tensor], to
 
     def fp8_path(w8a8: bool) -> Callable[[torch.Tensor], torch.Tensor]:
         def run(x: torch.Tensor) -> torch.Tensor:
-            fp8.fp8_w8a8 = w8a8  # type: ignore[assignment]  # the fp8 method's own switch on the layer
+            fp8.fp8_w8a8 = w8a8  # the fp8 method's own switch on the layer
             return fp8(x)
 
         return run

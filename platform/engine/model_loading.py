@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,7 +22,9 @@ DTYPES = {
 }
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, config: dict | None = None) -> torch.dtype:
+def resolve_dtype(
+    dtype: str | torch.dtype | None, config: dict[str, Any] | None = None
+) -> torch.dtype:
     """A torch dtype from a name, a dtype, or "auto"/None (the config's `dtype`/`torch_dtype`)."""
     if isinstance(dtype, torch.dtype):
         return dtype

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,7 +42,7 @@ class AdapterFetcher:
     def __init__(
         self,
         host: HostCache,
-        hf_config: dict,
+        hf_config: dict[str, Any],
         *,
         max_lora_rank: int,
         dtype: torch.dtype,
@@ -58,7 +59,7 @@ class AdapterFetcher:
         # every copy of each version (one per tenant and place), so a deleted copy falls back
         self.sources = SourceMap()
         self.fetch_seconds: dict[str, float] = {}
-        self._fetches: dict[str, Future] = {}
+        self._fetches: dict[str, Future[None]] = {}
         self._failed: dict[str, BaseException] = {}
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lora-fetch")
@@ -140,7 +141,7 @@ class AdapterFetcher:
         self._at("inserted", key)
         self.fetch_seconds[key] = time.perf_counter() - t0
 
-    def prefetch(self, key: str) -> Future | None:
+    def prefetch(self, key: str) -> Future[None] | None:
         """Start bringing `key` into the host tier in the background (no-op when it is there)."""
         with self._lock:
             if key in self.host or key in self._fetches:

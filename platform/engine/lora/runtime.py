@@ -62,7 +62,7 @@ class LoraRuntime:
     def __init__(
         self,
         model: nn.Module,
-        hf_config: dict | None = None,
+        hf_config: dict[str, Any] | None = None,
         *,
         max_loras: int,
         max_lora_rank: int,
@@ -116,7 +116,7 @@ class LoraRuntime:
         self.device = device
         # The last step's metadata and what it was built from: decode steps repeat a layout
         # until a request joins or leaves, and then reuse it (and its kernel plan) as is.
-        self._last_layout: tuple | None = None
+        self._last_layout: tuple[tuple[str | int | None, ...], ...] | None = None
         self._last_meta: LoraBatchMeta | None = None
 
     @classmethod

@@ -26,6 +26,7 @@ from loraplex.platform.engine.layers.onednn_weights import (
     packed_linear,
 )
 from loraplex.platform.engine.layers.rotary import RotaryEmbedding, apply_rotary
+from loraplex.platform.engine.models.causal_lm import CausalLM
 from loraplex.platform.engine.models.decoder_config import DecoderConfig
 from loraplex.platform.engine.models.weight_loading import load_hf_weights
 
@@ -182,7 +183,7 @@ class LMHead(nn.Module):
         return packed_linear(hidden, w) if is_packed(w) else F.linear(hidden, w)
 
 
-class DecoderForCausalLM(nn.Module):
+class DecoderForCausalLM(CausalLM):
     """Causal LM skeleton shared by the Llama-family architectures.
 
     Subclasses override `configure` (biases, q/k norm, unsupported options) and, for MoE,

@@ -21,6 +21,7 @@ from loraplex.platform.engine.layers.mla_rope import MLARotary, mla_softmax_scal
 from loraplex.platform.engine.layers.norm import RMSNorm
 from loraplex.platform.engine.layers.onednn_weights import dense
 from loraplex.platform.engine.layers.quant import current_linear_scheme
+from loraplex.platform.engine.models.causal_lm import CausalLM
 from loraplex.platform.engine.models.decoder import DecoderConfig, DenseMLP, LMHead
 from loraplex.platform.engine.models.weight_loading import load_hf_weights
 
@@ -206,7 +207,7 @@ class MLADecoderModel(nn.Module):
         return out
 
 
-class MLAForCausalLM(nn.Module):
+class MLAForCausalLM(CausalLM):
     """Causal LM over MLA layers, each with the dense MLP unless `make_mlp` (the MoE mixin)
     says otherwise."""
 

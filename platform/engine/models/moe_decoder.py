@@ -19,10 +19,11 @@ from loraplex.moe.layer import MoEBlock
 from loraplex.moe.spec import MoESpec, moe_spec_from_config
 from loraplex.moe.stats import ExpertLoadRecorder
 from loraplex.platform.engine.layers.quant import current_linear_scheme
+from loraplex.platform.engine.models.causal_lm import CausalLM
 from loraplex.platform.engine.models.decoder import DecoderConfig, DenseMLP
 
 
-class MoEDecoderMixin(nn.Module):
+class MoEDecoderMixin(CausalLM):
     """Put before a dense decoder class in the bases: `class M(MoEDecoderMixin, Qwen3...)`
     (a Module itself, so the MRO runs it first and then the decoder's `__init__`)."""
 

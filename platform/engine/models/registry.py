@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-T = TypeVar("T", bound=type)
+from loraplex.platform.engine.models.causal_lm import CausalLM
 
-_REGISTRY: dict[str, type] = {}
+T = TypeVar("T", bound=type[CausalLM])
+
+_REGISTRY: dict[str, type[CausalLM]] = {}
 
 
 class UnsupportedArchitectureError(ValueError):
@@ -31,7 +33,7 @@ def supported_architectures() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def resolve_model_class(hf_config: dict[str, Any]) -> type:
+def resolve_model_class(hf_config: dict[str, Any]) -> type[CausalLM]:
     """The class for the first supported name in `hf_config["architectures"]`."""
     _ensure_builtin()
     archs = hf_config.get("architectures") or []
