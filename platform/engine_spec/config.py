@@ -121,6 +121,10 @@ class EngineConfig:
         "factors on a MoE base, counted in admission (default: max_loras adapters of "
         "max_lora_rank on every expert target); refused on a dense base",
     )  # fmt: skip
+    adapter_max_bytes: int = _opt(
+        512 << 20, "largest adapter file (adapter_config.json or adapter_model.safetensors) "
+        "fetched from object storage; a bigger one is refused before it is read",
+    )  # fmt: skip
     lora_max_wait_steps: int = _opt(
         32, "engine steps a ready adapter may wait for a batch slot before admission lets no "
         "other adapter ahead of it (no adapter starves)",
@@ -169,6 +173,8 @@ class EngineConfig:
             raise ValueError("kv_cache_memory_bytes must be positive")
         if self.cpu_kv_cache_bytes < 1:
             raise ValueError("cpu_kv_cache_bytes must be positive")
+        if self.adapter_max_bytes < 1:
+            raise ValueError(f"adapter_max_bytes must be positive, got {self.adapter_max_bytes}")
         if self.lora_max_wait_steps < 0:
             raise ValueError("lora_max_wait_steps must be >= 0")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -76,7 +76,7 @@ class LoraAdmissionPolicy:
     those asked about so far this step.
     """
 
-    def __init__(self, tiers: AdapterTiers, max_loras: int, max_wait_steps: int = 32) -> None:
+    def __init__(self, tiers: AdapterTiers, max_loras: int, max_wait_steps: int) -> None:
         self.tiers = tiers
         self.max_loras = max_loras
         self.max_wait_steps = max_wait_steps

@@ -47,6 +47,7 @@ class AdapterFetcher:
         max_lora_rank: int,
         dtype: torch.dtype,
         object_store: ObjectReader | None = None,
+        max_object_bytes: int,
         allow_local_paths: bool = True,
     ) -> None:
         self.host = host
@@ -54,6 +55,7 @@ class AdapterFetcher:
         self.max_lora_rank = max_lora_rank
         self.dtype = dtype
         self.object_store = object_store
+        self.max_object_bytes = max_object_bytes  # each stored file's size limit
         # A replica serving HTTP must not read paths its callers name: refs only there.
         self.allow_local_paths = allow_local_paths
         # every copy of each version (one per tenant and place), so a deleted copy falls back
@@ -90,7 +92,7 @@ class AdapterFetcher:
             self._admit(ref.resolved_targets())
             if self.object_store is None:
                 raise ValueError("this engine has no object store to fetch adapters from")
-            source = ObjectSource(ref, self.object_store)
+            source = ObjectSource(ref, self.object_store, self.max_object_bytes)
             self.sources.add(source)
             self._failed.pop(source.key, None)  # a new request retries a failed fetch
             return source.key, ref.tenant

@@ -31,6 +31,7 @@ from loraplex.platform.engine.lora.hooks import LoraHooks, lora_linears
 from loraplex.platform.engine.lora.sources import ObjectReader
 from loraplex.platform.engine.lora.tiers import LoraTiers
 from loraplex.platform.engine.request import Request
+from loraplex.platform.engine_spec.config import engine_default
 
 if TYPE_CHECKING:
     from loraplex.platform.engine.engine_core import EngineCore
@@ -71,7 +72,8 @@ class LoraRuntime:
         host_memory_bytes: int | None = None,
         expert_lora_memory_bytes: int | None = None,
         object_store: ObjectReader | None = None,
-        max_wait_steps: int = 32,
+        max_wait_steps: int = engine_default("lora_max_wait_steps"),
+        adapter_max_bytes: int = engine_default("adapter_max_bytes"),
         allow_local_paths: bool = True,
     ) -> None:
         if max_loras < 1 or max_lora_rank < 1:
@@ -93,6 +95,7 @@ class LoraRuntime:
             max_lora_rank=max_lora_rank,
             dtype=dtype,
             object_store=object_store,
+            max_object_bytes=adapter_max_bytes,
             allow_local_paths=allow_local_paths,
         )
         self.tiers = LoraTiers(
@@ -130,6 +133,8 @@ class LoraRuntime:
             max_lora_rank=cfg.max_lora_rank,
             adapter_memory_bytes=cfg.adapter_memory_bytes,
             adapter_rank_rows=cfg.adapter_rank_rows(),
+            max_wait_steps=cfg.lora_max_wait_steps,
+            adapter_max_bytes=cfg.adapter_max_bytes,
         )
         args.update(overrides)
         runtime = cls(core.model, _hf_config(core.model), **args)

@@ -74,7 +74,7 @@ class ObjectSource:
 
     ref: AdapterRef
     store: ObjectReader
-    max_bytes: int = 512 * 1024 * 1024
+    max_bytes: int  # the engine's `adapter_max_bytes`, per file
 
     @property
     def key(self) -> str:
@@ -95,7 +95,9 @@ class ObjectSource:
         key = self.ref.object_prefix + name
         size = self.store.head(key)
         if size > self.max_bytes:
-            raise AdapterFormatError(f"{key} is {size} bytes, over the limit of {self.max_bytes}")
+            raise AdapterFormatError(
+                f"{key} is {size} bytes, over this engine's adapter_max_bytes={self.max_bytes}"
+            )
         return self.store.get_range(key, 0, size) if size else b""
 
     def fetch(self) -> tuple[bytes, bytes]:

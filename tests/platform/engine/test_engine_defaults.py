@@ -1,7 +1,7 @@
 """Engine defaults live in EngineConfig (one field, one generated flag) and reach the component.
 
-The CPU KV budget and the adapter admission's starvation bound used to be a module constant
-and a keyword default deep in the engine; `LLM` turned multi-LoRA off unless asked while the
+The CPU KV budget, the adapter admission's starvation bound and the object source's adapter
+size limit used to be a module constant and keyword defaults deep in the engine; `LLM` turned multi-LoRA off unless asked while the
 engine (and so the server) turned it on by default. Each is now an EngineConfig field with help
 text, so `loraplex engine` gets its flag, and the one default serves `LLM` and the server alike.
 """
@@ -67,3 +67,50 @@ def test_llm_and_engine_share_one_lora_default(tiny: str) -> None:
     assert EngineConfig(model=tiny).serves_adapters
     assert LLM(tiny, block_size=4, max_model_len=64).core.lora_runtime is not None
     assert LLM(tiny, block_size=4, max_model_len=64, max_loras=0).core.lora_runtime is None
+
+
+def test_the_adapter_size_limit_is_a_flag(tiny: str) -> None:
+    config, _ = parse_engine_args(["--model", tiny, "--adapter-max-bytes", "1000"])
+    assert config.adapter_max_bytes == 1000
+    assert parse_engine_args(engine_args(config))[0] == config
+    assert EngineConfig(model="m").adapter_max_bytes == 512 << 20
+    with pytest.raises(ValueError, match="adapter_max_bytes"):
+        EngineConfig(model="m", adapter_max_bytes=0)
+
+
+def test_the_adapter_size_limit_reaches_the_object_source(
+    tiny: str, s3_storage, s3_client, s3_bucket: str, s3_prefix: str
+) -> None:
+    """An engine built with `adapter_max_bytes` refuses a bigger stored adapter, naming the
+    limit, before reading it (the object source's limit is the config's, no other default)."""
+    import hashlib
+    import json
+
+    from loraplex.adapters.peft_format import AdapterFormatError
+    from loraplex.adapters.targets import resolve_config_targets
+    from loraplex.loader.object_store import ObjectStore
+    from loraplex.platform.engine.lora.runtime import LoraRuntime
+    from loraplex.platform.engine.lora.sources import AdapterRef
+
+    cfg = json.dumps({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}).encode()
+    weights = b"\0" * 4096  # refused on its size, before it is read or parsed
+    for name, body in (("adapter_config.json", cfg), ("adapter_model.safetensors", weights)):
+        s3_client.put_object(Bucket=s3_bucket, Key=s3_prefix + name, Body=body)
+    llm = LLM(tiny, max_loras=0, block_size=4, max_model_len=64, adapter_max_bytes=1000)
+    store = ObjectStore(s3_storage)
+    runtime = LoraRuntime.for_engine(llm.core, object_store=store, max_loras=2)
+    try:
+        ref = AdapterRef(
+            object_prefix=s3_prefix,
+            sha256=hashlib.sha256(weights).hexdigest(),
+            targets=resolve_config_targets(cfg, llm.core.model.hf_config).to_json(),
+        )
+        key, _ = runtime.resolve_adapter(ref)
+        (source,) = runtime.fetcher.sources.copies(key)
+        assert source.max_bytes == 1000
+        fetch = runtime.fetcher.prefetch(key)
+        assert fetch is not None
+        with pytest.raises(AdapterFormatError, match="adapter_max_bytes=1000"):
+            fetch.result(timeout=60)
+    finally:
+        runtime.detach()

@@ -13,6 +13,9 @@ from safetensors.torch import save
 from loraplex.adapters.peft_format import AdapterFormatError
 from loraplex.loader.object_store import ObjectStore
 from loraplex.platform.engine.lora.sources import AdapterRef, ObjectSource
+from loraplex.platform.engine_spec.config import engine_default
+
+LIMIT = engine_default("adapter_max_bytes")
 
 
 def _weights() -> bytes:
@@ -42,17 +45,18 @@ def _sha(data: bytes) -> str:
 def test_fetch_returns_both_files_checked(stored, s3_prefix) -> None:
     store, cfg, weights = stored
     ref = AdapterRef(object_prefix=s3_prefix, sha256=_sha(weights), config_sha256=_sha(cfg))
-    assert ObjectSource(ref, store).fetch() == (cfg, weights)
+    assert ObjectSource(ref, store, LIMIT).fetch() == (cfg, weights)
 
 
 def test_other_bytes_are_never_served_under_a_version(stored, s3_prefix) -> None:
     store, cfg, weights = stored
     with pytest.raises(AdapterFormatError, match="does not match version sha256"):
-        ObjectSource(AdapterRef(object_prefix=s3_prefix, sha256=_sha(b"x")), store).fetch()
+        ObjectSource(AdapterRef(object_prefix=s3_prefix, sha256=_sha(b"x")), store, LIMIT).fetch()
     with pytest.raises(AdapterFormatError, match="config sha256"):
         ObjectSource(
             AdapterRef(object_prefix=s3_prefix, sha256=_sha(weights), config_sha256=_sha(b"{}")),
             store,
+            LIMIT,
         ).fetch()
 
 
@@ -61,7 +65,7 @@ def test_oversized_objects_are_refused_before_reading(stored, s3_prefix) -> None
     source = ObjectSource(
         AdapterRef(object_prefix=s3_prefix, sha256=_sha(weights)), store, max_bytes=1000
     )
-    with pytest.raises(AdapterFormatError, match="over the limit of 1000"):
+    with pytest.raises(AdapterFormatError, match="over this engine.s adapter_max_bytes=1000"):
         source.fetch()
 
 
@@ -86,6 +90,7 @@ def test_source_map_falls_back_to_another_tenants_copy(
             targets=targets,
         ),
         store,
+        LIMIT,
     )
     gone = ObjectSource(
         AdapterRef(
@@ -96,6 +101,7 @@ def test_source_map_falls_back_to_another_tenants_copy(
             targets=targets,
         ),
         store,
+        LIMIT,
     )
     sources = SourceMap()
     sources.add(kept)
