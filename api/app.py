@@ -21,7 +21,7 @@ from .errors import BodyLimitMiddleware, ControlCharacterGuard, install_backend_
 from .openapi import install_openapi, operation_id
 from .request_logging import RequestLogMiddleware, request_log_writer
 from .route_warmup import warm_routes
-from .routes import adapters, admin, health, openai
+from .routes import adapters, admin, draft_adapters, health, openai
 
 JSON_BODY_LIMIT = 1 << 20
 MULTIPART_OVERHEAD = 1 << 20
@@ -36,6 +36,8 @@ def body_limit(settings: Settings) -> Callable[[str, str], int | None]:
     def limit_for(method: str, path: str) -> int | None:
         if method == "POST" and path.rstrip("/") == "/v1/adapters":
             return upload_limit
+        if method == "POST" and path.startswith("/v1/adapters/") and path.endswith("/drafts"):
+            return upload_limit  # a draft adapter's upload (routes/draft_adapters.py)
         if path.endswith("completions"):
             return settings.max_request_bytes
         return JSON_BODY_LIMIT  # every other route: small JSON or form bodies, or none
@@ -74,6 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(admin.router)
     app.include_router(adapters.router)
+    app.include_router(draft_adapters.router)
     app.include_router(openai.router)
     install_console(app)  # after the error handlers: its HTML pages wrap the JSON one
     install_openapi(app)

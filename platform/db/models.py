@@ -274,6 +274,50 @@ class AdapterVersion(Base):
         return self.object_prefix + ADAPTER_WEIGHTS_FILE
 
 
+class DraftAdapter(Base):
+    """A draft adapter (issue 25): a small LoRA for a deployment's draft model, tied to one of
+    the tenant's adapter versions and validated against that draft model (`draft_model`, the
+    deployment's `speculative.draft_model`). Replicas drafting with that model run the target
+    version's requests' drafts with it. One per (target version, draft model); its files live
+    in the target version's folder, so they go with it."""
+
+    __tablename__ = "draft_adapters"
+    __table_args__ = (
+        UniqueConstraint("adapter_version_id", "draft_model"),
+        CheckConstraint(_in("status", VERSION_STATUSES), name="status"),
+    )
+
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    tenant_id: Mapped[uuid.UUID] = _tenant_fk()
+    adapter_version_id: Mapped[uuid.UUID] = mapped_column(
+        Uuid, ForeignKey("adapter_versions.id", ondelete="CASCADE"), index=True
+    )
+    draft_model: Mapped[str] = mapped_column(String(1024))
+    object_prefix: Mapped[str] = mapped_column(String(512))
+    status: Mapped[str] = mapped_column(String(16))
+    error: Mapped[str | None] = mapped_column(Text)
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    config_sha256: Mapped[str | None] = mapped_column(String(64))
+    bytes: Mapped[int | None] = mapped_column(BigInteger)
+    rank: Mapped[int | None] = mapped_column(Integer)
+    alpha: Mapped[float | None] = mapped_column(Float)
+    targets: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
+    )
+
+    @property
+    def config_key(self) -> str:
+        """Object key of this draft adapter's `adapter_config.json`."""
+        return self.object_prefix + ADAPTER_CONFIG_FILE
+
+    @property
+    def weights_key(self) -> str:
+        """Object key of this draft adapter's `adapter_model.safetensors`."""
+        return self.object_prefix + ADAPTER_WEIGHTS_FILE
+
+
 class Job(Base):
     """A background job's record: what, for whom, its state and heartbeat (for stale requeue)."""
 

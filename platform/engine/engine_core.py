@@ -232,6 +232,8 @@ class EngineCore:
             if self.lora_runtime is None:
                 raise NotImplementedError("multi-LoRA runtime not available")
             adapter_key, handle = self.lora_runtime.resolve_adapter(adapter)
+            if self.speculator is not None:  # the draft adapter tied to it, if the ref has one
+                self.speculator.tie_drafts(adapter_key, adapter)
         grammar = self._grammar_state(params)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         request = Request(

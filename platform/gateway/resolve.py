@@ -39,9 +39,11 @@ from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.deployment_choice import DEPLOYMENT_HEADER, DeploymentRoute
 from loraplex.platform.gateway.errors import model_not_found
 from loraplex.platform.gateway.replicas import DEFAULT_PREFIX
+from loraplex.platform.services.draft_adapters import ready_drafts
 from loraplex.platform.services.resolution_events import GEN_KEY
-from loraplex.platform.wire import AdapterRef
+from loraplex.platform.wire import AdapterRef, DraftAdapterRef
 from loraplex.platform.wire.auth import cache_salt
+from loraplex.platform.wire.messages import MAX_DRAFT_ADAPTERS
 
 _VERSIONED = re.compile(r"^(?P<name>.+):(?P<n>[1-9][0-9]{0,8})$")
 # How long a published deployment group lives without a resolution refreshing it.
@@ -92,6 +94,8 @@ class ResolvedModel:
     # How tool calls in free output are read: the resolved deployment's `tool_call_format`
     # (None: the format the chat template teaches).
     tool_call_format: str | None = None
+    # The ready draft adapters tied to the version (one per draft model), for the replica.
+    adapter_drafts: tuple[DraftAdapterRef, ...] = ()
 
     @property
     def adapter_key(self) -> str | None:
@@ -118,6 +122,22 @@ def adapter_ref(resolved: ResolvedModel, tenant_id: uuid.UUID) -> AdapterRef | N
         config_sha256=resolved.adapter_config_sha256,
         tenant=str(tenant_id),
         targets=resolved.adapter_targets,
+        drafts=list(resolved.adapter_drafts) or None,
+    )
+
+
+def _draft_refs(session: Session, version: AdapterVersion) -> tuple[DraftAdapterRef, ...]:
+    """The version's ready draft adapters as wire references (issue 25)."""
+    return tuple(
+        DraftAdapterRef(
+            object_prefix=d.object_prefix,
+            sha256=d.sha256 or "",
+            config_sha256=d.config_sha256,
+            tenant=str(d.tenant_id),
+            targets=d.targets,
+            draft_model=d.draft_model,
+        )
+        for d in ready_drafts(session, [version.id]).get(version.id, [])[:MAX_DRAFT_ADAPTERS]
     )
 
 
@@ -259,6 +279,7 @@ def resolve_uncached(session: Session, tenant_id: uuid.UUID, model: str) -> Reso
             adapter_config_sha256=version.config_sha256,
             adapter_object_prefix=version.object_prefix,
             adapter_targets=version.targets,
+            adapter_drafts=_draft_refs(session, version),
         )
     base = session.execute(select(BaseModel).where(BaseModel.name == model)).scalar_one_or_none()
     if base is None:

@@ -108,8 +108,8 @@ class SamplingOptions(WireModel):
         return self.model_dump(exclude_none=True)
 
 
-class AdapterRef(WireModel):
-    """An adapter version in object storage: where its files are and what they must hash to.
+class StoredAdapter(WireModel):
+    """An adapter's files in object storage: where they are and what they must hash to.
 
     `config_sha256` folds the config into the version's identity (two versions with equal
     weights but different scaling never share caches); `tenant` is for per-tenant fairness;
@@ -144,6 +144,24 @@ class AdapterRef(WireModel):
                 "before targets were recorded; the worker's recovery pass fills them in)"
             )
         self.resolved_targets()
+
+
+MAX_DRAFT_ADAPTERS = 8
+
+
+class DraftAdapterRef(StoredAdapter):
+    """A draft adapter (issue 25): a LoRA for the draft model `draft_model` (a deployment's
+    `speculative.draft_model`, as its replicas were given it), tied to the target adapter
+    version that carries it. A replica uses the one whose `draft_model` is its own."""
+
+    draft_model: str = Field(min_length=1, max_length=1024)
+
+
+class AdapterRef(StoredAdapter):
+    """An adapter version in object storage (see `StoredAdapter`), with the draft adapters tied
+    to it (`drafts`, one per draft model; a replica drafting with another model ignores them)."""
+
+    drafts: list[DraftAdapterRef] | None = Field(default=None, max_length=MAX_DRAFT_ADAPTERS)
 
 
 class GenerateRequest(WireModel):

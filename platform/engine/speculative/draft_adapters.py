@@ -9,18 +9,33 @@ registered, and the draft rows of that target adapter's requests run with it.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from torch import nn
 
 from loraplex.platform.engine.lora import LoraRuntime
 from loraplex.platform.engine.request import Request
+from loraplex.platform.wire import AdapterRef, DraftAdapterRef
+
+log = logging.getLogger(__name__)
 
 
 class DraftAdapters:
     """Target adapter version key -> the draft adapter drafting for it."""
 
-    def __init__(self, model: nn.Module, max_loras: int = 16, max_lora_rank: int = 64) -> None:
-        self.runtime = LoraRuntime(model, max_loras=max_loras, max_lora_rank=max_lora_rank)
+    def __init__(
+        self,
+        model: nn.Module,
+        max_loras: int = 16,
+        max_lora_rank: int = 64,
+        object_store: object | None = None,
+    ) -> None:
+        self.runtime = LoraRuntime(
+            model,
+            max_loras=max_loras,
+            max_lora_rank=max_lora_rank,
+            object_store=object_store,  # type: ignore[arg-type]  # an ObjectReader
+        )
         self._tied: dict[str, str] = {}  # target key -> draft key, on the device
         self._pending: dict[str, str] = {}  # target key -> draft key, still loading
 
@@ -32,6 +47,15 @@ class DraftAdapters:
         self._pending[target_key] = key
         self.key_for(target_key)  # loaded already (a local folder): active at once
         return key
+
+    def tie(self, target_key: str, ref: DraftAdapterRef) -> str:
+        """Tie the draft adapter a request's reference carries (from the gateway) to its target
+        adapter version; a repeat of the tie in place does nothing. Returns its key."""
+        key = ref.key
+        if self._tied.get(target_key) == key or self._pending.get(target_key) == key:
+            return key
+        plain = AdapterRef(**ref.model_dump(exclude={"draft_model"}))
+        return self.register(target_key, plain)
 
     def unregister(self, target_key: str) -> None:
         """Untie the target adapter's draft adapter (its device rows may be reused)."""
@@ -51,7 +75,14 @@ class DraftAdapters:
         if key is None:
             return None
         tiers = self.runtime.tiers
-        rows = tiers.ready_rows(key)  # raises if its fetch failed
+        try:
+            rows = tiers.ready_rows(key)  # raises if its fetch failed
+        except Exception as exc:  # noqa: BLE001 - the target's requests draft otherwise
+            log.warning(
+                "draft adapter %s for %s failed to load: %s", key[:12], target_key[:12], exc
+            )
+            del self._pending[target_key]
+            return None
         if rows is None or not tiers.can_hold(key, rows):
             return None
         tiers.activate(key)

@@ -64,6 +64,7 @@ class DraftModel:
         self.free: list[int] = list(range(self.num_blocks - 1, -1, -1))
         self.seqs: dict[str, _Seq] = {}
         self.adapters: DraftAdapters | None = None  # draft adapters, for method draft_adapter
+        self.storage: StorageConfig | None = None  # where draft adapters are fetched from
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
     @classmethod
@@ -94,12 +95,20 @@ class DraftModel:
                 f"{target_vocab_size}: a draft model must share the target's tokenizer"
             )
         limit = int(loaded.hf_config.get("max_position_embeddings", max_model_len))
-        return cls(loaded.model, vocab, block_size, min(max_model_len, limit), loaded.dtype,
-                   device, seed=seed)  # fmt: skip
+        drafter = cls(loaded.model, vocab, block_size, min(max_model_len, limit), loaded.dtype,
+                      device, seed=seed)  # fmt: skip
+        drafter.storage = storage
+        return drafter
 
     def enable_adapters(self, max_loras: int, max_lora_rank: int) -> None:
-        """Serve draft adapters on this model (method draft_adapter)."""
-        self.adapters = DraftAdapters(self.model, max_loras, max_lora_rank)
+        """Serve draft adapters on this model (method draft_adapter), fetched from the object
+        store the draft model was read with (the engine's storage settings), if any."""
+        store = None
+        if self.storage is not None:
+            from loraplex.loader.object_store import ObjectStore
+
+            store = ObjectStore(self.storage)
+        self.adapters = DraftAdapters(self.model, max_loras, max_lora_rank, store)
 
     @property
     def num_free_blocks(self) -> int:

@@ -17,6 +17,7 @@ from loraplex.platform.engine.speculative.draft_model import DraftModel
 from loraplex.platform.engine.speculative.guard import DraftGuard
 from loraplex.platform.engine.speculative.ngram import NgramIndex
 from loraplex.platform.engine.speculative.suffix_table import AdapterTables
+from loraplex.platform.wire import AdapterRef
 
 
 @dataclass
@@ -141,6 +142,23 @@ class Speculator:
         if self.drafter is None or self.drafter.adapters is None:
             raise ValueError("draft adapters need speculative method 'draft_adapter'")
         return self.drafter.adapters.register(target_key, ref)
+
+    def tie_drafts(self, target_key: str | None, ref: object) -> str | None:
+        """Tie the draft adapter a request's adapter reference carries for this replica's
+        draft model (`AdapterRef.drafts`, from the gateway) to the target version `target_key`;
+        returns its key, None when the reference carries none for this draft model or the
+        replica runs no draft adapters (the request then drafts otherwise). A reference from
+        the gateway without one unties any earlier one (the tenant deleted it)."""
+        drafter = self.drafter
+        if target_key is None or drafter is None or drafter.adapters is None:
+            return None
+        if not isinstance(ref, AdapterRef):  # a local folder (tests, benchmarks): tied by hand
+            return None
+        mine = [d for d in ref.drafts or () if d.draft_model == self.config.draft_model]
+        if not mine:
+            drafter.adapters.unregister(target_key)
+            return None
+        return drafter.adapters.tie(target_key, mine[0])
 
     def propose(self, request: Request, k: int) -> list[int]:
         """Up to `k` drafts: prompt lookup over the request's own tokens, else the suffix table

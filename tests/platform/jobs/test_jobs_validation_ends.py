@@ -17,8 +17,9 @@ from support.uploads import adapter_files
 
 from loraplex.platform.db.models import AdapterVersion, Job
 from loraplex.platform.db.session import make_sessionmaker
+from loraplex.platform.jobs.adapter_checks import ValidationTimeout, heartbeater
 from loraplex.platform.jobs.recovery import requeue_stale_validations
-from loraplex.platform.jobs.validate import ValidationTimeout, _heartbeater, run_validation
+from loraplex.platform.jobs.validate import run_validation
 from loraplex.platform.services import adapters as svc
 from loraplex.platform.services import job_records as records
 from loraplex.platform.services import objects
@@ -121,7 +122,7 @@ def test_the_job_has_a_time_limit(cp_settings, base_model, tenant_id, adapter_r4
 def test_a_phase_that_runs_long_is_cut_off(cp_settings) -> None:
     """The limit is checked at every beat of every phase, not only the first: a phase that
     keeps beating past the limit is stopped there (the hash of a slow download, say)."""
-    beat = _heartbeater(
+    beat = heartbeater(
         cp_settings.model_copy(update={"validation_time_limit_s": 0.3}), uuid.uuid4()
     )
     beat()  # within the limit
