@@ -18,9 +18,9 @@ from pathlib import Path
 
 import httpx
 
+from loraplex.bench._synthetic.adapters import write_random_adapter
 from loraplex.bench.completion_client import WORDS, one_request
 from loraplex.bench.serve_stack import TARGETS, upload_and_wait
-from loraplex.platform.testing.adapters import write_random_adapter
 
 WARM_REQUESTS = 3
 

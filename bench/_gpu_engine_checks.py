@@ -70,7 +70,7 @@ def loader_pinned(ctx: CheckContext) -> CheckResult:
 
 
 def _small_llama(tmp: Path, arch: str = "llama") -> Path:
-    from loraplex.platform.testing.models import save_random_model
+    from loraplex.bench._synthetic.models import save_random_model
 
     extra: dict[str, Any] = (
         dict(num_local_experts=4, num_experts_per_tok=2) if arch == "mixtral" else {}
@@ -102,10 +102,10 @@ def _greedy(
 def graphs_vs_eager(ctx: CheckContext) -> CheckResult:
     """Decode replayed from CUDA graphs vs the same engine with enforce_eager=True, greedy
     tokens equal, with and without adapters (fp32, so equal means equal)."""
+    from loraplex.bench._synthetic.adapters import write_random_adapter
     from loraplex.platform.engine.engine_core import EngineCore
     from loraplex.platform.engine.lora.runtime import LoraRuntime
     from loraplex.platform.engine_spec.config import EngineConfig
-    from loraplex.platform.testing.adapters import write_random_adapter
 
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)

@@ -52,7 +52,7 @@ class SmallWorkload:
 
 def build_small_base(path: Path, vocab: int):  # noqa: ANN201
     """Save the small random Llama to `path`; returns the transformers model."""
-    from loraplex.platform.testing.models import save_random_model
+    from loraplex.bench._synthetic.models import save_random_model
 
     return save_random_model(
         path, "llama", seed=0, init="hf", tiny=False,
@@ -99,11 +99,11 @@ def run_small(
     """Run the workload; returns the `lora.small_*` results (tok/s and ratios)."""
     import transformers
 
-    from loraplex.platform.engine.llm import LLM
-    from loraplex.platform.testing.adapters import (
+    from loraplex.bench._synthetic.adapters import (
         peft_multi_adapter_model,
         write_random_adapter,
     )
+    from loraplex.platform.engine.llm import LLM
 
     hf = build_small_base(tmp / "small", w.vocab)
     hf_config = json.loads((tmp / "small" / "config.json").read_text())

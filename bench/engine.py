@@ -58,7 +58,7 @@ def make_workload(n: int, vocab: int, seed: int, long_frac: float = 0.25) -> Wor
 
 def save_bench_model(path: Path, layers: int, hidden: int, max_len: int) -> int:
     """A random Llama saved as a HuggingFace folder; returns its vocab size."""
-    from loraplex.platform.testing.models import save_random_model
+    from loraplex.bench._synthetic.models import save_random_model
 
     vocab = 2048
     save_random_model(

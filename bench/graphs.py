@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             "decode); none is available here, so nothing was measured."
         )
         return 0
+    from loraplex.bench._synthetic.adapters import write_random_adapter
     from loraplex.bench.engine import save_bench_model
-    from loraplex.platform.testing.adapters import write_random_adapter
 
     with tempfile.TemporaryDirectory(prefix="loraplex-bench-graphs-") as tmp:
         save_bench_model(Path(tmp), args.layers, args.hidden, args.context + 64)

@@ -38,12 +38,12 @@ from pathlib import Path
 import torch
 
 from loraplex.bench._lora_small import GREEDY, SmallWorkload, run_small
-from loraplex.platform.testing.adapters import peft_multi_adapter_model, write_random_adapter
+from loraplex.bench._synthetic.adapters import peft_multi_adapter_model, write_random_adapter
 
 
 def build_base(path: Path, layers: int, hidden: int, vocab: int):  # noqa: ANN201
     """Save a random Llama to `path`; returns the transformers model (for the peft baseline)."""
-    from loraplex.platform.testing.models import save_random_model
+    from loraplex.bench._synthetic.models import save_random_model
 
     return save_random_model(
         path, "llama", seed=0, init="hf", tiny=False,

@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_model(path: Path, args: argparse.Namespace) -> None:
     """A random bf16 Mixtral checkpoint in `path`."""
-    from loraplex.platform.testing.models import hf_config, random_model
+    from loraplex.bench._synthetic.models import hf_config, random_model
 
     config = hf_config(
         "mixtral", tiny=False, vocab_size=259, hidden_size=args.hidden,

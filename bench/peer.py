@@ -59,8 +59,8 @@ def workload(requests: int, vocab: int, seed: int = 7) -> list[list[int]]:
 
 def build(tmp: Path, vocab: int, adapters: int) -> tuple[Path, list[str]]:
     """Save the random model and `adapters` rank-8 adapters (all seven projections)."""
-    from loraplex.platform.testing.adapters import write_random_adapter
-    from loraplex.platform.testing.models import save_random_model
+    from loraplex.bench._synthetic.adapters import write_random_adapter
+    from loraplex.bench._synthetic.models import save_random_model
 
     save_random_model(
         tmp / "model", "llama", seed=0, init="hf", tiny=False,

@@ -130,9 +130,9 @@ def run_vllm_server(python: str, model: Path, adapters: dict[str, Path], dtype: 
 def main(python: str | None, dtype_arg: str, requests: int, max_tokens: int, passes: int,
          ours_only: bool) -> int:  # fmt: skip
     """Run both sides and print RESULT lines."""
+    from loraplex.bench._synthetic.adapters import write_random_adapter
     from loraplex.bench.serve_stack import local_stack, upload_and_wait
     from loraplex.platform.engine.compute_dtype import auto_compute_dtype
-    from loraplex.platform.testing.adapters import write_random_adapter
 
     dtype = auto_compute_dtype("cpu").name if dtype_arg == "auto" else dtype_arg
     weights = "auto" if dtype_arg == "auto" else {"float32": "fp32", "bfloat16": "bf16"}[dtype]

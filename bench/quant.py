@@ -119,7 +119,7 @@ def speed_model(cache_dir: Path, args: argparse.Namespace) -> Path:
     path = cache_dir / f"speed-llama-h{args.hidden}-l{args.layers}-i{args.intermediate}"
     if (path / "config.json").exists():
         return path
-    from loraplex.platform.testing.models import hf_config, random_model
+    from loraplex.bench._synthetic.models import hf_config, random_model
 
     _log(f"building a random Llama (hidden {args.hidden}, {args.layers} layers)")
     config = hf_config(

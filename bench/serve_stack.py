@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 
+from loraplex.bench._synthetic.adapters import write_random_adapter
 from loraplex.platform.child_env import child_env
 from loraplex.platform.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedSeaweedFS
 from loraplex.platform.engine_spec import engine_config_for_deployment, on_a_shared_machine
@@ -33,7 +34,6 @@ from loraplex.platform.local_processes import (
     start_worker_process,
 )
 from loraplex.platform.settings import Settings
-from loraplex.platform.testing.adapters import write_random_adapter
 
 console = Console(stderr=True)
 TARGETS = ("q_proj", "v_proj")

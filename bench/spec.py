@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_model(path: Path, hidden: int, layers: int, vocab: int) -> None:
     """Save the random target to `path`."""
-    from loraplex.platform.testing.models import save_random_model
+    from loraplex.bench._synthetic.models import save_random_model
 
     save_random_model(
         path, "llama", seed=0, init="hf", tiny=False, with_tokenizer=False,

@@ -76,9 +76,9 @@ def throughput(
 ) -> dict[str, float]:
     """Constrained vs free decode tok/s at `batch` (see the module docstring): two engines of
     the demo model in lockstep, the free requests as long as the constrained ones were."""
+    from loraplex.bench._synthetic.json_schemas import json_schemas
     from loraplex.platform.engine.sampling_params import SamplingParams
     from loraplex.platform.engine.structured import GrammarSpec
-    from loraplex.platform.testing.json_schemas import json_schemas
 
     schemas = json_schemas()
     engines = {"constrained": _engine(model, batch), "free": _engine(model, batch)}
@@ -121,11 +121,11 @@ def _allowed(mask_row: Any, vocab: int) -> list[int]:
 
 def mask_and_compile(vocab: int, batch: int, steps: int) -> dict[str, float]:
     """llguidance at a `vocab` vocabulary: compile times and the batched mask time per token."""
+    from loraplex.bench._synthetic.json_schemas import json_schemas
     from loraplex.bench._vocab128k import tokenizer_json
     from loraplex.platform.engine.structured import GrammarSpec
     from loraplex.platform.engine.structured.bitmask import MaskFiller
     from loraplex.platform.engine.structured.compiler import GrammarCompiler
-    from loraplex.platform.testing.json_schemas import json_schemas
 
     text, eos = tokenizer_json(vocab)
     width = vocab + 1
@@ -195,8 +195,8 @@ def library_comparison(vocab: int, steps: int) -> dict[str, float]:
     import torch
     from llguidance import LLMatcher, LLTokenizer
 
+    from loraplex.bench._synthetic.json_schemas import json_schemas
     from loraplex.bench._vocab128k import tokenizer_json, vocab_tokens
-    from loraplex.platform.testing.json_schemas import json_schemas
     from loraplex.platform.wire.grammar import grammar_text
 
     schemas = [json.dumps(s) for s in json_schemas()]

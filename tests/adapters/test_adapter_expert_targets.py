@@ -16,7 +16,7 @@ from loraplex.adapters.peft_format import AdapterFormatError, parse_adapter_conf
 from loraplex.adapters.targets import ResolvedTargets
 from loraplex.adapters.validation import AdapterValidationError, validate_adapter
 from loraplex.adapters.weights import load_adapter_dir, read_adapter_dir
-from loraplex.platform.testing.models import hf_config
+from loraplex.bench._synthetic.models import hf_config
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("peft")

@@ -13,7 +13,7 @@ import pytest
 
 from loraplex.adapters.peft_format import AdapterFormatError, parse_adapter_config
 from loraplex.adapters.targets import ResolvedTargets, module_paths, resolve_targets
-from loraplex.platform.testing.models import TINY
+from loraplex.bench._synthetic.models import TINY
 
 REDOS = r"model\.layers\.0\.self_attn\.q_proj|(.+)+X"
 

@@ -16,7 +16,7 @@ from loraplex.adapters.peft_format import (
     parse_lora_tensor_name,
 )
 from loraplex.adapters.targets import ResolvedTargets, resolve_targets
-from loraplex.platform.testing.models import TINY, hf_config, random_model
+from loraplex.bench._synthetic.models import TINY, hf_config, random_model
 
 BASE = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
 

@@ -16,7 +16,7 @@ from loraplex.adapters.weights import (
     load_adapter_dir,
     read_adapter_dir,
 )
-from loraplex.platform.testing.models import TINY, hf_config, random_model
+from loraplex.bench._synthetic.models import TINY, hf_config, random_model
 
 HF = dict(TINY)
 

@@ -18,6 +18,7 @@ from support.gateway_clients import MESSAGES
 from support.gateway_stack import Api, Replica, settings_env
 from support.peft_adapters import make_peft_adapter
 
+from loraplex.bench._synthetic.models import save_tiny_model
 from loraplex.bench.serve_stack import upload_and_wait
 from loraplex.platform.db.models import Deployment
 from loraplex.platform.db.session import make_sessionmaker, session_scope
@@ -29,7 +30,6 @@ from loraplex.platform.local_processes import start_worker_process
 from loraplex.platform.services.api_keys import create_api_key
 from loraplex.platform.services.base_models import register_base_model
 from loraplex.platform.services.tenants import create_tenant
-from loraplex.platform.testing.models import save_tiny_model
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.gateway_adapters]
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from support import openai_stack
 from support.openai_stack import Stack
 
-from loraplex.platform.testing.json_schemas import json_schemas
+from loraplex.bench._synthetic.json_schemas import json_schemas
 
 pytestmark = pytest.mark.timeout(300)
 stack = openai_stack.stack

@@ -11,9 +11,9 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from loraplex.bench._stdlib_llama import held_out_windows, stdlib_files  # noqa: E402
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.bench.quant import agree, mean_kl, sequence_logprobs  # noqa: E402
 from loraplex.platform.engine import LLM  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 
 def test_sequence_logprobs_match_transformers(tmp_path) -> None:

@@ -16,7 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 
 DASHBOARDS = sorted((TERRAFORM / "modules" / "observability" / "dashboards").glob("*.json"))
 NAME = re.compile(r"\b(loraplex[:_][a-zA-Z0-9_:]+)")

@@ -19,9 +19,9 @@ pytest.importorskip("compressed_tensors")
 
 from support.paged_harness import PagedHarness  # noqa: E402
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
 from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 SIZES = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
 ENGINE = dict(block_size=4, max_num_seqs=8, max_num_batched_tokens=64)

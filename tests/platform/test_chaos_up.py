@@ -19,9 +19,9 @@ import httpx
 import pytest
 from support.up_process import UpProcess, restarted, supervised
 
+from loraplex.bench._synthetic.adapters import write_random_adapter
 from loraplex.bench.serve_stack import upload_and_wait
 from loraplex.platform.demo_model import make_demo_model
-from loraplex.platform.testing.adapters import write_random_adapter
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 FAULTS = ("engine replica", "worker", "Redis", "SeaweedFS S3", "PostgreSQL")

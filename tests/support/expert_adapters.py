@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from loraplex.platform.testing.models import hf_config, random_model
+from loraplex.bench._synthetic.models import hf_config, random_model
 
 from .peft_adapters import make_adapter
 

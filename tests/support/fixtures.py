@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from loraplex.platform.testing.models import save_random_model
+from loraplex.bench._synthetic.models import save_random_model
 from support.control_plane import control_plane
 from support.peft_adapters import peft_adapter_dir
 

@@ -16,7 +16,7 @@ NUM_EXPERTS = 8
 
 def save_tiny_qwen2_moe(path) -> str:
     """A tiny random Qwen2-MoE (one dense layer), routing skewed to expert 0, saved to `path`."""
-    from loraplex.platform.testing.models import hf_config, random_model, save_char_tokenizer
+    from loraplex.bench._synthetic.models import hf_config, random_model, save_char_tokenizer
 
     config = hf_config(
         "qwen2_moe", tiny=False,

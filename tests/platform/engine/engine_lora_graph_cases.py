@@ -21,6 +21,7 @@ pytest.importorskip("peft")
 
 from support.peft_adapters import make_adapter  # noqa: E402
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.cuda_graphs import CudaGraphRunner  # noqa: E402
 from loraplex.platform.engine.decode_graphs import (  # noqa: E402
@@ -30,7 +31,6 @@ from loraplex.platform.engine.decode_graphs import (  # noqa: E402
     make_decode_step,
     static_lora_meta,
 )
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
 ADAPTERS = {

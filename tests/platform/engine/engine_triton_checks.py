@@ -87,8 +87,8 @@ def model_case() -> float:
     """A whole Llama decode through the Attention module's Triton branch vs transformers."""
     from support.paged_harness import PagedHarness, hf_logits
 
+    from loraplex.bench._synthetic.models import save_tiny_model
     from loraplex.platform.engine.model_loading import load_model
-    from loraplex.platform.testing.models import save_tiny_model
 
     # run the CUDA choice (TritonAttention) in the interpreter: the layers choose at bind time
     attention_backend.triton_available_for = lambda t: True

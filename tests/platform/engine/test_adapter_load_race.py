@@ -45,7 +45,7 @@ from loraplex.adapters.targets import resolve_config_targets  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.engine_loop import EngineLoop, PendingAdd  # noqa: E402
 from loraplex.platform.engine.lora import AdapterRef  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 
 FILES = ("adapter_config.json", "adapter_model.safetensors")
 # The fresh-replica stress test's engine count per base (`LORAPLEX_RACE_STRESS=200`: 200).

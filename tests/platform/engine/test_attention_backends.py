@@ -102,8 +102,8 @@ def test_the_backend_is_chosen_once_when_the_cache_is_bound(monkeypatch):
     did, for every layer and step)."""
     from support.paged_harness import PagedHarness
 
+    from loraplex.bench._synthetic.models import save_tiny_model
     from loraplex.platform.engine.model_loading import load_model
-    from loraplex.platform.testing.models import save_tiny_model
 
     pytest.importorskip("transformers")
     import tempfile

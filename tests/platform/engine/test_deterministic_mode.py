@@ -21,6 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from support.logit_spy import record_sampled_logits  # noqa: E402
 from support.peft_adapters import make_adapter  # noqa: E402
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.batch_invariant import (  # noqa: E402
     DeterministicModeUnsupported,
@@ -28,7 +29,6 @@ from loraplex.platform.engine.batch_invariant import (  # noqa: E402
 )
 from loraplex.platform.engine.layers.fixed_order_cpu import fixed_order_available  # noqa: E402
 from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 FULL = os.environ.get("LORAPLEX_DETERMINISM_FULL") == "1"
 NEEDLE = [11, 5, 9, 23, 7, 81, 4, 66, 12, 30, 2, 17, 44, 8, 91, 3, 27]

@@ -8,8 +8,8 @@ from loraplex.platform.engine_spec.config import EngineConfig
 
 
 def test_engine_state_reports_its_cold_start(tmp_path) -> None:
+    from loraplex.bench._synthetic.models import save_tiny_model
     from loraplex.platform.engine.engine_core import EngineCore
-    from loraplex.platform.testing.models import save_tiny_model
 
     save_tiny_model(tmp_path / "m")
     core = EngineCore(EngineConfig(model=str(tmp_path / "m"), num_gpu_blocks=16))

@@ -21,8 +21,8 @@ def test_auto_picks_bf16_only_with_native_support(tmp_path) -> None:
 
 
 def test_auto_engine_reports_its_dtype_in_state(tmp_path) -> None:
+    from loraplex.bench._synthetic.models import save_tiny_model
     from loraplex.platform.engine.engine_core import EngineCore
-    from loraplex.platform.testing.models import save_tiny_model
 
     save_tiny_model(tmp_path / "m")
     core = EngineCore(EngineConfig(model=str(tmp_path / "m"), dtype="auto", num_gpu_blocks=16))

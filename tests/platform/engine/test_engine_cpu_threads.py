@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from loraplex.bench._synthetic.models import save_tiny_model
 from loraplex.platform.engine import LLM
-from loraplex.platform.testing.models import save_tiny_model
 
 
 def test_cpu_threads_sets_torch_threads_and_default_leaves_them(tmp_path):

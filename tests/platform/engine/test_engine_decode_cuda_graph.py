@@ -7,9 +7,9 @@ import pytest
 import torch
 from support.paged_harness import PagedHarness
 
+from loraplex.bench._synthetic.models import save_tiny_model
 from loraplex.platform.engine.forward_context import ForwardContext, forward_context
 from loraplex.platform.engine.model_loading import load_model
-from loraplex.platform.testing.models import save_tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

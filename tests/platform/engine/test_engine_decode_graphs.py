@@ -14,6 +14,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from loraplex.bench import graphs as graphs_bench  # noqa: E402
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.decode_graphs import (  # noqa: E402
     capture_sizes,
@@ -22,7 +23,6 @@ from loraplex.platform.engine.decode_graphs import (  # noqa: E402
     make_decode_step,
 )
 from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 PROMPTS = [[5, 6, 7], list(range(3, 30)), [9] * 11]

@@ -14,12 +14,12 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine import engine_core  # noqa: E402
 from loraplex.platform.engine.kv_cache import kv_cache_bytes_per_block  # noqa: E402
 from loraplex.platform.engine.llm import LLM  # noqa: E402
 from loraplex.platform.engine_spec.cli import engine_args, parse_engine_args  # noqa: E402
 from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

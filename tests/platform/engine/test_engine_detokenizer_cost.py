@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from support.byte_bpe import CountingDecoder, byte_level_tokenizer, lone_continuation_byte
 
+from loraplex.bench._synthetic.models import save_random_model
 from loraplex.platform.engine.llm import LLM
 from loraplex.platform.engine.sampling_params import SamplingParams
-from loraplex.platform.testing.models import save_random_model
 
 N_TOKENS = 8192
 

@@ -10,9 +10,9 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.scheduler import AdmitAll  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 PROMPTS = [[5, 6, 7], list(range(3, 40)), [9] * 11, [10, 20, 30, 40, 50, 60, 70], [4]]

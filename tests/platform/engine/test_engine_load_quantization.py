@@ -14,13 +14,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from support.paged_harness import PagedHarness  # noqa: E402
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
 from loraplex.platform.engine.layers.onednn_weights import dense  # noqa: E402
 from loraplex.platform.engine.weight_quantization import (  # noqa: E402
     resolve_weight_quantization,
 )
 from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 ENGINE = dict(block_size=8, max_num_seqs=4, max_num_batched_tokens=64)
 

@@ -19,8 +19,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from support.peft_adapters import make_adapter  # noqa: E402
 from support.triton_interpreter import run_cases_interpreted  # noqa: E402
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from support.paged_harness import PagedHarness
 
+from loraplex.bench._synthetic.models import save_tiny_model
 from loraplex.platform.engine.hf_folder import ModelFolderError, iter_weights, read_config
 from loraplex.platform.engine.kv_cache import (
     allocate_kv_cache,
@@ -25,7 +26,6 @@ from loraplex.platform.engine.models import (
     supported_architectures,
 )
 from loraplex.platform.engine.models.weight_loading import WeightLoadingError
-from loraplex.platform.testing.models import save_tiny_model
 from loraplex.platform.tokenizing import TokenizerNotFound, load_tokenizer
 
 

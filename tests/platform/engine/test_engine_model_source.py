@@ -16,6 +16,7 @@ from support.replica_wire import HEADERS, body, generate
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.loader.safetensors_header import SafetensorsError  # noqa: E402
 from loraplex.loader.stream_reader import ChecksumMismatchError  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
@@ -27,7 +28,6 @@ from loraplex.platform.engine_spec.cli import parse_engine_args  # noqa: E402
 from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
 from loraplex.platform.local_processes import start_engine_process  # noqa: E402
 from loraplex.platform.settings import Settings  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 PROMPTS: list = ["hello there", [5, 6, 7, 8], "the quick brown fox"]

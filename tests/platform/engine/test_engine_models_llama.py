@@ -6,9 +6,9 @@ import pytest
 import torch
 from support.paged_harness import PagedHarness, check_against_hf, run_mixed_scenario
 
+from loraplex.bench._synthetic.models import save_tiny_model
 from loraplex.platform.engine.layers.rotary import compute_inv_freq
 from loraplex.platform.engine.model_loading import load_model
-from loraplex.platform.testing.models import save_tiny_model
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",

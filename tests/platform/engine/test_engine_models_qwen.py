@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from support.paged_harness import run_mixed_scenario
 
+from loraplex.bench._synthetic.models import save_tiny_model
 from loraplex.platform.engine.model_loading import load_model
-from loraplex.platform.testing.models import save_tiny_model
 
 
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])

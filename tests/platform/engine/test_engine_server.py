@@ -16,11 +16,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from support.replica_wire import HEADERS, SECRET, body, generate  # noqa: E402
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
 from loraplex.platform.engine.server import create_app  # noqa: E402
 from loraplex.platform.engine_spec.cli import parse_engine_args  # noqa: E402
 from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 from loraplex.platform.wire import (  # noqa: E402
     WIRE_VERSION,
     WIRE_VERSION_HEADER,

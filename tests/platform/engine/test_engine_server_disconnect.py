@@ -18,10 +18,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from support.replica_wire import HEADERS, SECRET  # noqa: E402
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
 from loraplex.platform.engine.server import create_app  # noqa: E402
 from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 LONG = 4000  # tokens: far more than the test waits for
 

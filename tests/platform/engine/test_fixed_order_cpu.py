@@ -60,8 +60,8 @@ def test_a_deterministic_mlp_row_is_the_same_bits_in_any_batch(tmp_path, dtype: 
     """The gated MLP of a deterministic engine (intermediate 688: torch's fp32 SiLU splits such
     rows between threads at batch sizes past 48 and changes their bits): a row alone equals
     the same row in batches of 1..120."""
+    from loraplex.bench._synthetic.models import save_tiny_model
     from loraplex.platform.engine import LLM
-    from loraplex.platform.testing.models import save_tiny_model
 
     save_tiny_model(tmp_path, "llama", seed=2, intermediate_size=688)
     llm = LLM(str(tmp_path), dtype=dtype, deterministic=True, max_loras=0)

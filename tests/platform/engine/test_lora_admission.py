@@ -12,9 +12,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from support.peft_adapters import make_adapter  # noqa: E402
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.lora.sources import LocalAdapterRef  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 

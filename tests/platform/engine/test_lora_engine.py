@@ -18,9 +18,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from support.logit_spy import record_sampled_logits
 from support.peft_adapters import make_adapter  # noqa: E402
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.lora import AdapterRef, LoraRuntime  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ADAPTERS = {
@@ -367,7 +367,7 @@ def test_replica_refs_only_and_checked(world):
 def test_moe_model_attention_adapters_match_peft(tmp_path):
     """On a MoE base (Qwen3-MoE: q/k norm, head_dim != hidden/heads) adapters target the
     attention projections, or the router (its LoRA adds to the routing logits)."""
-    from loraplex.platform.testing.models import hf_config, random_model
+    from loraplex.bench._synthetic.models import hf_config, random_model
 
     cfg = hf_config(
         "qwen3_moe", intermediate_size=80, num_experts=4, num_experts_per_tok=2,

@@ -28,10 +28,10 @@ from support.logit_spy import record_sampled_logits  # noqa: E402
 from support.peft_adapters import make_adapter  # noqa: E402
 
 from loraplex.adapters.targets import resolve_config_targets  # noqa: E402
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.lora import AdapterRef  # noqa: E402
 from loraplex.platform.engine.lora.fetcher import FETCH_STAGES  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 FILES = ("adapter_config.json", "adapter_model.safetensors")

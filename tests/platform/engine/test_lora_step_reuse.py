@@ -9,9 +9,9 @@ from support.peft_adapters import make_adapter
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.request import Request  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 
 def test_prepare_step_reuses_an_unchanged_layout_only(tmp_path):

@@ -14,8 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from support.logit_spy import record_sampled_logits
 from support.peft_adapters import make_adapter  # noqa: E402
 
+from loraplex.bench._synthetic.models import hf_config, random_model  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
-from loraplex.platform.testing.models import hf_config, random_model  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")

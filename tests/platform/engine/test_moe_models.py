@@ -8,11 +8,11 @@ import torch
 from safetensors.torch import save_file
 from support.paged_harness import PagedHarness, run_mixed_scenario
 
+from loraplex.bench._synthetic.models import hf_config, random_model
 from loraplex.moe.layer import MoEBlock
 from loraplex.moe.stats import ExpertLoadRecorder
 from loraplex.platform.engine.model_loading import load_model
 from loraplex.platform.engine.models.weight_loading import WeightLoadingError
-from loraplex.platform.testing.models import hf_config, random_model
 
 transformers = pytest.importorskip("transformers")
 

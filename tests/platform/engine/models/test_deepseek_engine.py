@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from loraplex.bench._synthetic.models import save_char_tokenizer
 from loraplex.platform.engine import LLM, SamplingParams
-from loraplex.platform.testing.models import save_char_tokenizer
 
 pytest.importorskip("transformers")
 

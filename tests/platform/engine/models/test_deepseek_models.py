@@ -9,10 +9,10 @@ import pytest
 import torch
 from support.paged_harness import PagedHarness, hf_logits
 
+from loraplex.bench._synthetic.models import random_model
 from loraplex.moe.layer import MoEBlock
 from loraplex.platform.engine.kv_cache import kv_cache_bytes_per_block
 from loraplex.platform.engine.model_loading import load_model
-from loraplex.platform.testing.models import random_model
 
 transformers = pytest.importorskip("transformers")
 

@@ -20,10 +20,10 @@ from support.awq_gptq_checkpoints import VARIANTS, libraries_installed, save_awq
 from support.paged_harness import PagedHarness  # noqa: E402
 from support.peft_adapters import make_adapter  # noqa: E402
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
 from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not libraries_installed(), reason="autoawq / auto-gptq (the oracles' packers) not installed"

@@ -14,13 +14,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from support.paged_harness import PagedHarness  # noqa: E402
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.layers.paged_attention_torch import (  # noqa: E402
     KVScales,
     decode_attention_torch,
     write_kv_torch,
 )
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 MEMORY = 1 << 20

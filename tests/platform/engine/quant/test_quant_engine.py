@@ -17,6 +17,7 @@ from support.logit_spy import record_sampled_logits
 from support.paged_harness import PagedHarness  # noqa: E402
 from support.peft_adapters import make_adapter  # noqa: E402
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.loader.quant import Quantizer  # noqa: E402
 from loraplex.loader.quant.weight_only import (  # noqa: E402
     dequantize_fp8,
@@ -27,7 +28,6 @@ from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
 from loraplex.platform.engine.layers.quant.fp8 import quantize_per_token  # noqa: E402
 from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 # in/out features multiples of 128 / 16: every int4 Linear runs the packed CPU kernel
 SIZES = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)

@@ -20,11 +20,11 @@ from support.paged_harness import PagedHarness, hf_logits, run_mixed_scenario  #
 from support.peft_adapters import make_adapter  # noqa: E402
 from support.quant_reference import dequantized_moe_copy  # noqa: E402
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.moe.layer import MoEBlock  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.engine_core import EngineCore  # noqa: E402
 from loraplex.platform.engine_spec.config import EngineConfig  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 

@@ -13,12 +13,12 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.loader.quant import Quantizer, resolve_scheme  # noqa: E402
 from loraplex.loader.quant.weight_only import dequantize_int4, dequantize_int8  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.layers.linear import Linear  # noqa: E402
 from loraplex.platform.engine.layers.quant import linear_quantization  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 SIZES = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)

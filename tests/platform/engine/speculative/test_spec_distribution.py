@@ -16,11 +16,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from support.peft_adapters import make_adapter  # noqa: E402
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine.request import Request  # noqa: E402
 from loraplex.platform.engine.sampler import Sampler  # noqa: E402
 from loraplex.platform.engine.sampling_params import SamplingParams  # noqa: E402
 from loraplex.platform.engine.speculative.verify import draft_views, num_accepted  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 V = 16
 DRAWS = 200_000

@@ -16,9 +16,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from support.peft_adapters import make_adapter  # noqa: E402
 from test_spec_engine import copy_prompts  # noqa: E402
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.speculative import SpecConfig  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 ARGS = dict(block_size=4, max_num_batched_tokens=512, max_num_seqs=32, max_loras=2,
             max_lora_rank=8)  # fmt: skip

@@ -19,11 +19,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from support.peft_adapters import make_adapter  # noqa: E402
 from test_spec_distribution import V, chi_square_p, reference_probs  # noqa: E402
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine.request import Request  # noqa: E402
 from loraplex.platform.engine.sampler import Sampler  # noqa: E402
 from loraplex.platform.engine.sampling_params import SamplingParams  # noqa: E402
 from loraplex.platform.engine.speculative.verify import draft_view, rejection_sample  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 DRAWS = 200_000
 PROMPT = [3, 9, 4, 12, 7, 3, 9]

@@ -16,13 +16,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from support.peft_adapters import make_adapter  # noqa: E402
 from test_spec_engine import copy_prompts  # noqa: E402
 
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.request import Request  # noqa: E402
 from loraplex.platform.engine.sampler import Sampler  # noqa: E402
 from loraplex.platform.engine.speculative import SpecConfig  # noqa: E402
 from loraplex.platform.engine.speculative.draft_model import DraftModel  # noqa: E402
 from loraplex.platform.engine_spec.speculative import SpeculativeOption  # noqa: E402
-from loraplex.platform.testing.models import save_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,10 @@ import jsonschema
 import pytest
 from support.peft_adapters import make_peft_adapter
 
+from loraplex.bench._synthetic.json_schemas import json_schemas
 from loraplex.platform.demo_model import make_demo_model
 from loraplex.platform.engine import LLM, SamplingParams
 from loraplex.platform.engine.structured import GrammarSpec
-from loraplex.platform.testing.json_schemas import json_schemas
 
 pytestmark = pytest.mark.timeout(300)
 
