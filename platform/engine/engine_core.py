@@ -413,7 +413,9 @@ class EngineCore:
             num_cached_tokens=r.num_cached_tokens,
         )
 
-    def _final_delta(self, r: Request, tokens: list[int], lps: list) -> RequestDelta:
+    def _final_delta(
+        self, r: Request, tokens: list[int], lps: list[dict[int, float]]
+    ) -> RequestDelta:
         detok = self._detok.pop(r.request_id, None)
         if self.speculator is not None:
             self.speculator.finished(r)
@@ -435,7 +437,7 @@ class EngineCore:
         )
 
     @staticmethod
-    def _prompt_lps_once(r: Request) -> list | None:
+    def _prompt_lps_once(r: Request) -> list[dict[int, float] | None] | None:
         # A request never drafts while its prompt logprobs are pending, so its first delta
         # holds one token.
         if r.sampling_params.prompt_logprobs is None or r.num_output_tokens != 1:
