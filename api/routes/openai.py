@@ -234,7 +234,9 @@ async def _run(request: Request, endpoint: Endpoint, adapter: str | None) -> Res
     resolved = with_named_deployment(resolved, request.headers.get(DEPLOYMENT_HEADER))
     request_log.note_route(resolved, [])  # a refusal from here on still names the version
     assets = await gw.model_assets(resolved)
-    args = (parsed, resolved, assets, tenant_id, key_id, gw.settings.default_max_tokens, model)
+    salt = resolved.cache_salt(tenant_id, gw.replica_secret)
+    args = (parsed, resolved, assets, tenant_id, key_id, gw.settings.default_max_tokens, model,
+            salt)  # fmt: skip
     if size <= INLINE_BUILD_BYTES:
         job = endpoint.build_job(*args)
     else:

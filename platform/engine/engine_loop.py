@@ -23,20 +23,31 @@ from typing import Any
 from loraplex.platform.engine.outputs import RequestDelta
 from loraplex.platform.engine.ports import ServedEngine
 from loraplex.platform.engine.sampling_params import SamplingParams
+from loraplex.platform.engine.wire_mapping import adapter_reference, sampling_params
+from loraplex.platform.wire import GenerateRequest
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class PendingAdd:
-    """A request waiting for the next step boundary to join the engine."""
+    """A wire request waiting for the next step boundary, where the engine makes it its
+    `Request` (the one change of form on the replica); `params`: its sampling as the engine
+    checked it (`wire_mapping.sampling_params`)."""
 
-    prompt: str | list[int]
+    wire: GenerateRequest
     params: SamplingParams
-    request_id: str
-    adapter: Any
-    cache_salt: str | None
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    @classmethod
+    def of(cls, wire: GenerateRequest) -> PendingAdd:
+        """The add for `wire`; raises ValueError for a sampling value the engine refuses."""
+        return cls(wire, sampling_params(wire.sampling))
+
+    @property
+    def request_id(self) -> str:
+        """The gateway's id of the request."""
+        return self.wire.request_id
 
 
 @dataclass
@@ -168,7 +179,11 @@ class EngineLoop:
             self._on_loop(self._settle, w.done, outcome, None)
         for a in adds:
             try:
-                self.core.add_request(a.prompt, a.params, a.request_id, a.adapter, a.cache_salt)
+                wire = a.wire
+                ref = adapter_reference(wire.adapter)
+                self.core.add_request(
+                    wire.prompt_token_ids, a.params, wire.request_id, ref, wire.cache_salt
+                )
             except Exception as exc:  # handed to the waiting handler, which answers 4xx
                 self._on_loop(self._settle_add, a, exc)
                 continue

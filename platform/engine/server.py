@@ -29,7 +29,6 @@ from loraplex.platform.engine.wire_mapping import (
     EventWriter,
     adapter_reference,
     merge_deltas,
-    sampling_params,
 )
 from loraplex.platform.errors import HttpError
 from loraplex.platform.graceful import DrainGuard, serve
@@ -131,13 +130,10 @@ def create_app(core: ServedEngine, secret: str) -> FastAPI:
         except ValidationError as exc:
             raise RequestValidationError(exc.errors()) from None
         try:
-            params = sampling_params(body.sampling)
+            add = PendingAdd.of(body)
         except ValueError as exc:
             raise HttpError(400, str(exc), code="invalid_value") from None
         rid = body.request_id
-        add = PendingAdd(
-            body.prompt_token_ids, params, rid, adapter_reference(body.adapter), body.cache_salt
-        )
         try:
             queue = await loop.add(add)
         except KeyError:
@@ -149,7 +145,7 @@ def create_app(core: ServedEngine, secret: str) -> FastAPI:
         except ValueError as exc:
             raise HttpError(400, str(exc), code="invalid_value") from None
         watcher = asyncio.create_task(_abort_on_disconnect(request, loop, rid))
-        writer = EventWriter(core.tokenizer, params.logprobs)
+        writer = EventWriter(core.tokenizer, add.params.logprobs)
         return _AbortingStream(
             watcher, _sse(loop, rid, queue, writer), media_type="text/event-stream"
         )

@@ -37,16 +37,16 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Job:
-    """A validated, tokenized request ready to dispatch."""
+    """A validated, tokenized request ready to dispatch: the wire request its choices are
+    sent as (`wire`, built once), and what the gateway keeps to answer and meter it."""
 
     endpoint: Endpoint
     model: str
     resolved: ResolvedModel
-    prompt_ids: list[int]
+    wire: GenerateRequest
     max_tokens: int
     n: int
     top_n: int | None
-    sampling: SamplingOptions
     tenant_id: uuid.UUID
     api_key_id: uuid.UUID | None
     stream: bool
@@ -57,6 +57,44 @@ class Job:
     limit: RateLimitResult | None = None
     tools: ToolPlan | None = None  # chat: how tool calls are read from the output
     served_by: str | None = None  # the deployment whose replica answered (usage names it)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The prompt's token ids."""
+        return self.wire.prompt_token_ids
+
+    @property
+    def sampling(self) -> SamplingOptions:
+        """What the replica samples with."""
+        return self.wire.sampling
+
+    def choice_request(self, index: int) -> GenerateRequest:
+        """The wire request of choice `index`: its own request id and, for a seeded request,
+        the seed plus `index` (so the `n` choices differ and each reproduces)."""
+        update: dict[str, Any] = {"request_id": f"{self.cid}-{index}"}
+        seed = self.wire.sampling.seed
+        if seed is not None and index:
+            seeded = {"seed": (seed + index) & SEED_MASK}
+            update["sampling"] = self.wire.sampling.model_copy(update=seeded)
+        return self.wire.model_copy(update=update)
+
+
+def wire_request(
+    cid: str,
+    prompt_ids: list[int],
+    sampling: SamplingOptions,
+    resolved: ResolvedModel,
+    tenant_id: uuid.UUID,
+    cache_salt: str | None,
+) -> GenerateRequest:
+    """The wire request of a job's first choice (`Job.choice_request` derives the others)."""
+    return GenerateRequest(
+        request_id=f"{cid}-0",
+        prompt_token_ids=prompt_ids,
+        sampling=sampling,
+        adapter=adapter_ref(resolved, tenant_id),
+        cache_salt=cache_salt,
+    )
 
 
 def max_tokens_for(
@@ -149,16 +187,7 @@ Event = tuple[int, DeltaEvent | FinishEvent]
 
 async def _choice_events(gw: Gateway, job: Job, index: int) -> AsyncGenerator[Event, None]:
     """Events of one choice; aborts its replica request if closed before it finished."""
-    sampling = job.sampling
-    if sampling.seed is not None:
-        sampling = sampling.model_copy(update={"seed": (sampling.seed + index) & SEED_MASK})
-    req = GenerateRequest(
-        request_id=f"{job.cid}-{index}",
-        prompt_token_ids=job.prompt_ids,
-        sampling=sampling,
-        adapter=adapter_ref(job.resolved, job.tenant_id),
-        cache_salt=job.resolved.cache_salt(job.tenant_id, gw.replica_secret),
-    )
+    req = job.choice_request(index)
     where: list[Dispatch] = []
     events = gw.router.generate(
         job.resolved.deployment_name,

@@ -19,6 +19,7 @@ from loraplex.platform.gateway.completion import (
     check_prompt_length,
     max_tokens_for,
     sampling_for,
+    wire_request,
 )
 from loraplex.platform.gateway.errors import bad_request
 from loraplex.platform.gateway.openai_structured import request_constraints
@@ -37,9 +38,10 @@ def build_chat_job(
     api_key_id: uuid.UUID | None,
     default_max_tokens: int,
     model: str | None = None,
+    cache_salt: str | None = None,
 ) -> Job:
     """Render the conversation, tokenize it and check limits (`model`: the name the caller
-    used, when it is not the body's)."""
+    used, when it is not the body's; `cache_salt`: the tenant's prefix-cache partition)."""
     tok = assets.tokenizer
     constraints = request_constraints(
         body, tok.vocab_size, tok.template.source, resolved.tool_call_format
@@ -58,21 +60,22 @@ def build_chat_job(
         body.requested_max_tokens(), len(ids), assets.context_length, default_max_tokens, "messages"
     )
     top_n = (body.top_logprobs or 0) if body.logprobs else None
+    sampling = sampling_for(body, max_tokens, top_n, constraints)
+    cid = oa.new_id("chatcmpl")
     job = Job(
         CHAT,
         model or body.model,
         resolved,
-        ids,
+        wire_request(cid, ids, sampling, resolved, tenant_id, cache_salt),
         max_tokens,
         body.n,
         top_n,
-        sampling_for(body, max_tokens, top_n, constraints),
         tenant_id,
         api_key_id,
         body.stream,
         body.include_usage,
+        cid=cid,
     )
-    job.cid = oa.new_id("chatcmpl")
     job.tools = constraints.tools
     return job
 
@@ -85,6 +88,7 @@ def build_text_job(
     api_key_id: uuid.UUID | None,
     default_max_tokens: int,
     model: str | None = None,
+    cache_salt: str | None = None,
 ) -> Job:
     """Tokenize the prompt (or check the given ids) and check limits."""
     constraints = request_constraints(body, assets.tokenizer.vocab_size, None)
@@ -104,22 +108,22 @@ def build_text_job(
     max_tokens = max_tokens_for(
         body.requested_max_tokens(), len(ids), assets.context_length, default_max_tokens, "prompt"
     )
-    job = Job(
+    sampling = sampling_for(body, max_tokens, body.logprobs, constraints)
+    cid = oa.new_id("cmpl")
+    return Job(
         TEXT,
         model or body.model,
         resolved,
-        ids,
+        wire_request(cid, ids, sampling, resolved, tenant_id, cache_salt),
         max_tokens,
         body.n,
         body.logprobs,
-        sampling_for(body, max_tokens, body.logprobs, constraints),
         tenant_id,
         api_key_id,
         body.stream,
         body.include_usage,
+        cid=cid,
     )
-    job.cid = oa.new_id("cmpl")
-    return job
 
 
 class StreamWriter(Protocol):
@@ -147,8 +151,9 @@ class Endpoint(Protocol):
         """The `object` of its stream chunks."""
         ...
 
-    def parse(self, body: Any) -> Any:
-        """The validated request model of a parsed JSON body (400 on bad fields)."""
+    def parse(self, body: oa.BodyInput, adapter: str | None = None) -> Any:
+        """The validated request model of a body, from its bytes (400 on bad JSON or fields);
+        `adapter`: the model when the body names none (per-adapter routes)."""
         ...
 
     def build_job(
@@ -160,8 +165,10 @@ class Endpoint(Protocol):
         api_key_id: uuid.UUID | None,
         default_max_tokens: int,
         model: str,
+        cache_salt: str | None = None,
     ) -> Job:
-        """Render, tokenize and check limits: the job to dispatch."""
+        """Render, tokenize and check limits: the job to dispatch, carrying the wire request
+        its choices are sent as (`cache_salt`: the tenant's prefix-cache partition)."""
         ...
 
     def response(
@@ -186,16 +193,18 @@ class _Kind:
 
     name: str
     chunk_object: str
-    parse_body: Callable[[Any], Any]
+    parse_body: Callable[[oa.BodyInput, str | None], Any]
     build: Callable[..., Job]
 
-    def parse(self, body: Any) -> Any:
-        return self.parse_body(body)
+    def parse(self, body: oa.BodyInput, adapter: str | None = None) -> Any:
+        return self.parse_body(body, adapter)
 
     def build_job(self, body: Any, resolved: ResolvedModel, assets: ModelAssets,
                   tenant_id: uuid.UUID, api_key_id: uuid.UUID | None, default_max_tokens: int,
-                  model: str) -> Job:  # fmt: skip
-        return self.build(body, resolved, assets, tenant_id, api_key_id, default_max_tokens, model)
+                  model: str, cache_salt: str | None = None) -> Job:  # fmt: skip
+        return self.build(
+            body, resolved, assets, tenant_id, api_key_id, default_max_tokens, model, cache_salt
+        )
 
 
 @dataclass(frozen=True)

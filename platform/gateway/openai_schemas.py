@@ -17,9 +17,11 @@ from pydantic import (
     Field,
     StrictBool,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.openai_fields import check_fields
@@ -94,12 +96,15 @@ class ChatMessage(BaseModel):
 
 
 class SamplingFields(ConstraintFields):
-    """Parameters shared by chat and text completions, with OpenAI's ranges (fields that are
-    not served were refused before this model runs: `openai_fields.check_fields`)."""
+    """Parameters shared by chat and text completions, with OpenAI's ranges. Fields the model
+    does not have are kept as extras and refused by name after it runs
+    (`openai_fields.check_fields`), so none is silently dropped."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
-    model: str = Field(min_length=1, max_length=256)
+    # A per-adapter route passes its adapter (validation context "adapter") for a body
+    # that names no model.
+    model: str = Field(default=None, min_length=1, max_length=256, validate_default=True)
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
@@ -115,6 +120,16 @@ class SamplingFields(ConstraintFields):
     # vLLM's extensions to the OpenAI body, as its server takes them.
     ignore_eos: StrictBool | None = None
     min_tokens: Annotated[int, Field(ge=0)] | None = None
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_or_adapter(cls, value: Any, info: ValidationInfo) -> Any:
+        adapter = (info.context or {}).get("adapter")
+        if not value and adapter:
+            return adapter
+        if value is None:
+            raise PydanticCustomError("missing", "Field required")
+        return value
 
     @field_validator("logit_bias")
     @classmethod
@@ -243,31 +258,48 @@ def _first_error(exc: ValidationError) -> HttpError:
     return HttpError(400, f"Invalid request: {where}{msg}", param=param, code=code)
 
 
-def _served(model: type[BaseModel]) -> set[str]:
-    return {f.alias or name for name, f in model.model_fields.items()}
-
-
 _Body = TypeVar("_Body", bound=BaseModel)
+BodyInput = bytes | str | dict[str, Any]
+"""A body as the route read it (bytes, parsed straight into the model) or as a mapping."""
 
 
-def _parse(model: type[_Body], body: Any) -> _Body:
-    if not isinstance(body, dict):
-        raise HttpError(400, "The request body must be a JSON object.", code="invalid_json")
-    check_fields(body, _served(model))
+def _json_error(exc: ValidationError) -> HttpError | None:
+    """The 400 for a body that is not JSON, or not a JSON object (None: it is one)."""
+    err = exc.errors()[0]
+    if err.get("type") == "json_invalid":
+        reason = str(err.get("ctx", {}).get("error", "invalid JSON"))
+        if "recursion limit" in reason:
+            reason = "it is nested too deeply"
+        return HttpError(400, f"The request body is not valid JSON: {reason}", code="invalid_json")
+    if not err.get("loc") and err.get("type") in ("model_type", "model_attributes_type"):
+        return HttpError(400, "The request body must be a JSON object.", code="invalid_json")
+    return None
+
+
+def _parse(model: type[_Body], body: BodyInput, adapter: str | None = None) -> _Body:
+    """`body` as `model`, parsed straight from its bytes (no JSON dict in between); a 400
+    naming the field for what is not JSON, not served or out of range. `adapter`: the model
+    a per-adapter route names, used when the body names none."""
+    context = {"adapter": adapter}
     try:
-        return model.model_validate(body)
+        if isinstance(body, (bytes, str)):
+            parsed = model.model_validate_json(body, context=context)
+        else:
+            parsed = model.model_validate(body, context=context)
     except ValidationError as exc:
-        raise _first_error(exc) from None
+        raise _json_error(exc) or _first_error(exc) from None
+    check_fields(parsed.model_extra or {}, set())
+    return parsed
 
 
-def parse_chat_request(body: Any) -> ChatCompletionRequest:
+def parse_chat_request(body: BodyInput, adapter: str | None = None) -> ChatCompletionRequest:
     """Validate a chat completion body; a 400 `HttpError` on bad input."""
-    return _parse(ChatCompletionRequest, body)
+    return _parse(ChatCompletionRequest, body, adapter)
 
 
-def parse_completion_request(body: Any) -> CompletionRequest:
+def parse_completion_request(body: BodyInput, adapter: str | None = None) -> CompletionRequest:
     """Validate a text completion body; a 400 `HttpError` on bad input."""
-    return _parse(CompletionRequest, body)
+    return _parse(CompletionRequest, body, adapter)
 
 
 # ---------------------------------------------------------------- response builders

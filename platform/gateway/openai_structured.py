@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from loraplex.platform.errors import HttpError
 from loraplex.platform.tokenizing.tool_calls import tool_call_family
@@ -21,6 +21,33 @@ from loraplex.platform.wire.grammar import grammar_error
 MAX_TOOLS = 128
 MAX_SCHEMA_CHARS = 256 * 1024
 _NAME = r"^[A-Za-z0-9_\-.]{1,64}$"
+MAX_JSON_DEPTH = 32  # of a schema a client sends (the body's own parser stops at about 200)
+
+
+def json_depth(value: Any, limit: int) -> int:
+    """How deep `value` nests (counting stops once past `limit`), without recursion."""
+    stack = [(value, 1)]
+    deepest = 0
+    while stack:
+        item, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > limit:
+            return deepest
+        if isinstance(item, dict):
+            stack.extend((v, d + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, d + 1) for v in item)
+    return deepest
+
+
+def _shallow(value: Any) -> Any:
+    if json_depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise ValueError(f"nests deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(_shallow)]
+"""A JSON object a client sends as data (a schema): any keys, nested at most MAX_JSON_DEPTH."""
 
 
 class _Strict(BaseModel):
@@ -32,7 +59,7 @@ class JsonSchemaFormat(_Strict):
 
     name: str = Field(pattern=_NAME)
     description: str | None = None
-    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    schema_: JsonObject = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
 
 
@@ -54,7 +81,7 @@ class FunctionDef(_Strict):
 
     name: str = Field(pattern=_NAME)
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: JsonObject | None = None
     strict: bool | None = None
 
 
@@ -81,10 +108,10 @@ class NamedToolChoice(_Strict):
 class StructuredOutputsField(_Strict):
     """vLLM's `structured_outputs`: exactly one of its constraints."""
 
-    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
-    regex: str | None = None
+    json_: JsonObject | str | None = Field(default=None, alias="json")
+    regex: str | None = Field(default=None, min_length=1, max_length=MAX_SCHEMA_CHARS)
     choice: list[str] | None = None
-    grammar: str | None = None
+    grammar: str | None = Field(default=None, min_length=1, max_length=MAX_SCHEMA_CHARS)
     json_object: bool | None = None
 
 
@@ -118,10 +145,10 @@ class ConstraintFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     response_format: ResponseFormat | None = None
-    guided_json: dict[str, Any] | str | None = None
-    guided_regex: str | None = Field(default=None, max_length=MAX_SCHEMA_CHARS)
+    guided_json: JsonObject | str | None = None
+    guided_regex: str | None = Field(default=None, min_length=1, max_length=MAX_SCHEMA_CHARS)
     guided_choice: list[str] | None = Field(default=None, max_length=1024)
-    guided_grammar: str | None = Field(default=None, max_length=MAX_SCHEMA_CHARS)
+    guided_grammar: str | None = Field(default=None, min_length=1, max_length=MAX_SCHEMA_CHARS)
     structured_outputs: StructuredOutputsField | None = None
 
 

@@ -14,6 +14,7 @@ from loraplex.platform.demo_model import make_demo_model
 from loraplex.platform.engine.llm import LLM
 from loraplex.platform.gateway.assets import ModelAssets
 from loraplex.platform.services.api_keys import create_api_key
+from loraplex.platform.services.auth_events import install_commit_hook
 from loraplex.platform.services.base_models import register_base_model
 from loraplex.platform.services.deployments import DeploymentSpec, create_deployment
 from loraplex.platform.services.tenants import create_tenant
@@ -50,6 +51,9 @@ def stack(pg_url: str, settings: Any, redis_url: str, tmp_path_factory: pytest.T
             "rate_limit_rpm": 100_000,
         }
     )
+    # This process changes keys through the services directly (as the API does): revocations
+    # bump the auth generation the API's key cache reads, as they do from the API's process.
+    install_commit_hook(s)
     model_dir = make_demo_model(work / "demo")
     base_name, dep_name = f"demo-{tag}", f"demo-dep-{tag}"
     register_base_model(s, base_name, model_dir)

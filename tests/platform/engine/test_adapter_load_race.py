@@ -42,10 +42,11 @@ from loraplex.adapters.device_pool import DevicePool  # noqa: E402
 from loraplex.adapters.host_cache import HostCache  # noqa: E402
 from loraplex.adapters.kernels.lora_cpu import NativeLora  # noqa: E402
 from loraplex.adapters.targets import resolve_config_targets  # noqa: E402
+from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.engine_loop import EngineLoop, PendingAdd  # noqa: E402
 from loraplex.platform.engine.lora import AdapterRef  # noqa: E402
-from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
+from loraplex.platform.wire import GenerateRequest  # noqa: E402
 
 FILES = ("adapter_config.json", "adapter_model.safetensors")
 # The fresh-replica stress test's engine count per base (`LORAPLEX_RACE_STRESS=200`: 200).
@@ -144,7 +145,11 @@ async def _serve(llm: LLM, ref: AdapterRef, schedule: str) -> list[int]:
             while ref.key not in llm.core.lora_runtime.host:
                 await asyncio.sleep(0.002)
         params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-        queue = await loop.add(PendingAdd(list(PROMPT), params, "r", ref, None))
+        queue = await loop.add(
+            PendingAdd(
+                GenerateRequest(request_id="r", prompt_token_ids=list(PROMPT), adapter=ref), params
+            )
+        )
         out: list[int] = []
         while True:
             delta = await asyncio.wait_for(queue.get(), 120)

@@ -12,6 +12,7 @@ from typing import Any
 from loraplex.platform.engine.engine_loop import EngineLoop, PendingAdd
 from loraplex.platform.engine.outputs import RequestDelta
 from loraplex.platform.engine.sampling_params import SamplingParams
+from loraplex.platform.wire import GenerateRequest
 
 
 class _Core:
@@ -65,7 +66,9 @@ def test_steps_go_on_while_the_event_loop_is_busy() -> None:
         core = _Core(tokens=10_000)
         loop = EngineLoop(core)  # type: ignore[arg-type]  # a stand-in engine
         loop.start()
-        queue = await loop.add(PendingAdd([1, 2], SamplingParams(), "r", None, None))
+        queue = await loop.add(
+            PendingAdd(GenerateRequest(request_id="r", prompt_token_ids=[1, 2]), SamplingParams())
+        )
         before = core.steps
         time.sleep(0.3)  # the event loop is held (as by a burst of frames to write)
         during = core.steps - before
@@ -89,11 +92,17 @@ def test_adds_warms_refusals_and_results_cross_threads() -> None:
         core = _Core(tokens=3)
         loop = EngineLoop(core)  # type: ignore[arg-type]  # a stand-in engine
         loop.start()
-        queue = await loop.add(PendingAdd([1], SamplingParams(), "a", None, None))
+        queue = await loop.add(
+            PendingAdd(GenerateRequest(request_id="a", prompt_token_ids=[1]), SamplingParams())
+        )
         got = [await queue.get() for _ in range(3)]
         warmed = await loop.warm(object())
         try:
-            await loop.add(PendingAdd([1], SamplingParams(), "bad", None, None))
+            await loop.add(
+                PendingAdd(
+                    GenerateRequest(request_id="bad", prompt_token_ids=[1]), SamplingParams()
+                )
+            )
             refused = ""
         except ValueError as exc:
             refused = str(exc)

@@ -9,7 +9,13 @@ import uuid
 
 from loraplex.platform.gateway.completion import Job
 from loraplex.platform.gateway.endpoints import CHAT, TEXT, Endpoint
-from loraplex.platform.wire import DeltaEvent, SamplingOptions, TokenLogprobs, TopLogprob
+from loraplex.platform.wire import (
+    DeltaEvent,
+    GenerateRequest,
+    SamplingOptions,
+    TokenLogprobs,
+    TopLogprob,
+)
 
 LP = TokenLogprobs(
     token_id=7,
@@ -21,8 +27,9 @@ LP = TokenLogprobs(
 
 
 def _job(endpoint: Endpoint, n: int = 1, top_n: int | None = 2) -> Job:
+    wire = GenerateRequest(request_id="x-1-0", prompt_token_ids=[1, 2], sampling=SamplingOptions())
     return Job(
-        endpoint, "m", None, [1, 2], 8, n, top_n, SamplingOptions(), uuid.uuid4(), None,  # type: ignore[arg-type]  # no resolution needed to write chunks
+        endpoint, "m", None, wire, 8, n, top_n, uuid.uuid4(), None,  # type: ignore[arg-type]  # no resolution needed to write chunks
         True, False, cid="x-1",
     )  # fmt: skip
 
