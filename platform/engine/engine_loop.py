@@ -28,6 +28,9 @@ from loraplex.platform.wire import GenerateRequest
 
 log = logging.getLogger(__name__)
 
+DeltaQueue = asyncio.Queue[RequestDelta | Exception]
+"""A request's stream: its deltas, or the error that ended it."""
+
 
 @dataclass
 class PendingAdd:
@@ -37,7 +40,9 @@ class PendingAdd:
 
     wire: GenerateRequest
     params: SamplingParams
-    done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    done: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
     @classmethod
     def of(cls, wire: GenerateRequest) -> PendingAdd:
@@ -55,7 +60,9 @@ class PendingWarm:
     """An adapter to bring into the host tier at the next step boundary."""
 
     adapter: Any
-    done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    done: asyncio.Future[str] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
 
 ABORTED_KEPT = 4096
@@ -69,7 +76,7 @@ class EngineLoop:
 
     def __init__(self, core: ServedEngine) -> None:
         self.core = core
-        self.queues: dict[str, asyncio.Queue] = {}
+        self.queues: dict[str, DeltaQueue] = {}
         self._lock = threading.Lock()  # guards the pending lists and `_computed_at_abort`
         self._adds: list[PendingAdd] = []
         self._aborts: list[str] = []
@@ -101,11 +108,11 @@ class EngineLoop:
         """True while the stepping thread runs."""
         return self._thread is not None and self._thread.is_alive() and not self._stopping
 
-    async def add(self, add: PendingAdd) -> asyncio.Queue:
+    async def add(self, add: PendingAdd) -> DeltaQueue:
         """Queue a request for the next step boundary; raises what `add_request` raises."""
         if add.request_id in self.queues:
             raise KeyError(add.request_id)
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: DeltaQueue = asyncio.Queue()
         self.queues[add.request_id] = queue
         self._post(self._adds, add)
         try:
@@ -151,7 +158,7 @@ class EngineLoop:
         with contextlib.suppress(RuntimeError):  # the event loop is closing
             self._loop.call_soon_threadsafe(fn, *args)
 
-    def _settle(self, fut: asyncio.Future, value: Any, exc: BaseException | None) -> None:
+    def _settle(self, fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
         if not fut.done():  # else the server stopped waiting
             if exc is not None:
                 fut.set_exception(exc)

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from loraplex.platform.engine.engine_loop import EngineLoop, PendingAdd
+from loraplex.platform.engine.engine_loop import DeltaQueue, EngineLoop, PendingAdd
 from loraplex.platform.engine.ep_engine import EPEngine, build_engine
 from loraplex.platform.engine.metrics import CONTENT_TYPE_LATEST
 from loraplex.platform.engine.ports import ServedEngine
@@ -208,7 +208,7 @@ class _AbortingStream(StreamingResponse):
     """A stream whose disconnect watcher stops, and whose body generator is closed (running
     its abort), when the response ends for any reason."""
 
-    def __init__(self, watcher: asyncio.Task, body: AsyncIterator[bytes], **kw: Any) -> None:
+    def __init__(self, watcher: asyncio.Task[None], body: AsyncIterator[bytes], **kw: Any) -> None:
         super().__init__(body, **kw)
         self._watcher = watcher
 
@@ -221,7 +221,7 @@ class _AbortingStream(StreamingResponse):
 
 
 async def _sse(
-    loop: EngineLoop, rid: str, queue: asyncio.Queue, writer: EventWriter
+    loop: EngineLoop, rid: str, queue: DeltaQueue, writer: EventWriter
 ) -> AsyncIterator[bytes]:
     """The `/generate` stream: delta frames, then a finish frame (or an error frame). Deltas
     that queued up while the stream waited on its client leave together, as one frame."""
