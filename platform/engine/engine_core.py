@@ -87,7 +87,7 @@ class EngineCore:
         self.eos_token_ids = frozenset(eos)
         self.vocab_size = int(hf_config["vocab_size"])
         config.check_model_len(int(hf_config.get("max_position_embeddings", 2048)))
-        max_len = int(config.max_model_len)  # type: ignore[arg-type]
+        max_len = int(config.max_model_len)  # type: ignore[arg-type]  # check_model_len set it
         self.kv_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, self.dtype)
         num_blocks = self._num_blocks(max_len)
         self.pool = BlockPool(num_blocks, config.enable_prefix_caching)
@@ -188,7 +188,7 @@ class EngineCore:
             self.speculator = None
             return
         cfg = self.config
-        max_len = int(cfg.max_model_len)  # type: ignore[arg-type]
+        max_len = int(cfg.max_model_len)  # type: ignore[arg-type]  # set at build (check_model_len)
         drafter = None
         if spec.draft_model is not None:  # method draft_model or draft_adapter
             drafter = DraftModel.load(
@@ -251,7 +251,7 @@ class EngineCore:
             self._detok[rid] = IncrementalDetokenizer(
                 self.tokenizer,
                 ids,
-                list(params.stop),  # type: ignore[arg-type]
+                list(params.stop),  # type: ignore[arg-type]  # a list since SamplingParams.__post_init__
                 params.include_stop_str_in_output,
                 params.skip_special_tokens,
             )
