@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from loraplex.platform.engine.layers.fixed_order_cpu import (
+    FixedOrderWeight,
     fixed_order_available,
     fixed_order_linear,
     fixed_order_rmsnorm,
@@ -53,6 +54,14 @@ def test_mismatched_dtypes_are_refused() -> None:
         fixed_order_linear(
             torch.ones(2, 4, dtype=torch.float16), torch.ones(3, 4, dtype=torch.float16)
         )
+
+
+def test_a_quantized_weight_with_a_bias_of_another_dtype_is_refused() -> None:
+    """The refusal names the dtypes without reading a dtype the quantized weight lacks."""
+    codes = torch.ones(3, 4, dtype=torch.int8)
+    weight = FixedOrderWeight("int8", codes, torch.ones(3, dtype=torch.float32))
+    with pytest.raises(ValueError, match="one dtype, got torch.float32, quantized, torch.bfloat16"):
+        fixed_order_linear(torch.ones(2, 4), weight, torch.ones(3, dtype=torch.bfloat16))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
