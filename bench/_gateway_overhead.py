@@ -123,9 +123,10 @@ def chunk_path_cpu_ms(chunks: int = 2000, repeats: int = 5) -> float:
 
     from loraplex.platform.gateway.completion import Job
     from loraplex.platform.gateway.endpoints import TEXT
-    from loraplex.platform.wire import SamplingOptions
+    from loraplex.platform.wire import GenerateRequest
 
-    job = Job(TEXT, "m", None, [1], 1, 1, None, SamplingOptions(), uuid.uuid4(), None, True,  # type: ignore[arg-type]  # writing chunks needs no resolution
+    wire = GenerateRequest(request_id="cmpl-x-0", prompt_token_ids=[1])
+    job = Job(TEXT, "m", None, wire, 1, 1, None, uuid.uuid4(), None, True,  # type: ignore[arg-type]  # writing chunks needs no resolution
               False, cid="cmpl-x")  # fmt: skip
     writer = TEXT.stream_writer(job)
     frame = encode_event(DeltaEvent(token_ids=[1234], text=" word"))[6:-2]
