@@ -335,6 +335,9 @@ class ModelResolver:
         self._max = max_entries
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, str], tuple[bytes | None, float, ResolvedModel]] = {}
+        # misses being resolved now, by (tenant, model, generation): concurrent requests for
+        # one model after its entry expired share one query (a wave of 64 streams asked 64)
+        self._running: dict[tuple[str, str, bytes | None], asyncio.Future[ResolvedModel]] = {}
 
     async def generation(self, tenant_id: uuid.UUID | str) -> bytes | None:
         """The tenant's current cache generation."""
@@ -371,11 +374,30 @@ class ModelResolver:
         self, sessions: sessionmaker[Session], tenant_id: uuid.UUID, model: str
     ) -> ResolvedModel:
         """Resolve through the cache; a miss runs its SQL in a worker thread, in a session of
-        its own (never on the event loop)."""
+        its own (never on the event loop), once for all the requests that miss together."""
         gen = await self.generation(tenant_id)
         hit = self.cached(tenant_id, model, gen)
         if hit is not None:
             return hit
+        key = (str(tenant_id), model, gen)
+        running = self._running.get(key)
+        if running is None:  # the first miss asks; the misses that arrive meanwhile wait for it
+            running = asyncio.ensure_future(self._miss(sessions, tenant_id, model, gen))
+            self._running[key] = running
+            running.add_done_callback(lambda f: self._settled(key, f))
+        # shield: one waiter leaving (its client gone) does not cancel the others' query
+        return await asyncio.shield(running)
+
+    def _settled(
+        self, key: tuple[str, str, bytes | None], fut: asyncio.Future[ResolvedModel]
+    ) -> None:
+        self._running.pop(key, None)
+        if not fut.cancelled():
+            fut.exception()  # retrieved here: every waiter may have left (a 404 is no error)
+
+    async def _miss(
+        self, sessions: sessionmaker[Session], tenant_id: uuid.UUID, model: str, gen: bytes | None
+    ) -> ResolvedModel:
         resolved = await asyncio.to_thread(_resolve_in_session, sessions, tenant_id, model)
         await publish_group(self._redis, resolved.deployment_names, self._group_prefix)
         self.store(tenant_id, model, gen, resolved)

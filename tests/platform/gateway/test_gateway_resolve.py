@@ -4,6 +4,7 @@ tenant isolation (404 model_not_found), and the cache invalidated on change."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 import redis as sync_redis
@@ -164,3 +165,59 @@ def test_adapter_key_and_ref_cover_the_config() -> None:
         assert AdapterRef(**ref.model_dump()).key == resolved.adapter_key
     legacy = ResolvedModel(**common)  # a version validated before config_sha256 was recorded
     assert legacy.adapter_key == w == AdapterRef(**adapter_ref(legacy, tenant).model_dump()).key
+
+
+def test_concurrent_misses_share_one_query(world, redis_url: str) -> None:
+    """A wave of requests for one model after the cache expired (64 streams arriving together)
+    asks the database once, not once per request (issue 29's profile: a third of the API's
+    samples were these queries); a miss is shared too, and is not cached."""
+    from sqlalchemy import event
+
+    factory, (t1, _, _, _) = world
+    queries: list[str] = []
+
+    def count(_conn, _cursor, statement, *_a) -> None:  # noqa: ANN001
+        queries.append(statement)
+
+    async def main():
+        redis = Redis.from_url(redis_url)
+        resolver = ModelResolver(redis)
+        engine = factory.kw["bind"]
+        event.listen(engine, "before_cursor_execute", count)
+        try:
+            got = await asyncio.gather(*(resolver.resolve(factory, t1, "sql") for _ in range(64)))
+            hits = len(queries)
+            queries.clear()
+            missing = await asyncio.gather(
+                *(resolver.resolve(factory, t1, "nope") for _ in range(16)), return_exceptions=True
+            )
+            return got, hits, len(queries), missing
+        finally:
+            event.remove(engine, "before_cursor_execute", count)
+            await redis.aclose()
+
+    got, hits, miss_queries, missing = asyncio.run(main())
+    assert len({g.adapter_version for g in got}) == 1
+    one = len(resolve_queries(factory, t1, "sql"))
+    assert hits == one, (hits, one)
+    assert all(isinstance(m, HttpError) and m.status == 404 for m in missing)
+    assert miss_queries == len(resolve_queries(factory, t1, "nope"))
+
+
+def resolve_queries(factory, tenant, model: str) -> list[str]:  # noqa: ANN001
+    """The statements one uncached resolution runs."""
+    from sqlalchemy import event
+
+    seen: list[str] = []
+
+    def count(_conn, _cursor, statement, *_a) -> None:  # noqa: ANN001
+        seen.append(statement)
+
+    engine = factory.kw["bind"]
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        with factory() as s, contextlib.suppress(HttpError):
+            resolve_uncached(s, tenant, model)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    return seen
