@@ -156,7 +156,7 @@ class EngineConfig:
     speculative: str | None = _opt(
         None, 'speculative decoding as JSON, e.g. {"method": "ngram", "k_min": 0, "k_max": 5} '
         "(ngram: prompt lookup plus each adapter's past outputs); not with ep_size > 1; "
-        "requests with structured output never draft",
+        "requests with structured output draft by prompt lookup, under their grammar",
     )  # fmt: skip
     storage: StorageConfig | None = field(
         default=None, repr=False, compare=False, metadata={"cli": False}

@@ -5,8 +5,9 @@ into its `SpecConfig`. One canonical JSON text (`to_json`) is what `EngineConfig
 holds and what `--speculative` carries, so a command line round-trips.
 
 Not served together with speculation: expert parallelism (EP follower ranks do not receive
-drafts). Requests with structured output (a grammar) never draft: they decode one token a
-step on a speculating replica.
+drafts). Requests with structured output (a grammar) speculate exactly: by prompt lookup only,
+drafts cut at the first token the grammar refuses, every verification row sampled under the
+grammar's mask at its position (`engine/speculative/grammar_drafts.py`).
 """
 
 from __future__ import annotations

@@ -297,7 +297,7 @@ class AdapterAcceptance(WireModel):
 
 class SpeculativeState(WireModel):
     """The speculative decoding a replica runs (its `speculative` option) and its acceptance
-    per adapter. Requests with structured output never draft."""
+    per adapter. Requests with structured output draft by prompt lookup only."""
 
     method: str
     k_min: int = Field(ge=0)

@@ -14,6 +14,7 @@ from loraplex.platform.engine.scheduler import ScheduledRequest, SchedulerOutput
 from loraplex.platform.engine.speculative.config import SpecConfig
 from loraplex.platform.engine.speculative.controller import Controller
 from loraplex.platform.engine.speculative.draft_model import DraftModel
+from loraplex.platform.engine.speculative.grammar_drafts import allowed_prefix
 from loraplex.platform.engine.speculative.guard import DraftGuard
 from loraplex.platform.engine.speculative.ngram import NgramIndex
 from loraplex.platform.engine.speculative.suffix_table import AdapterTables
@@ -68,17 +69,19 @@ class Speculator:
 
     @staticmethod
     def eligible(request: Request) -> bool:
-        """Whether a request may draft: constrained decoding and pending prompt logprobs
-        (whose rows the draft rows would need to share) run without speculation."""
-        return request.grammar is None and not request.wants_prompt_logprobs
+        """Whether a request may draft: pending prompt logprobs (whose rows the draft rows
+        would need to share) run without speculation. Constrained requests draft exactly
+        (`grammar_drafts`)."""
+        return not request.wants_prompt_logprobs
 
     @staticmethod
     def model_eligible(request: Request) -> bool:
         """Whether the draft model may draft for it: not seeded (its output must not depend
-        on whether it drafted) and no logprobs (its emitted tokens are the rejection rule's);
-        these requests draft by prompt lookup, which shares the sampler's draw."""
+        on whether it drafted), no logprobs (its emitted tokens are the rejection rule's) and
+        no grammar (its q would need the grammar's masks); these requests draft by prompt
+        lookup, which shares the sampler's draw."""
         p = request.sampling_params
-        return p.seed is None and p.logprobs is None
+        return p.seed is None and p.logprobs is None and request.grammar is None
 
     def plan(self, sched: SchedulerOutput) -> int:
         """Set `spec_token_ids` (and reserve their KV slots) on the step's sampling requests
@@ -110,6 +113,8 @@ class Speculator:
         for s, k in sized:
             r = s.request
             drafts = modelled.get(r.request_id) or self.propose(r, k)
+            if r.grammar is not None:  # never verify a token the grammar refuses
+                drafts = allowed_prefix(r.grammar, drafts)
             if drafts and self.kv.allocate_slots(r, s.num_tokens + len(drafts)):
                 r.spec_token_ids = drafts
                 added += len(drafts)

@@ -28,6 +28,7 @@ import torch
 
 from loraplex.platform.engine.request import Request
 from loraplex.platform.engine.sampler import Sampler
+from loraplex.platform.engine.speculative.grammar_drafts import fill_draft_masks
 
 
 class DraftTokens(list[int]):
@@ -107,8 +108,6 @@ def draft_views(
     views: list[Request] = []
     owner: list[int] = []
     for i, (r, d) in enumerate(zip(requests, drafts, strict=True)):
-        if d and r.grammar is not None:
-            raise ValueError("a structured-output request cannot verify drafts")
         views += [draft_view(r, d[:j]) for j in range(len(d) + 1)]
         owner += [i] * (len(d) + 1)
     return views, owner
@@ -123,10 +122,14 @@ def verify(
 ) -> Verified:
     """Sample every row of `logits` [sum(1 + len(d)), V] (request i's 1 + len(drafts[i]) rows
     in order) and keep each request's accepted prefix. `mask` holds one structured-output row
-    per request (constrained requests must not draft)."""
+    per request: a constrained request's draft rows get its grammar's mask after the drafts
+    before them (`grammar_drafts.fill_draft_masks`)."""
     views, owner = draft_views(requests, drafts)
     if mask is not None:
         mask = mask[torch.tensor(owner, dtype=torch.long, device=mask.device)]
+        fill_draft_masks(mask, requests, drafts)
+    elif any(d and r.grammar is not None for r, d in zip(requests, drafts, strict=True)):
+        raise RuntimeError("a constrained request's drafts reached verification without a mask")
     modelled = [i for i, d in enumerate(drafts) if isinstance(d, DraftTokens) and d]
     # Before sampling: the sampler adds logit_bias and the mask to `logits` in place.
     dist = _model_rows_distribution(sampler, logits, views, drafts, modelled, mask)
