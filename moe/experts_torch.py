@@ -1,10 +1,12 @@
 """The CPU expert path: one matmul pair per *active* expert over its contiguous rows.
 
 Pairs (token, k) are sorted by expert once; each expert with work then gathers its rows into
-a small reused buffer, runs gate/up -> SiLU-and-mul -> down, and adds its weighted rows into
-the fp32 output (`index_add_`) while they are still in cache. At decode sizes one sorted copy
-of every pair and one scatter cost fewer small ops instead (`SORTED_COPY_BYTES`). No loop over
-tokens, no scan of all tokens per expert.
+a small reused buffer and runs gate/up -> SiLU-and-mul -> down while they are in cache, its
+outputs landing in sorted pair order. At decode sizes one sorted copy of every pair costs
+fewer small ops instead (`SORTED_COPY_BYTES`). One weighted gather-and-sum per token
+(`embedding_bag`: fp32 accumulation, one rounding) then combines each token's top-k rows,
+where a per-expert weighted scatter into an fp32 buffer cost a widening multiply and an
+`index_add_` per expert. No loop over tokens, no scan of all tokens per expert.
 
 Weights follow transformers v5's fused layout: `w13` [E, 2I, H] (gate rows then up
 rows), `w2` [E, H, I]; either may be a `QuantizedExperts` stack (int8 / int4 / fp8), whose
@@ -24,8 +26,8 @@ ExpertWeights = torch.Tensor | QuantizedExperts | PackedExperts
 
 SORTED_COPY_BYTES = 1 << 20
 """Up to this size of the sorted copy of every pair (about a core's L2: decode batches), one
-gather and one scatter beat per-expert ones (fewer small ops); past it the copy spills to
-memory and per-expert gathers into a reused buffer win (`loraplex bench moe`, both sizes)."""
+gather beats per-expert ones (fewer small ops); past it the copy spills to memory and
+per-expert gathers into a reused buffer win (`loraplex bench moe`, both sizes)."""
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -128,7 +130,7 @@ def fused_experts_torch(
     held on another rank (those pairs contribute nothing here).
     """
     check_expert_weights(hidden, w13, w2)
-    num_tokens, top_k = topk_ids.shape
+    top_k = topk_ids.shape[1]
     num_local = w13.shape[0]
     local = topk_ids if expert_map is None else expert_map[topk_ids]
     # Experts held elsewhere go to an extra bucket past the local ones and are skipped.
@@ -138,50 +140,55 @@ def fused_experts_torch(
     if counts.numel() > num_local + 1:
         raise ValueError(f"expert id out of range for {num_local} local experts")
     token_of_pair = order // top_k
-    weights = topk_weights.reshape(-1)[order].to(torch.float32).unsqueeze(1)
     count_list = counts[:num_local].tolist()
     if token_of_pair.numel() * hidden.shape[1] * hidden.element_size() <= SORTED_COPY_BYTES:
-        return _combine_sorted_copy(hidden, w13, w2, weights, token_of_pair, count_list)
-    return _combine_per_expert(hidden, w13, w2, weights, token_of_pair, count_list)
+        rows_out = run_sorted_rows(hidden[token_of_pair], count_list, w13, w2)
+    else:
+        rows_out = _run_gathered_rows(hidden, token_of_pair, count_list, w13, w2)
+    return weighted_pair_sum(rows_out, order, topk_weights)
 
 
-def _combine_sorted_copy(
+def weighted_pair_sum(
+    rows_out: torch.Tensor, order: torch.Tensor, topk_weights: torch.Tensor
+) -> torch.Tensor:
+    """out[t] = sum_k weight[t, k] * rows_out[i] where sorted row i holds pair (t, k), i.e.
+    `order[i] == t * top_k + k`: [T, H] in rows_out's dtype.
+
+    One fused weighted gather-and-sum (`embedding_bag`, which accumulates in fp32 and rounds
+    once) instead of widening, weighting and scattering every row into an fp32 buffer. The
+    weights are cast to the rows' dtype first, as transformers' MoE blocks do.
+    """
+    num_tokens, top_k = topk_weights.shape
+    pos = torch.empty_like(order)
+    pos[order] = torch.arange(order.numel(), device=order.device)
+    return F.embedding_bag(
+        pos.view(num_tokens, top_k),
+        rows_out,
+        per_sample_weights=topk_weights.to(rows_out.dtype),
+        mode="sum",
+    )
+
+
+def _run_gathered_rows(
     hidden: torch.Tensor,
-    w13: ExpertWeights,
-    w2: ExpertWeights,
-    weights: torch.Tensor,
     token_of_pair: torch.Tensor,
     counts: list[int],
-) -> torch.Tensor:
-    """Few pairs (decode): one gather of every sorted pair, the experts, one weighted scatter."""
-    out_sorted = run_sorted_rows(hidden[token_of_pair], counts, w13, w2)
-    weighted = out_sorted.to(torch.float32).mul_(weights)  # out_sorted is our own buffer
-    out = torch.zeros(hidden.shape[0], hidden.shape[1], dtype=torch.float32, device=hidden.device)
-    out.index_add_(0, token_of_pair, weighted)
-    return out.to(hidden.dtype)
-
-
-def _combine_per_expert(
-    hidden: torch.Tensor,
     w13: ExpertWeights,
     w2: ExpertWeights,
-    weights: torch.Tensor,
-    token_of_pair: torch.Tensor,
-    counts: list[int],
 ) -> torch.Tensor:
-    """Many pairs (prefill): per expert, gather, MLP and weighted add while rows are in cache."""
-    out = torch.zeros(hidden.shape[0], hidden.shape[1], dtype=torch.float32, device=hidden.device)
+    """Many pairs (prefill): per expert, gather its rows into a small reused buffer and run
+    its MLP while they are in cache; results land in sorted pair order (remote pairs zero)."""
+    out = hidden.new_empty(token_of_pair.shape[0], hidden.shape[1])
+    local = sum(counts)  # pairs past these go to experts held elsewhere
+    out[local:].zero_()
     most = max(counts, default=0)
     rows_buf = hidden.new_empty(most, hidden.shape[1])
     act_buf = hidden.new_empty(most, w2.shape[2])
-    weighted_buf = out.new_empty(most, hidden.shape[1])
-    local = sum(counts)  # pairs past these go to experts held elsewhere
-    runs = zip(token_of_pair[:local].split(counts), weights[:local].split(counts), strict=True)
-    for expert, (tokens, scale) in enumerate(runs):
+    start = 0
+    for expert, tokens in enumerate(token_of_pair[:local].split(counts)):
         count = tokens.shape[0]
         if count:
             rows = torch.index_select(hidden, 0, tokens, out=rows_buf[:count])
-            y = expert_mlp(rows, w13, w2, expert, act_buf)
-            # weight (and widen a bf16 y to fp32) in one op, then add into the token rows
-            out.index_add_(0, tokens, torch.mul(y, scale, out=weighted_buf[:count]))
-    return out.to(hidden.dtype)
+            out[start : start + count].copy_(expert_mlp(rows, w13, w2, expert, act_buf))
+            start += count
+    return out
