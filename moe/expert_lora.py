@@ -16,7 +16,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from loraplex.moe.experts_torch import ExpertWeights, check_expert_weights, expert_mm
+from loraplex.moe.experts_torch import (
+    ExpertWeights,
+    check_expert_weights,
+    expert_mm,
+    weighted_pair_sum,
+)
 
 
 @dataclass(frozen=True)
@@ -144,17 +149,13 @@ def fused_experts_lora_torch(
     check_expert_weights(hidden, w13, w2)
     if lora.token_slot.shape[0] != hidden.shape[0]:
         raise ValueError("expert LoRA token slots and hidden states disagree on the tokens")
-    num_tokens, top_k = topk_ids.shape
+    top_k = topk_ids.shape[1]
     local = (topk_ids if expert_map is None else expert_map[topk_ids]).reshape(-1)
     pair_slot = lora.token_slot.unsqueeze(1).expand(-1, top_k).reshape(-1)
     order, runs = _sorted_by_expert_and_slot(local, pair_slot, w13.shape[0], len(lora.slots))
     token_of_pair = order // top_k
     out_sorted = run_sorted_rows_lora(hidden[token_of_pair], runs, w13, w2, lora.slots)
-    weights = topk_weights.reshape(-1)[order].to(torch.float32).unsqueeze(1)
-    weighted = out_sorted.to(torch.float32).mul_(weights)
-    out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
-    out.index_add_(0, token_of_pair, weighted)
-    return out.to(hidden.dtype)
+    return weighted_pair_sum(out_sorted, order, topk_weights)
 
 
 def expert_rows_lora_torch(
