@@ -81,6 +81,9 @@ class EngineLoop:
         self._adds: list[PendingAdd] = []
         self._aborts: list[str] = []
         self._warms: list[PendingWarm] = []
+        # steps' deltas not yet taken by the event loop, and whether a drain is scheduled
+        self._outbox: list[Sequence[RequestDelta]] = []
+        self._drain_due = False
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -221,7 +224,7 @@ class EngineLoop:
                 self._on_loop(self._fail, failed, exc)
                 continue
             if deltas:
-                self._on_loop(self._deliver, deltas)
+                self._hand_over(deltas)
             elif self.core.last_num_scheduled_tokens == 0:
                 self._wake.wait(IDLE_POLL_S)
                 self._wake.clear()
@@ -230,7 +233,31 @@ class EngineLoop:
         for rid in aborts:
             self.core.abort_request(rid)
 
+    def _hand_over(self, deltas: Sequence[RequestDelta]) -> None:
+        """Give a step's deltas to the event loop, waking it only when no hand-over is still
+        waiting there: a wake-up costs this thread a system call and the GIL while the loop
+        runs, so steps that finish while the loop is busy join the waiting one."""
+        with self._lock:
+            self._outbox.append(deltas)
+            if self._drain_due:
+                return
+            self._drain_due = True
+        self._on_loop(self._drain)
+
     # ---------------------------------------------------------------- the event loop's side
+
+    def _drain(self) -> None:
+        with self._lock:
+            batches, self._outbox = self._outbox, []
+            if not batches:
+                self._drain_due = False
+                return
+        for deltas in batches:
+            self._deliver(deltas)
+        # Look again once the streams this woke have written their frames: a step that ends
+        # meanwhile is taken then, without a wake-up.
+        assert self._loop is not None
+        self._loop.call_soon(self._drain)
 
     def _deliver(self, deltas: Sequence[RequestDelta]) -> None:
         for d in deltas:

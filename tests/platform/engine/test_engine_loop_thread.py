@@ -114,3 +114,44 @@ def test_adds_warms_refusals_and_results_cross_threads() -> None:
     assert warmed == "on_host"
     assert refused == "refused"
     assert computed is None  # finished: neither live nor aborted
+
+
+def test_steps_that_end_while_the_loop_is_busy_do_not_each_wake_it() -> None:
+    """A wake-up (`call_soon_threadsafe`) costs the stepping thread a system call and the GIL
+    while the loop runs: steps ending while a hand-over still waits on the loop join it, and
+    every delta still arrives, in order."""
+
+    async def main() -> tuple[int, int, list[RequestDelta]]:
+        core = _Core(tokens=10_000)
+        loop = EngineLoop(core)  # type: ignore[arg-type]  # a stand-in engine
+        aio = asyncio.get_running_loop()
+        wakes = 0
+        real = aio.call_soon_threadsafe
+
+        def counted(*args: Any, **kw: Any) -> Any:
+            nonlocal wakes
+            if threading.get_ident() != main_thread:
+                wakes += 1
+            return real(*args, **kw)
+
+        main_thread = threading.get_ident()
+        aio.call_soon_threadsafe = counted  # type: ignore[method-assign]  # counting wake-ups
+        loop.start()
+        queue = await loop.add(PendingAdd(GenerateRequest(request_id="r", prompt_token_ids=[1]),
+                                          SamplingParams()))  # fmt: skip
+        await asyncio.sleep(0.02)
+        before_wakes, before_steps = wakes, core.steps
+        time.sleep(0.3)  # the event loop is held
+        busy_wakes, busy_steps = wakes - before_wakes, core.steps - before_steps
+        await asyncio.sleep(0.05)
+        loop.abort("r")
+        await loop.stop()
+        got = []
+        while not queue.empty():
+            got.append(queue.get_nowait())
+        return busy_wakes, busy_steps, got
+
+    wakes, steps, got = asyncio.run(main())
+    assert steps >= 20, steps
+    assert wakes <= 3, (wakes, steps)  # one per step before
+    assert len(got) >= steps  # nothing lost: every step's delta reached the queue
