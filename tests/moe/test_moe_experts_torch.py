@@ -115,3 +115,27 @@ def test_both_combine_paths_match_reference_with_remote_experts(
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     monkeypatch.setattr(experts_torch, "SORTED_COPY_BYTES", (1 << 40) - copy_bytes)
     assert torch.equal(fused_experts_torch(x, s13, s2, weights, ids, expert_map=emap), got)
+
+
+def test_weighted_pair_sum_rounds_bf16_once() -> None:
+    """Each token's top-k rows are summed in fp32 and rounded once: eight 2**-9 steps on top of
+    1.0 reach 1 + 2**-6 (bf16 adds one expert at a time would stay at 1.0: each step is under
+    half an ulp)."""
+    top_k = 9
+    rows = torch.tensor([[1.0]] + [[2.0**-9]] * (top_k - 1)).to(torch.bfloat16)
+    order = torch.arange(top_k)  # sorted row i holds pair (0, i)
+    got = experts_torch.weighted_pair_sum(rows, order, torch.ones(1, top_k))
+    assert got.dtype == torch.bfloat16
+    assert got.item() == 1.0 + 2.0**-6
+
+
+def test_weighted_pair_sum_follows_the_sort_order() -> None:
+    """Sorted row i belongs to pair order[i] = t * top_k + k, weighted by weight[t, k]."""
+    g = torch.Generator().manual_seed(3)
+    tokens, top_k, hidden = 5, 3, 4
+    pair_rows = torch.randn(tokens * top_k, hidden, generator=g)  # row of pair t * top_k + k
+    weights = torch.rand(tokens, top_k, generator=g)
+    order = torch.randperm(tokens * top_k, generator=g)
+    got = experts_torch.weighted_pair_sum(pair_rows[order], order, weights)
+    want = (pair_rows.view(tokens, top_k, hidden) * weights[..., None]).sum(1)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
