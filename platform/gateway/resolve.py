@@ -39,6 +39,7 @@ from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.deployment_choice import DEPLOYMENT_HEADER, DeploymentRoute
 from loraplex.platform.gateway.errors import model_not_found
 from loraplex.platform.gateway.replicas import DEFAULT_PREFIX
+from loraplex.platform.gateway.single_flight import SingleFlight
 from loraplex.platform.services.draft_adapters import ready_drafts
 from loraplex.platform.services.resolution_events import GEN_KEY
 from loraplex.platform.wire import AdapterRef, DraftAdapterRef
@@ -335,9 +336,9 @@ class ModelResolver:
         self._max = max_entries
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, str], tuple[bytes | None, float, ResolvedModel]] = {}
-        # misses being resolved now, by (tenant, model, generation): concurrent requests for
-        # one model after its entry expired share one query (a wave of 64 streams asked 64)
-        self._running: dict[tuple[str, str, bytes | None], asyncio.Future[ResolvedModel]] = {}
+        # concurrent misses of one (tenant, model, generation) share one query (a wave of 64
+        # streams after an expiry asked 64)
+        self._misses: SingleFlight[tuple[str, str, bytes | None], ResolvedModel] = SingleFlight()
 
     async def generation(self, tenant_id: uuid.UUID | str) -> bytes | None:
         """The tenant's current cache generation."""
@@ -379,21 +380,9 @@ class ModelResolver:
         hit = self.cached(tenant_id, model, gen)
         if hit is not None:
             return hit
-        key = (str(tenant_id), model, gen)
-        running = self._running.get(key)
-        if running is None:  # the first miss asks; the misses that arrive meanwhile wait for it
-            running = asyncio.ensure_future(self._miss(sessions, tenant_id, model, gen))
-            self._running[key] = running
-            running.add_done_callback(lambda f: self._settled(key, f))
-        # shield: one waiter leaving (its client gone) does not cancel the others' query
-        return await asyncio.shield(running)
-
-    def _settled(
-        self, key: tuple[str, str, bytes | None], fut: asyncio.Future[ResolvedModel]
-    ) -> None:
-        self._running.pop(key, None)
-        if not fut.cancelled():
-            fut.exception()  # retrieved here: every waiter may have left (a 404 is no error)
+        return await self._misses.run(
+            (str(tenant_id), model, gen), lambda: self._miss(sessions, tenant_id, model, gen)
+        )
 
     async def _miss(
         self, sessions: sessionmaker[Session], tenant_id: uuid.UUID, model: str, gen: bytes | None

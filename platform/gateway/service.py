@@ -24,6 +24,7 @@ from loraplex.platform.gateway.replica_client import ReplicaClient
 from loraplex.platform.gateway.replicas import ReplicaRegistry
 from loraplex.platform.gateway.resolve import ModelResolver, ResolvedModel
 from loraplex.platform.gateway.router import Router
+from loraplex.platform.gateway.single_flight import SingleFlight
 from loraplex.platform.gateway.streaming import drain_background, spawn
 from loraplex.platform.gateway.text_work import TextWorkers
 from loraplex.platform.gateway.usage import UsageRecorder
@@ -76,6 +77,8 @@ class Gateway:
         )
         self.assets = AssetCache()
         self.keys = KeyCache(redis, settings.api_key_cache_ttl_s)
+        # requests with one key arriving together, uncached, verify it once
+        self._verifying: SingleFlight[tuple[str, bytes | None], KeyUse | None] = SingleFlight()
         self.refusals = RefusalPause(settings.rate_limited_delay_s, settings.rate_limited_held)
         self.parser = ParseProcess()  # large bodies: parsed away from this process's GIL
         self.text = TextWorkers(settings.text_workers, settings.text_queue_limit)
@@ -130,6 +133,11 @@ class Gateway:
             if self.keys.due_for_touch(digest):
                 spawn(asyncio.to_thread(touch_key_use, self.session_factory, use.key_id))
             return use
+        return await self._verifying.run(
+            (digest, generation), lambda: self._verify(token, digest, generation)
+        )
+
+    async def _verify(self, token: str, digest: str, generation: bytes | None) -> KeyUse | None:
         use = await asyncio.to_thread(use_api_key, self.session_factory, token)
         if use is not None:
             self.keys.put(digest, generation, use)

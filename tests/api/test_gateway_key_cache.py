@@ -83,3 +83,24 @@ def test_suspension_and_new_limits_apply_on_the_next_request(
     refused = client.get("/v1/limits", headers=headers)
     assert refused.status_code == 403
     assert refused.json()["error"]["code"] == "tenant_suspended"
+
+
+def test_requests_arriving_together_verify_a_new_key_once(
+    client: TestClient, admin_headers: dict[str, str], key_queries: list[str]
+) -> None:
+    """A wave of requests with one key the gateway has not cached (a client's 64 streams, or
+    all of them after the TTL) asks the database once, not once per request (issue 29)."""
+    import asyncio
+
+    _, _, headers = _tenant_with_key(client, admin_headers)
+    token = headers["Authorization"].removeprefix("Bearer ")
+    gw = client.app.state.gateway  # type: ignore[attr-defined]
+
+    async def wave() -> list[Any]:
+        return list(await asyncio.gather(*(gw.key_use(token) for _ in range(24))))
+
+    before = len(key_queries)
+    assert client.portal is not None
+    uses = client.portal.call(wave)
+    assert len({u.key_id for u in uses}) == 1
+    assert len(key_queries) - before == 1, len(key_queries) - before
