@@ -4,7 +4,8 @@ Prints, each against a baseline measured in the same run:
 
 - moe.grouped_over_naive: time of the naive per-expert loop over the grouped CPU path
   (`fused_experts_torch` on the expert stacks as a CPU engine holds them: packed for oneDNN
-  at load, `moe/packed_experts.py`; pairs sorted by expert, one matmul pair per active expert).
+  at load, `moe/packed_experts.py`; pairs sorted by expert, one matmul pair per active expert,
+  each token's top-k rows then combined by one weighted gather-and-sum).
   The naive loop is the simple reference implementation: for each of the 64 experts, build the
   expert's mask over all tokens and run the expert over all tokens, weighting non-routed ones
   by zero. 64 experts, top-8, one prefill-sized batch (1024 tokens, hidden 768, expert width
