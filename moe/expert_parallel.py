@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from loraplex.moe.experts_torch import weighted_pair_sum
 from loraplex.moe.placement import ExpertPlacement
 
 RowCompute = Callable[..., torch.Tensor]
@@ -68,7 +69,7 @@ class ExpertParallelGroup:
             raise ValueError(
                 f"placement is for {placement.world_size} ranks, group has {self.world_size}"
             )
-        num_tokens, top_k = topk_ids.shape
+        top_k = topk_ids.shape[1]
         dest_rank, dest_slot = placement.route_pairs(topk_ids, pair_offset)
         order = torch.argsort(dest_rank, stable=True)
         send_counts_t = torch.bincount(dest_rank, minlength=self.world_size)
@@ -86,10 +87,7 @@ class ExpertParallelGroup:
             out_rows = compute(recv_rows, recv_slots, tags)
         back = self._exchange(out_rows, recv_counts, send_counts)
 
-        weights = topk_weights.reshape(-1)[order].to(torch.float32).unsqueeze(1)
-        out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
-        out.index_add_(0, token_of_pair, back.to(torch.float32) * weights)
-        return out.to(hidden.dtype)
+        return weighted_pair_sum(back.to(hidden.dtype), order, topk_weights)
 
     def all_gather_tokens(self, local: torch.Tensor, bounds: list[int]) -> torch.Tensor:
         """Concatenate every rank's token shard (sizes from `bounds`) into the full batch."""
