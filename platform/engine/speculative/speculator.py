@@ -20,6 +20,11 @@ from loraplex.platform.engine.speculative.ngram import NgramIndex
 from loraplex.platform.engine.speculative.suffix_table import AdapterTables
 from loraplex.platform.wire import AdapterRef
 
+# Lookup rests (`Speculator._lookup`): at most MAX_REST steps, and at most batch / DIVISOR, so a
+# batch of a few requests (where a lookup costs nothing next to the step) never rests.
+MAX_REST = 16
+REST_BATCH_DIVISOR = 4
+
 
 @dataclass
 class AcceptanceStats:
@@ -64,6 +69,8 @@ class Speculator:
         )
         self._indexes: dict[str, NgramIndex] = {}
         self._rates: dict[str, float] = {}
+        self._misses: dict[str, int] = {}  # consecutive lookups that found nothing
+        self._rest: dict[str, int] = {}  # steps a request skips lookup for (see `_lookup`)
         self.stats: dict[str | None, AcceptanceStats] = {}
         self._decode_step = False  # whether the planned step was a decode step (for the guard)
 
@@ -110,15 +117,39 @@ class Speculator:
             if min(k, room) > 0:
                 sized.append((s, min(k, room)))
         modelled = self._model_drafts(sized)
+        rest_cap = min(MAX_REST, len(sched.scheduled) // REST_BATCH_DIVISOR)
+        if not self.config.adaptive:  # drafts wherever it can (tests that must exercise it)
+            rest_cap = 0
         for s, k in sized:
             r = s.request
-            drafts = modelled.get(r.request_id) or self.propose(r, k)
+            drafts = modelled.get(r.request_id)
+            if not drafts:
+                drafts = self._lookup(r, k, rest_cap)
             if r.grammar is not None:  # never verify a token the grammar refuses
                 drafts = allowed_prefix(r.grammar, drafts)
             if drafts and self.kv.allocate_slots(r, s.num_tokens + len(drafts)):
                 r.spec_token_ids = drafts
                 added += len(drafts)
         return added
+
+    def _lookup(self, request: Request, k: int, rest_cap: int) -> list[int]:
+        """Prompt-lookup drafts, unless the request rests: after consecutive lookups that found
+        nothing it skips 1, 2, 4, ... steps (at most `rest_cap`, which grows with the batch),
+        so a large batch of requests that never repeat stops paying a lookup per request per
+        step; one found draft ends the rest."""
+        rid = request.request_id
+        left = self._rest.get(rid, 0)
+        if left > 0:
+            self._rest[rid] = left - 1
+            return []
+        drafts = self.propose(request, k)
+        if drafts:
+            self._misses.pop(rid, None)
+            return drafts
+        misses = self._misses[rid] = self._misses.get(rid, 0) + 1
+        if rest_cap > 0:
+            self._rest[rid] = min(rest_cap, 1 << min(misses - 1, 8))
+        return []
 
     def _model_drafts(self, sized: list[tuple[ScheduledRequest, int]]) -> dict[str, list[int]]:
         """The draft model's drafts (with their distributions) for the requests it may draft
@@ -215,6 +246,8 @@ class Speculator:
         """Forget a finished request; its output joins its adapter's suffix table."""
         self._indexes.pop(request.request_id, None)
         self._rates.pop(request.request_id, None)
+        self._misses.pop(request.request_id, None)
+        self._rest.pop(request.request_id, None)
         if self.drafter is not None:
             self.drafter.release(request.request_id)
         if self.tables is not None and request.status.finish_reason != "abort":
