@@ -18,8 +18,9 @@ NICE = 10
 T = TypeVar("T")
 
 
-def _lower_priority() -> None:
-    """Thread initializer: raise this thread's nice value (a no-op where the OS cannot)."""
+def lower_priority() -> None:
+    """Thread (or worker process) initializer: raise this thread's nice value (a no-op where
+    the OS cannot)."""
     # Not Linux, or not allowed: normal priority then.
     with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
@@ -28,7 +29,7 @@ def _lower_priority() -> None:
 _pool = ThreadPoolExecutor(
     max_workers=max(1, os.cpu_count() or 1),
     thread_name_prefix="low-priority",
-    initializer=_lower_priority,
+    initializer=lower_priority,
 )
 
 
@@ -37,4 +38,4 @@ async def run_low_priority(fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(_pool, functools.partial(fn, *args))
 
 
-__all__ = ["NICE", "run_low_priority"]
+__all__ = ["NICE", "lower_priority", "run_low_priority"]

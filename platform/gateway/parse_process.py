@@ -1,5 +1,7 @@
 """The gateway's parse process: one child process that parses large request bodies
-(`request_parsing.parse_elsewhere`), so their JSON never holds this process's GIL."""
+(`request_parsing.parse_elsewhere`), so their JSON never holds this process's GIL. It runs at
+a lower scheduling priority (`platform/low_priority.py`): on a busy machine the request path
+of every other request wins the CPU over a tenant's megabytes of JSON."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import multiprocessing
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
+
+from loraplex.platform.low_priority import lower_priority
 
 
 class ParseProcess:
@@ -21,7 +25,7 @@ class ParseProcess:
             if self._pool is None:
                 # spawn: the API has threads running; a fork would copy their locks
                 context = multiprocessing.get_context("spawn")
-                self._pool = ProcessPoolExecutor(1, mp_context=context)
+                self._pool = ProcessPoolExecutor(1, mp_context=context, initializer=lower_priority)
             return self._pool
 
     def call(self, fn: Any, *args: Any) -> Any:

@@ -26,6 +26,13 @@ def test_it_runs_in_another_process(parser: ParseProcess) -> None:
     assert parser.call(os.getpid) != os.getpid()
 
 
+def test_it_runs_at_a_lower_priority(parser: ParseProcess) -> None:
+    """A tenant's megabytes of JSON yield the CPU to everyone else's request path."""
+    from loraplex.platform.low_priority import NICE
+
+    assert parser.call(os.nice, 0) >= os.nice(0) + NICE
+
+
 def test_the_same_models_as_parsing_in_place(parser: ParseProcess) -> None:
     chat = json.dumps(
         {"messages": [{"role": "user", "content": "word " * 50_000}], "max_tokens": 3}
