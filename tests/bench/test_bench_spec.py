@@ -13,7 +13,7 @@ def test_quick_run_prints_every_result(capsys: pytest.CaptureFixture[str]) -> No
     assert spec.main(["--quick"]) == 0
     out = capsys.readouterr().out
     got = dict(re.findall(r"^RESULT (spec\.[\w.]+)=([0-9.]+)$", out, flags=re.M))
-    for name in ("ngram_b1_speedup", "b4_speedup", "b4_sampled_speedup"):
+    for name in ("ngram_b1_speedup", "ngram_b1_e2e_speedup", "b4_speedup", "b4_sampled_speedup"):
         assert float(got[f"spec.{name}"]) > 0, name
     assert float(got["spec.ngram_b1_mean_acceptance_length"]) >= 0.0
     assert 0.0 <= float(got["spec.b4_sampled_draft_share"]) <= 1.0

@@ -15,6 +15,11 @@ from dataclasses import dataclass
 EMA = 0.2  # weight of the newest measurement
 EXPLORE_EVERY = 32
 MARGIN = 0.95  # drafting must measure at least 5% faster: marginal gains drown in noise
+# Below this batch the guard always allows: a step is then mostly its fixed cost, which the
+# controller's model holds, and a handful of requests whose acceptance changes by phase (a
+# stretch of spurious matches, then a loop) made the per-bucket average switch drafting off for
+# whole stretches where it paid (bench spec's batch-1 draft share ranged 0.06-0.20 run to run).
+MIN_BATCH = 4
 
 
 @dataclass
@@ -32,7 +37,10 @@ class DraftGuard:
         self._buckets: dict[int, _Bucket] = {}
 
     def allows(self, batch: int) -> bool:
-        """Whether a decode step of `batch` sequences may draft (counts it as one step)."""
+        """Whether a decode step of `batch` sequences may draft (counts it as one step);
+        always below `MIN_BATCH`."""
+        if batch < MIN_BATCH:
+            return True
         b = self._buckets.setdefault(batch.bit_length(), _Bucket())
         b.steps += 1
         if b.draft is None:

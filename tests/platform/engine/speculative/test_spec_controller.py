@@ -92,3 +92,18 @@ def test_guard_turns_drafting_off_where_it_measured_slower_and_re_measures():
     guard.record(1, False, 0.008, 1)
     assert sum(guard.allows(1) for _ in range(16)) >= 14  # drafting pays at batch 1
     assert guard.seconds_per_token(32) == pytest.approx((0.05 / 40, 0.001))
+
+
+def test_guard_leaves_small_batches_to_the_controller():
+    """Below MIN_BATCH the guard never switches drafting off: a few requests whose acceptance
+    changes by phase made its per-bucket average stop drafting where it paid."""
+    from loraplex.platform.engine.speculative.guard import MIN_BATCH
+
+    guard = DraftGuard(explore=8)
+    for batch in range(1, MIN_BATCH):
+        guard.record(batch, True, 0.040, 1)  # drafting measured 5x slower per token
+        guard.record(batch, False, 0.008, 1)
+        assert all(guard.allows(batch) for _ in range(16))
+    guard.record(MIN_BATCH, True, 0.040, 1)
+    guard.record(MIN_BATCH, False, 0.008, 1)
+    assert sum(guard.allows(MIN_BATCH) for _ in range(16)) == 2  # exploration only
