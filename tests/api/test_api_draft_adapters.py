@@ -227,8 +227,9 @@ def test_a_replica_drafts_the_target_adapters_requests_with_the_tied_draft_adapt
 
     option = {"method": "draft_adapter", "draft_model": str(drafts["copy"]), "k_min": 3,
               "k_max": 3}  # fmt: skip
-    prompts = [[(7 * i + 3 * j) % 200 + 10 for j in range(12)] for i in range(6)]
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    # Three requests: below the draft guard's batch floor, so with k_min 3 every step drafts.
+    prompts = [[(7 * i + 3 * j) % 200 + 10 for j in range(12)] for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 
     def run(with_drafts: bool) -> tuple[Any, list[list[int]]]:
         storage = cp_settings.storage()
