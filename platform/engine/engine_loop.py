@@ -139,6 +139,27 @@ class EngineLoop:
         self._post(self._aborts, request_id)
         return True
 
+    @property
+    def tokenizer(self) -> Any:
+        """The engine's tokenizer (logprob token text)."""
+        return self.core.tokenizer
+
+    async def prompt_tokens_computed(self, request_id: str) -> int | None:
+        """`computed_prompt_tokens`, as `EngineProcess` answers it (awaited)."""
+        return self.computed_prompt_tokens(request_id)
+
+    async def state_json(self) -> str:
+        """The engine's `/state` document."""
+        return self.core.state().model_dump_json()
+
+    async def metrics_exposition(self) -> bytes:
+        """The engine's Prometheus exposition."""
+        return self.core.metrics.render()
+
+    def close(self) -> None:
+        """Release the engine (after `stop`)."""
+        self.core.close()
+
     def computed_prompt_tokens(self, request_id: str) -> int | None:
         """Prompt tokens computed for `request_id`: live, or at its abort; None if unknown."""
         if request_id in self.queues:

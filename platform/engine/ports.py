@@ -126,3 +126,57 @@ class ServedEngine(Protocol):
     def close(self) -> None:
         """Release what the engine holds (threads, process groups)."""
         ...
+
+
+class EngineDriver(Protocol):
+    """What the replica's HTTP server asks of the engine it serves: `EngineLoop` (the engine
+    on a thread of this process) and `EngineProcess` (the engine in a process of its own)."""
+
+    queues: dict[str, Any]
+    error: str | None
+
+    @property
+    def alive(self) -> bool:
+        """True while the engine serves."""
+        ...
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer (logprob token text), or None."""
+        ...
+
+    def start(self) -> None:
+        """Begin (called on the event loop that serves the requests)."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop after the current step."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine (after `stop`)."""
+        ...
+
+    async def add(self, add: Any) -> Any:
+        """Add a request (`engine_loop.PendingAdd`); its delta queue."""
+        ...
+
+    async def warm(self, adapter: Any) -> str:
+        """Warm an adapter: `ServedEngine.warm_adapter`'s answer."""
+        ...
+
+    def abort(self, request_id: str) -> bool:
+        """Abort at the next step boundary; False for an unknown id."""
+        ...
+
+    async def prompt_tokens_computed(self, request_id: str) -> int | None:
+        """Prompt tokens computed for a request: live, or at its abort."""
+        ...
+
+    async def state_json(self) -> str:
+        """The `/state` document."""
+        ...
+
+    async def metrics_exposition(self) -> bytes:
+        """The Prometheus exposition."""
+        ...

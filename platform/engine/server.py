@@ -1,8 +1,9 @@
 """The replica's internal HTTP API: stream generations, abort, health, state, metrics.
 
 It speaks the wire format of `loraplex.platform.wire` (one versioned definition the gateway
-imports too). An `EngineLoop` (engine_loop.py) drives the engine between steps and hands each
-delta to its request's stream; `wire_mapping.py` turns requests and deltas into engine objects
+imports too). An `EngineProcess` (engine_process.py: the engine in a process of its own) or
+an `EngineLoop` (engine_loop.py: on a thread of this one) drives the engine between steps and
+hands each delta to its request's stream; `wire_mapping.py` turns requests and deltas into engine objects
 and wire events. A client that disconnects aborts its request at once (a watcher reads the
 ASGI `http.disconnect`), which frees its KV blocks before the next step.
 """
@@ -13,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,9 +23,9 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraplex.platform.engine.engine_loop import DeltaQueue, EngineLoop, PendingAdd
-from loraplex.platform.engine.ep_engine import EPEngine, build_engine
+from loraplex.platform.engine.engine_process import EngineProcess, build_served_engine
 from loraplex.platform.engine.metrics import CONTENT_TYPE_LATEST
-from loraplex.platform.engine.ports import ServedEngine
+from loraplex.platform.engine.ports import EngineDriver, ServedEngine
 from loraplex.platform.engine.wire_mapping import (
     EventWriter,
     adapter_reference,
@@ -103,18 +104,22 @@ class ReplicaGuard:
         await self.app(scope, receive, stamped)
 
 
-def create_app(core: ServedEngine, secret: str) -> FastAPI:
-    """The FastAPI app serving `core` to holders of `secret` (the gateway)."""
-    holder: dict[str, EngineLoop] = {}
+def create_app(engine: ServedEngine | EngineDriver, secret: str) -> FastAPI:
+    """The FastAPI app serving `engine` to holders of `secret` (the gateway): an engine
+    process (`EngineProcess`, as `main` serves), or an engine to step on a thread of this
+    process (wrapped in an `EngineLoop`)."""
+    driver: EngineDriver = (
+        engine if isinstance(engine, EngineProcess) else EngineLoop(cast(ServedEngine, engine))
+    )
+    holder: dict[str, EngineDriver] = {}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loop = EngineLoop(core)
-        loop.start()
-        holder["loop"] = loop
-        app.state.engine_loop = loop
+        driver.start()
+        holder["loop"] = driver
+        app.state.engine_loop = driver
         yield
-        await loop.stop()
+        await driver.stop()
 
     app = FastAPI(title="loraplex engine", lifespan=lifespan)
     app.add_middleware(ReplicaGuard, secret=secret)
@@ -145,7 +150,7 @@ def create_app(core: ServedEngine, secret: str) -> FastAPI:
         except ValueError as exc:
             raise HttpError(400, str(exc), code="invalid_value") from None
         watcher = asyncio.create_task(_abort_on_disconnect(request, loop, rid))
-        writer = EventWriter(core.tokenizer, add.params.logprobs)
+        writer = EventWriter(loop.tokenizer, add.params.logprobs)
         return _AbortingStream(
             watcher, _sse(loop, rid, queue, writer), media_type="text/event-stream"
         )
@@ -167,7 +172,7 @@ def create_app(core: ServedEngine, secret: str) -> FastAPI:
     @app.post("/abort/{request_id}")
     async def abort(request_id: str) -> Response:
         loop = holder["loop"]
-        computed = loop.computed_prompt_tokens(request_id)
+        computed = await loop.prompt_tokens_computed(request_id)
         aborted = loop.abort(request_id)
         if not aborted and computed is None:
             raise HttpError(404, f"no running request {request_id!r}", code="not_found")
@@ -185,16 +190,16 @@ def create_app(core: ServedEngine, secret: str) -> FastAPI:
 
     @app.get("/state")
     async def state() -> Response:
-        return Response(core.state().model_dump_json(), media_type="application/json")
+        return Response(await driver.state_json(), media_type="application/json")
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(core.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await driver.metrics_exposition(), media_type=CONTENT_TYPE_LATEST)
 
     return app
 
 
-async def _abort_on_disconnect(request: Request, loop: EngineLoop, rid: str) -> None:
+async def _abort_on_disconnect(request: Request, loop: EngineDriver, rid: str) -> None:
     """Abort `rid` the moment the ASGI server reports the client gone (`http.disconnect`).
 
     Runs beside the handler (the body is already read, so the next message is the disconnect):
@@ -221,7 +226,7 @@ class _AbortingStream(StreamingResponse):
 
 
 async def _sse(
-    loop: EngineLoop, rid: str, queue: DeltaQueue, writer: EventWriter
+    loop: EngineDriver, rid: str, queue: DeltaQueue, writer: EventWriter
 ) -> AsyncIterator[bytes]:
     """The `/generate` stream: delta frames, then a finish frame (or an error frame). Deltas
     that queued up while the stream waited on its client leave together, as one frame."""
@@ -268,19 +273,13 @@ def main(argv: list[str] | None = None) -> int:
             "loraplex engine: set LORAPLEX_REPLICA_SECRET (the gateway's shared secret; "
             "`loraplex up` keeps one in its data dir)"
         )
-    core = build_engine(config)
-    if config.serves_adapters:  # adapters come as AdapterRef objects (object storage)
-        from loraplex.loader.object_store import ObjectStore
-        from loraplex.platform.engine.lora import LoraRuntime
-
-        leader = core.core if isinstance(core, EPEngine) else core  # EP: rank 0 fetches
-        core.install_lora_runtime(
-            LoraRuntime.for_engine(
-                leader, object_store=ObjectStore(storage), allow_local_paths=False
-            )
-        )
+    if config.ep_size > 1:  # the group's processes live beside this server
+        engine: ServedEngine | EngineDriver = build_served_engine(config, storage)
+    else:  # the engine steps in a process of its own: no GIL shared with the HTTP server
+        engine = EngineProcess(config, storage)
+        engine.launch()
     try:
-        app = create_app(core, settings.replica_secret)
+        app = create_app(engine, settings.replica_secret)
         if server.fd is not None:
             where: dict[str, Any] = {"fd": server.fd}
         else:  # the replica API is for the gateway: an internal address, never the public one
@@ -288,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         # SIGTERM: stop taking requests, finish the running ones, exit 0.
         serve(app, log_level=server.log_level, drain_timeout_s=settings.drain_timeout_s, **where)
     finally:
-        core.close()
+        engine.close()
     return 0
 
 
