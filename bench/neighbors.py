@@ -48,10 +48,25 @@ ATTACKS = (
 
 
 def pin(pid: int, cores: set[int]) -> None:
-    """Move every thread of process `pid` onto `cores`."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(int(task.name), cores)
+    """Move every thread of process `pid` and of its descendants (the replica's engine
+    process) onto `cores`."""
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(task.name), cores)
+    for child in children_of(pid):
+        pin(child, cores)
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # the fields after the command's closing parenthesis: state, ppid, ...
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+    return out
 
 
 def split_cores() -> tuple[set[int], set[int]] | None:

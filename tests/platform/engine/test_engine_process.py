@@ -22,6 +22,7 @@ from support.replica_wire import HEADERS, SECRET, body  # noqa: E402
 from loraplex.bench._synthetic.models import save_tiny_model  # noqa: E402
 from loraplex.platform.engine import LLM, SamplingParams  # noqa: E402
 from loraplex.platform.engine.engine_process import (  # noqa: E402
+    ENGINE_NICE,
     EngineProcess,
     EngineProcessFailed,
 )
@@ -89,12 +90,17 @@ def test_the_engine_steps_in_its_own_process_and_matches_offline(model: Path) ->
     try:
         children = [p for p in multiprocessing.active_children() if p.name == "loraplex-engine"]
         assert len(children) == 1 and children[0].pid != os.getpid()
+        # below the server's priority: where they share a core, the server's work goes first
+        assert os.getpriority(os.PRIO_PROCESS, children[0].pid) == os.nice(0) + ENGINE_NICE
         got = _stream(url, 12, "p-1")
         tokens = [t for e in got if isinstance(e, DeltaEvent) for t in e.token_ids]
         assert isinstance(got[-1], FinishEvent)
-        want = LLM(str(model)).generate(
-            [PROMPT], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-        )[0].outputs[0].token_ids
+        want = (
+            LLM(str(model))
+            .generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
+            .outputs[0]
+            .token_ids
+        )
         assert tokens == list(want)
         state = ReplicaState.model_validate_json(httpx.get(url + "/state", headers=HEADERS).content)
         assert state.num_requests_running == 0 and state.block_size == 8
@@ -114,7 +120,9 @@ def test_an_engine_that_cannot_start_says_why(tmp_path: Path) -> None:
     engine = EngineProcess(_config(tmp_path))
     with pytest.raises(EngineProcessFailed) as info:
         engine.launch()
-    assert "could not start" in str(info.value) and "UnsupportedArchitectureError" in str(info.value)
+    assert "could not start" in str(info.value) and "UnsupportedArchitectureError" in str(
+        info.value
+    )
 
 
 def test_a_dead_engine_ends_its_streams_and_fails_health(model: Path) -> None:
