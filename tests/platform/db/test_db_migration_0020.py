@@ -21,18 +21,23 @@ def test_0020_adds_and_drops_draft_adapters_and_cascades(empty_db_url: str) -> N
     with get_engine(empty_db_url).begin() as conn:
         conn.execute(text("INSERT INTO tenants (id, name) VALUES (:t, 'x')"), {"t": t})
         conn.execute(
-            text("INSERT INTO base_models (id, name, family, object_prefix, config) "
-                 "VALUES (:b, 'm', 'dense', 'models/m/', '{}')"),  # fmt: skip
+            text(
+                "INSERT INTO base_models (id, name, family, object_prefix, config) "
+                "VALUES (:b, 'm', 'dense', 'models/m/', '{}')"
+            ),  # fmt: skip
             {"b": b},
         )
         conn.execute(
-            text("INSERT INTO adapters (id, tenant_id, name, base_model_id) "
-                 "VALUES (:a, :t, 'n', :b)"),  # fmt: skip
+            text(
+                "INSERT INTO adapters (id, tenant_id, name, base_model_id) VALUES (:a, :t, 'n', :b)"
+            ),  # fmt: skip
             {"a": a, "t": t, "b": b},
         )
         conn.execute(
-            text("INSERT INTO adapter_versions (id, tenant_id, adapter_id, n, object_prefix, "
-                 "status) VALUES (:v, :t, :a, 1, 'p/', 'ready')"),  # fmt: skip
+            text(
+                "INSERT INTO adapter_versions (id, tenant_id, adapter_id, n, object_prefix, "
+                "status) VALUES (:v, :t, :a, 1, 'p/', 'ready')"
+            ),  # fmt: skip
             {"v": v, "t": t, "a": a},
         )
         conn.execute(
