@@ -25,7 +25,8 @@ FIXTURE_MODULES = [
     "platform/http_errors.py", "platform/object_keys.py", "platform/secret_files.py",
     "platform/errors.py", "platform/opcli/commands.py", "platform/launcher/local.py",
     "platform/graceful.py", "infra/k8s/render.py", "platform/launcher/k8s.py",
-    "platform/engine/server.py", "platform/engine/engine_loop.py", "platform/engine/ep_engine.py",
+    "platform/engine/server.py", "platform/engine/engine_process.py",
+    "platform/engine/engine_loop.py", "platform/engine/ep_engine.py",
     "platform/engine/llm.py", "platform/engine/engine_core.py", "platform/engine/model_runner.py",
     "platform/engine/scheduler.py", "platform/engine/prefix_cache.py",
     "platform/engine/block_pool.py", "platform/engine/models/llama.py",
@@ -42,7 +43,11 @@ GOOD = {
     "bench/run.py": ["bench.common", "platform.up", "api.app"],
     "platform/cli.py": ["platform.opcli.commands"],
     "platform/launcher/k8s.py": ["infra.k8s.render", "platform.engine_spec.config"],
-    "platform/engine/server.py": ["platform.engine.engine_loop", "platform.engine.ep_engine"],
+    "platform/engine/server.py": ["platform.engine.engine_process", "platform.engine.engine_loop"],
+    "platform/engine/engine_process.py": [
+        "platform.engine.engine_loop",
+        "platform.engine.ep_engine",
+    ],
     "platform/engine/ep_engine.py": ["platform.engine.engine_core"],
     "platform/engine/llm.py": ["platform.engine.engine_core"],
     "platform/engine/engine_core.py": ["platform.engine.model_runner", "platform.engine.scheduler"],
@@ -110,6 +115,7 @@ def test_the_contracts_pass_a_layout_that_imports_the_right_way(tmp_path: Path) 
         (("platform/engine/scheduler.py", "platform.engine.models.llama"), "scheduling"),
         (("platform/engine/block_pool.py", "platform.engine.layers.linear"), "scheduling"),
         (("platform/engine/engine_core.py", "platform.engine.server"), "engine: server"),
+        (("platform/engine/engine_loop.py", "platform.engine.engine_process"), "engine: server"),
     ],
 )
 def test_a_wrong_import_breaks_a_contract(tmp_path: Path, wrong, broken: str) -> None:
