@@ -3,8 +3,8 @@
 Beside the gateway's RPM/TPM: each tenant's own limit where set (tenants table), else the
 default from Settings. Checked when an upload reserves its version, under a lock on the
 tenant row so two concurrent uploads cannot both slip under a limit; shown on `/v1/limits`.
-Bytes count every version that holds objects (uploading at its declared size, validating,
-ready): failed and deleting versions' objects are being removed.
+Bytes count every version and draft adapter that holds objects (uploading at its declared
+size, validating, ready): failed and deleting ones' objects are being removed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from loraplex.platform.db.models import AdapterVersion, Tenant
+from loraplex.platform.db.models import AdapterVersion, DraftAdapter, Tenant
 from loraplex.platform.settings import Settings
 
 from .errors import LimitExceeded, NotFound
@@ -49,15 +49,20 @@ def upload_limits(tenant: Tenant, settings: Settings) -> UploadLimits:
 
 
 def upload_usage(session: Session, tenant_id: uuid.UUID) -> tuple[int, int]:
-    """(uploads in progress, stored adapter bytes) of one tenant now."""
-    uploading, stored = session.execute(
-        select(
-            func.count().filter(AdapterVersion.status == "uploading"),
-            func.coalesce(func.sum(AdapterVersion.bytes), 0),
-        ).where(AdapterVersion.tenant_id == tenant_id, AdapterVersion.status.in_(HOLDING_STATUSES))
-    ).one()
-    # Neither is ever NULL (count, and a coalesced sum): `or 0` only tells the types so.
-    return int(uploading or 0), int(stored or 0)
+    """(uploads in progress, stored adapter bytes) of one tenant now: its adapter versions and
+    its draft adapters (small LoRAs for a draft model, stored like any adapter) alike."""
+    uploading = stored = 0
+    for table in (AdapterVersion, DraftAdapter):
+        count, total = session.execute(
+            select(
+                func.count().filter(table.status == "uploading"),
+                func.coalesce(func.sum(table.bytes), 0),
+            ).where(table.tenant_id == tenant_id, table.status.in_(HOLDING_STATUSES))
+        ).one()
+        # Neither is ever NULL (count, and a coalesced sum): `or 0` only tells the types so.
+        uploading += int(count or 0)
+        stored += int(total or 0)
+    return uploading, stored
 
 
 def reserve_upload(session: Session, tenant_id: uuid.UUID, settings: Settings, size: int) -> None:

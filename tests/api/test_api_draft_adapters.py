@@ -146,6 +146,36 @@ def test_a_draft_adapter_is_validated_against_the_draft_model_and_reaches_the_re
     assert [d.draft_model for d in ref.drafts or []] == [str(drafts["copy"])]
 
 
+def test_draft_adapters_count_toward_the_tenants_stored_bytes(
+    client: TestClient,
+    worker,
+    admin_headers: dict,
+    base_model: str,
+    deployment: dict,
+    spec_deployments: dict,
+    make_tenant,
+    adapter_r4: Path,
+) -> None:
+    """A draft adapter's objects are the tenant's stored bytes like any adapter's: shown on
+    `/v1/limits`, and an upload past the limit with them counted is refused."""
+    tenant, headers = make_tenant()
+    config, weights = adapter_files(adapter_r4)
+    cap = len(weights) * 5 // 2
+    client.patch(
+        f"/admin/v1/tenants/{tenant}", headers=admin_headers,
+        json={"max_stored_adapter_bytes": cap},
+    )  # fmt: skip
+    _ready_adapter(client, headers, base_model, adapter_r4)
+    resp = upload_draft(client, headers, "bot", 1, "dep-draft-copy", adapter_r4)
+    assert resp.status_code == 202, resp.text
+    assert wait_for_draft(client, headers, "bot", 1, resp.json()["id"])["status"] == "ready"
+    used = client.get("/v1/limits", headers=headers).json()["stored_adapter_bytes"]["used"]
+    assert used == 2 * len(weights)
+    refused = upload(client, headers, "third", base_model, config, weights)
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "storage_limit_exceeded"
+
+
 def test_a_deployment_without_a_draft_model_refuses_draft_adapters(
     client: TestClient,
     worker,
