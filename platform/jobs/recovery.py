@@ -1,5 +1,6 @@
 """Recovery: re-enqueue work a dead worker (or a lost message) left behind, and expire
-abandoned uploads, so no version is ever stuck in `validating` or `uploading`.
+abandoned uploads, so no version (nor draft adapter) is ever stuck in `validating` or
+`uploading`.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from datetime import timedelta
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from loraplex.platform.db.models import ADAPTER_WEIGHTS_FILE, AdapterVersion, Job
+from loraplex.platform.db.models import ADAPTER_WEIGHTS_FILE, AdapterVersion, DraftAdapter, Job
 from loraplex.platform.db.session import session_scope
 from loraplex.platform.jobs.sessions import job_sessions
 from loraplex.platform.services import job_records as records
 from loraplex.platform.services import objects
+from loraplex.platform.services.draft_adapters import DRAFT_JOB
 from loraplex.platform.services.job_records import JobDispatcher
 from loraplex.platform.services.resolution_events import adapters_changed
 from loraplex.platform.settings import Settings
@@ -45,13 +47,13 @@ def _is_stale(job: Job | None, cutoff) -> bool:
     return (job.heartbeat_at or job.started_at or job.created_at) < cutoff
 
 
-def _give_up_reason(session: Session, version: AdapterVersion, attempts: int) -> str:
+def _give_up_reason(session: Session, subject_id: uuid.UUID, attempts: int) -> str:
     """What the tenant reads: a stable reason code and the last job's id to report; the jobs'
     own errors (which may name hosts, buckets or keys) stay in the log and the operators'
     console under that id."""
     last_job = session.scalars(
         select(Job.id)
-        .where(Job.kind == records.VALIDATE, Job.subject_id == version.id)
+        .where(Job.kind == records.VALIDATE, Job.subject_id == subject_id)
         .order_by(Job.created_at.desc())
         .limit(1)
     ).first()
@@ -65,22 +67,30 @@ def _give_up_reason(session: Session, version: AdapterVersion, attempts: int) ->
 def requeue_stale_validations(
     settings: Settings, dispatcher: JobDispatcher, older_than_s: float | None = None
 ) -> list[uuid.UUID]:
-    """New validation jobs for `validating` versions whose latest job is dead or finished;
-    a version already tried `validation_max_attempts` times is failed instead, with a message."""
+    """New validation jobs for `validating` versions and draft adapters whose latest job is
+    dead or finished; one already tried `validation_max_attempts` times is failed instead,
+    with a message."""
     limit = settings.job_stale_after_s if older_than_s is None else older_than_s
     sent: list[uuid.UUID] = []
     gave_up: list[tuple[uuid.UUID, str]] = []
     with session_scope(job_sessions(settings)) as session:
         cutoff = session.execute(select(func.now())).scalar_one() - timedelta(seconds=limit)
-        versions = session.scalars(
-            select(AdapterVersion)
-            .where(AdapterVersion.status == "validating")
-            .with_for_update(skip_locked=True)
-        ).all()
-        for version in versions:
+        rows: list[AdapterVersion | DraftAdapter] = [
+            *session.scalars(
+                select(AdapterVersion)
+                .where(AdapterVersion.status == "validating")
+                .with_for_update(skip_locked=True)
+            ),
+            *session.scalars(
+                select(DraftAdapter)
+                .where(DraftAdapter.status == "validating")
+                .with_for_update(skip_locked=True)
+            ),
+        ]
+        for row in rows:
             latest = session.scalars(
                 select(Job)
-                .where(Job.kind == records.VALIDATE, Job.subject_id == version.id)
+                .where(Job.kind == records.VALIDATE, Job.subject_id == row.id)
                 .order_by(Job.created_at.desc())
                 .limit(1)
             ).one_or_none()
@@ -91,19 +101,21 @@ def requeue_stale_validations(
             attempts = session.execute(
                 select(func.count())
                 .select_from(Job)
-                .where(Job.kind == records.VALIDATE, Job.subject_id == version.id)
+                .where(Job.kind == records.VALIDATE, Job.subject_id == row.id)
             ).scalar_one()
             if attempts >= settings.validation_max_attempts:
-                version.status = "failed"
-                version.error = _give_up_reason(session, version, attempts)
-                gave_up.append((version.tenant_id, version.object_prefix))
+                row.status = "failed"
+                row.error = _give_up_reason(session, row.id, attempts)
+                gave_up.append((row.tenant_id, row.object_prefix))
                 continue
             job = records.create_job(
                 session,
                 records.VALIDATE,
-                tenant_id=version.tenant_id,
-                subject_id=version.id,
-                payload={"requeued": True},
+                tenant_id=row.tenant_id,
+                subject_id=row.id,
+                # a draft adapter's job says so (the task runs the draft validation for it)
+                payload={"requeued": True}
+                | ({"subject": DRAFT_JOB} if isinstance(row, DraftAdapter) else {}),
             )
             sent.append(job.id)
     for tenant_id, prefix in gave_up:

@@ -176,6 +176,40 @@ def test_draft_adapters_count_toward_the_tenants_stored_bytes(
     assert refused.json()["error"]["code"] == "storage_limit_exceeded"
 
 
+def test_a_draft_adapter_whose_validation_was_lost_is_requeued(
+    client: TestClient,
+    worker,
+    base_model: str,
+    deployment: dict,
+    spec_deployments: dict,
+    make_tenant,
+    adapter_r4: Path,
+    cp_settings,
+) -> None:
+    """Recovery re-enqueues a draft adapter stuck in `validating` (its job's message lost, or
+    its worker killed), as it does an adapter version: none is left validating for good."""
+    import io
+
+    from support.uploads import service_uploader
+
+    from loraplex.platform.jobs.recovery import recover
+    from loraplex.platform.services.draft_adapters import upload_draft_adapter
+
+    tenant, headers = make_tenant()
+    _ready_adapter(client, headers, base_model, adapter_r4)
+    config, weights = adapter_files(adapter_r4)
+    nowhere = service_uploader(
+        cp_settings, uuid.UUID(tenant), queue=f"nobody-{uuid.uuid4().hex[:6]}"
+    )
+    row = upload_draft_adapter(
+        nowhere, "bot", 1, "dep-draft-copy", config, io.BytesIO(weights), len(weights)
+    )
+    assert row.status == "validating"
+    up = service_uploader(cp_settings, uuid.UUID(tenant))
+    assert recover(cp_settings, up.dispatcher, older_than_s=0).requeued_versions
+    assert wait_for_draft(client, headers, "bot", 1, str(row.id))["status"] == "ready"
+
+
 def test_a_deployment_without_a_draft_model_refuses_draft_adapters(
     client: TestClient,
     worker,
