@@ -11,6 +11,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy import update
+
 from loraplex.adapters.validation import (
     AdapterValidationError,
     ValidationResult,
@@ -19,8 +21,8 @@ from loraplex.adapters.validation import (
     parse_config,
     parse_weights_header,
 )
-from loraplex.platform.db.models import AdapterVersion, DraftAdapter
-from loraplex.platform.db.session import session_scope
+from loraplex.platform.db.models import AdapterVersion, DraftAdapter, Job
+from loraplex.platform.db.session import rowcount, session_scope
 from loraplex.platform.jobs.sessions import job_sessions
 from loraplex.platform.services import job_records as records
 from loraplex.platform.services import objects
@@ -128,3 +130,24 @@ def heartbeater(settings: Settings, job_id: uuid.UUID) -> Callable[[], None]:
             last_box[0] = time.monotonic()
 
     return beat
+
+
+def finish_validation(
+    settings: Settings,
+    job_id: uuid.UUID,
+    table: type[AdapterVersion] | type[DraftAdapter],
+    row_id: uuid.UUID,
+    values: dict[str, Any],
+    outcome: dict[str, Any],
+) -> bool:
+    """Write a validated version's or draft adapter's final state if it is still validating
+    (a rerun or a deletion may have moved it), and finish its job; whether it was written."""
+    with session_scope(job_sessions(settings)) as session:
+        stmt = (
+            update(table).where(table.id == row_id, table.status == "validating").values(**values)
+        )
+        written = rowcount(session.execute(stmt)) == 1
+        job = session.get(Job, job_id)
+        if job is not None:
+            records.finish(session, job, ok=True, outcome={**outcome, "written": written})
+        return written

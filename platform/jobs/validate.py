@@ -30,8 +30,9 @@ from loraplex.platform.db.models import (
     BaseModel,
     Job,
 )
-from loraplex.platform.db.session import rowcount, session_scope
+from loraplex.platform.db.session import session_scope
 from loraplex.platform.jobs.adapter_checks import (
+    finish_validation,
     heartbeater,
     inspect_files,
     safe_reason,
@@ -66,23 +67,6 @@ def _claim(settings: Settings, job_id: uuid.UUID) -> tuple[AdapterVersion, dict,
         job.attempts = (job.attempts or 0) + 1
         limit = max_lora_rank_for(session, settings, base.id)
         return version, dict(base.config), limit
-
-
-def _finish(
-    settings: Settings, job_id: uuid.UUID, version_id: uuid.UUID, values: dict, outcome: dict
-) -> bool:
-    """Write the version's final state if still validating; returns whether it was written."""
-    with session_scope(job_sessions(settings)) as session:
-        stmt = (
-            update(AdapterVersion)
-            .where(AdapterVersion.id == version_id, AdapterVersion.status == "validating")
-            .values(**values)
-        )
-        written = rowcount(session.execute(stmt)) == 1
-        job = session.get(Job, job_id)
-        if job is not None:
-            records.finish(session, job, ok=True, outcome={**outcome, "written": written})
-        return written
 
 
 def run_validation(settings: Settings, job_id: uuid.UUID) -> str:
@@ -135,7 +119,7 @@ def _succeed(
         "dtypes": result.dtypes,
         "modules": len(result.targets.modules),
     }
-    if _finish(settings, job_id, version.id, values, outcome):
+    if finish_validation(settings, job_id, AdapterVersion, version.id, values, outcome):
         adapters_changed(settings, version.tenant_id, ready_version=version.id)
     return "ready"
 
@@ -145,9 +129,10 @@ def fail_version(
 ) -> bool:
     """End a validating version `failed` with `reason`; its objects are removed (a storage
     error there leaves them to the orphan reconciler, never the version stuck)."""
-    written = _finish(
+    written = finish_validation(
         settings,
         job_id,
+        AdapterVersion,
         version.id,
         {"status": "failed", "error": reason, "sha256": None},  # no servable bytes
         {"outcome": "failed", "code": code},

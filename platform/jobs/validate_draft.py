@@ -14,12 +14,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import update
-
 from loraplex.adapters.validation import AdapterValidationError
 from loraplex.platform.db.models import Adapter, AdapterVersion, DraftAdapter, Job
-from loraplex.platform.db.session import rowcount, session_scope
-from loraplex.platform.jobs.adapter_checks import heartbeater, inspect_files
+from loraplex.platform.db.session import session_scope
+from loraplex.platform.jobs.adapter_checks import (
+    finish_validation,
+    heartbeater,
+    inspect_files,
+)
 from loraplex.platform.jobs.sessions import job_sessions
 from loraplex.platform.services import job_records as records
 from loraplex.platform.services import objects
@@ -89,22 +91,6 @@ def _claim(settings: Settings, job_id: uuid.UUID) -> tuple[DraftAdapter, int] | 
         return row, limit
 
 
-def _finish(settings: Settings, job_id: uuid.UUID, row_id: uuid.UUID, values: dict,
-            outcome: dict) -> bool:  # fmt: skip
-    """Write the draft adapter's final state if still validating; whether it was written."""
-    with session_scope(job_sessions(settings)) as session:
-        stmt = (
-            update(DraftAdapter)
-            .where(DraftAdapter.id == row_id, DraftAdapter.status == "validating")
-            .values(**values)
-        )
-        written = rowcount(session.execute(stmt)) == 1
-        job = session.get(Job, job_id)
-        if job is not None:
-            records.finish(session, job, ok=True, outcome={**outcome, "written": written})
-        return written
-
-
 def run_draft_validation(settings: Settings, job_id: uuid.UUID) -> str:
     """Validate the job's draft adapter against its draft model; the outcome (ready, failed
     or skipped). A ready one is tied to its target at the gateway's next resolution."""
@@ -119,9 +105,14 @@ def run_draft_validation(settings: Settings, job_id: uuid.UUID) -> str:
         )
     except AdapterValidationError as exc:
         log.info("draft adapter %s failed validation: %s", row.id, exc.reason)
-        written = _finish(settings, job_id, row.id,
-                          {"status": "failed", "error": exc.reason, "sha256": None},
-                          {"outcome": "failed", "code": exc.code})  # fmt: skip
+        written = finish_validation(
+            settings,
+            job_id,
+            DraftAdapter,
+            row.id,
+            {"status": "failed", "error": exc.reason, "sha256": None},
+            {"outcome": "failed", "code": exc.code},
+        )
         if written:
             try:
                 objects.delete_prefix(
@@ -141,6 +132,6 @@ def run_draft_validation(settings: Settings, job_id: uuid.UUID) -> str:
         "targets": result.targets.to_json(),
     }
     outcome = {"outcome": "ready", "rank": result.rank, "modules": len(result.targets.modules)}
-    if _finish(settings, job_id, row.id, values, outcome):
+    if finish_validation(settings, job_id, DraftAdapter, row.id, values, outcome):
         adapters_changed(settings, row.tenant_id)
     return "ready"

@@ -225,6 +225,25 @@ def _start_validation(
     return fresh
 
 
+def check_files(
+    settings: Settings, config_bytes: bytes | None, weights: BinaryIO, weights_size: int
+) -> None:
+    """What every uploaded adapter's files are checked for before anything is stored (an
+    adapter or a draft adapter): the config, the weights' size, and no pickled weights."""
+    check_config(settings, config_bytes)
+    check_weights_size(settings, weights_size)
+    weights.seek(0)
+    pickled = sniff_pickle(weights.read(8))
+    weights.seek(0)
+    if pickled is not None:
+        raise InvalidInput(
+            f"adapter_model looks like pickled weights ({pickled}); pickle files "
+            "are refused: upload adapter_model.safetensors",
+            code="pickle_refused",
+            param="adapter_model",
+        )
+
+
 def upload_adapter(
     up: Uploader,
     name: str,
@@ -240,17 +259,7 @@ def upload_adapter(
     storage (or `weights_sha256`, when the caller hashed the same file already): validation
     keeps it, and replicas check the bytes they fetch against it."""
     check_name(name, "name", up.settings.max_name_length)
-    check_config(up.settings, config_bytes)
-    check_weights_size(up.settings, weights_size)
-    weights.seek(0)
-    pickled = sniff_pickle(weights.read(8))
-    if pickled is not None:
-        raise InvalidInput(
-            f"adapter_model looks like pickled weights ({pickled}); pickle files "
-            "are refused: upload adapter_model.safetensors",
-            code="pickle_refused",
-            param="adapter_model",
-        )
+    check_files(up.settings, config_bytes, weights, weights_size)
     version = _reserve(up, name, base_model, weights_size)
     try:
         client = objects.s3_client(up.settings)

@@ -16,7 +16,6 @@ from typing import BinaryIO
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from loraplex.adapters.validation import sniff_pickle
 from loraplex.platform.db.models import Deployment, DraftAdapter
 from loraplex.platform.db.session import rowcount, session_scope
 from loraplex.platform.engine_spec.speculative import parse_speculative
@@ -25,8 +24,7 @@ from loraplex.platform.services import job_records as records
 from . import audit, objects
 from .adapters import (
     Uploader,
-    check_config,
-    check_weights_size,
+    check_files,
     get_version,
     remove_version_objects,
     storage_unavailable,
@@ -126,18 +124,7 @@ def upload_draft_adapter(
 ) -> DraftAdapter:
     """Store a draft adapter for the caller's adapter `name` version `n`, for deployment
     `deployment`'s draft model, and enqueue its validation (against that draft model)."""
-    check_config(up.settings, config_bytes)
-    check_weights_size(up.settings, weights_size)
-    weights.seek(0)
-    pickled = sniff_pickle(weights.read(8))
-    if pickled is not None:
-        raise InvalidInput(
-            f"adapter_model looks like pickled weights ({pickled}); pickle files are refused: "
-            "upload adapter_model.safetensors",
-            code="pickle_refused",
-            param="adapter_model",
-        )
-    weights.seek(0)
+    check_files(up.settings, config_bytes, weights, weights_size)
     row = _reserve(up, name, n, deployment, weights_size)
     try:
         client = objects.s3_client(up.settings)
