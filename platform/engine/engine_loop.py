@@ -144,10 +144,6 @@ class EngineLoop:
         """The engine's tokenizer (logprob token text)."""
         return self.core.tokenizer
 
-    async def prompt_tokens_computed(self, request_id: str) -> int | None:
-        """`computed_prompt_tokens`, as `EngineProcess` answers it (awaited)."""
-        return self.computed_prompt_tokens(request_id)
-
     async def state_json(self) -> str:
         """The engine's `/state` document."""
         return self.core.state().model_dump_json()
@@ -160,8 +156,9 @@ class EngineLoop:
         """Release the engine (after `stop`)."""
         self.core.close()
 
-    def computed_prompt_tokens(self, request_id: str) -> int | None:
-        """Prompt tokens computed for `request_id`: live, or at its abort; None if unknown."""
+    async def prompt_tokens_computed(self, request_id: str) -> int | None:
+        """Prompt tokens computed for `request_id`: live, or at its abort; None if unknown
+        (awaited, as `EngineProcess` answers it)."""
         if request_id in self.queues:
             live = self.core.computed_prompt_tokens(request_id)
             if live is not None:

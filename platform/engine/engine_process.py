@@ -26,20 +26,23 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from loraplex.loader.storage import StorageConfig
-from loraplex.platform.engine.engine_loop import DeltaQueue, PendingAdd
+from loraplex.platform.engine.engine_loop import (
+    ABORTED_KEPT,
+    IDLE_POLL_S,
+    STOP_WAIT_S,
+    DeltaQueue,
+    PendingAdd,
+)
 from loraplex.platform.engine_spec.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
-ABORTED_KEPT = 4096
 # The engine process runs a little below the server's priority: where they share a core, the
 # server's request handling (short, and what every stream's latency waits on) runs when it
 # wakes and the engine takes the rest. On a shared core under attack traffic (bench
 # neighbors, all attacks at once) the bystander's TTFT p95 was 17.7x quiet at equal priority,
 # 4.6x with this.
 ENGINE_NICE = 5
-IDLE_POLL_S = 0.005  # requests waiting on something else (an adapter load): look again soon
-STOP_WAIT_S = 30.0
 
 
 class EngineProcessFailed(RuntimeError):

@@ -107,7 +107,7 @@ def test_adds_warms_refusals_and_results_cross_threads() -> None:
         except ValueError as exc:
             refused = str(exc)
         await loop.stop()
-        return got, warmed, refused, loop.computed_prompt_tokens("a")
+        return got, warmed, refused, await loop.prompt_tokens_computed("a")
 
     got, warmed, refused, computed = asyncio.run(main())
     assert [d.finished for d in got] == [False, False, True]
