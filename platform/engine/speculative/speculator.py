@@ -157,11 +157,15 @@ class Speculator:
         if self.drafter is None or self.sampler is None:
             return {}
         chosen = [(s.request, k) for s, k in sized if self.model_eligible(s.request)]
-        if self.config.method == "draft_adapter":  # an adapter without a draft adapter: its
-            chosen = [(r, k) for r, k in chosen if not self._table_first(r, k)]  # suffix table
-        if not chosen:
-            return {}
-        got = self.drafter.propose([r for r, _ in chosen], [k for _, k in chosen], self.sampler)
+        try:
+            if self.config.method == "draft_adapter":  # an adapter without a draft adapter:
+                chosen = [(r, k) for r, k in chosen if not self._table_first(r, k)]  # its table
+            if not chosen:
+                return {}
+            got = self.drafter.propose([r for r, _ in chosen], [k for _, k in chosen], self.sampler)
+        finally:
+            if self.drafter.adapters is not None:
+                self.drafter.adapters.end_step()  # this step's draft adapters, let go
         return {r.request_id: d for (r, _), d in zip(chosen, got, strict=True) if d}
 
     def _table_first(self, request: Request, k: int) -> bool:

@@ -78,3 +78,41 @@ def test_draft_adapters_need_the_draft_adapter_method(world) -> None:
     llm.core.enable_speculation(SpecConfig(method="draft_model", draft_model=draft, k_max=2))
     with pytest.raises(ValueError, match="need speculative method 'draft_adapter'"):
         llm.core.speculator.register_draft_adapter("k", draft_adapter)
+
+
+def test_draft_adapters_beyond_the_draft_slots_take_turns(world, tmp_path) -> None:
+    """With more tied draft adapters than the draft model's slots, a tie whose target has no
+    running request gives its slot up (least recently used first): each adapter in turn
+    drafts with its own draft adapter, none falls back to the plain draft for good."""
+    from transformers import AutoModelForCausalLM
+
+    base, draft, _, _ = world
+    hf = AutoModelForCausalLM.from_pretrained(base)
+    targets = []
+    for seed in (51, 52, 53):  # three targets of rank 8, each with its draft copy: rows for two
+        adapter = make_adapter(hf, tmp_path / f"t{seed}", seed=seed, r=8, lora_alpha=16,
+                               target_modules=["q_proj", "v_proj"])  # fmt: skip
+        copy = tmp_path / f"d{seed}"
+        shutil.copytree(adapter, copy)
+        targets.append((str(adapter), str(copy)))
+    llm = LLM(base, **ARGS)
+    core = llm.core
+    core.enable_speculation(
+        SpecConfig(method="draft_adapter", draft_model=draft, k_max=4, adaptive=False)
+    )
+    spec = core.speculator
+    assert spec is not None and core.lora_runtime is not None
+    keys = []
+    for adapter, copy in targets:
+        key, _ = core.lora_runtime.resolve_adapter(adapter)
+        spec.register_draft_adapter(key, copy)
+        keys.append(key)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    for _round in range(2):  # A, B, C, then A again: each needs a slot another one held
+        for (adapter, _), key in zip(targets, keys, strict=True):
+            before = spec.stats[key].drafted if key in spec.stats else 0
+            llm.generate(copy_prompts(6, seed=22), params, adapters=[adapter] * 6)
+            st = spec.stats[key]
+            assert st.drafted - before > 30
+            assert st.accepted == st.drafted, f"adapter {keys.index(key)} drafted without its own"
+    assert spec.drafter is not None and spec.drafter.num_free_blocks == spec.drafter.num_blocks
