@@ -2,7 +2,8 @@
 
 Two key spaces, nothing else:
 - tenants' adapters: `tenants/{tenant_id}/adapters/{adapter_id}/v{n}/...` (uploads, presigned
-  multipart included, land straight in the version's folder);
+  multipart included, land straight in the version's folder); a version's draft adapters
+  (issue 25) in its `draft/{draft_id}/` subfolder, so they go with it;
 - base models: `models/{name}/...`.
 
 The IRSA policies in `infra/terraform/modules/identity` grant each workload exactly these
@@ -56,6 +57,22 @@ def version_prefix_of(key: str) -> str | None:
     if len(parts) < 6 or not is_adapter_key(key):
         return None
     return "/".join(parts[:5]) + "/"
+
+
+DRAFTS = "draft"  # a version's subfolder holding its draft adapters' folders
+
+
+def draft_adapter_prefix(version_prefix: str, draft_id: uuid.UUID | str) -> str:
+    """Folder of one draft adapter, inside its target version's folder (`.../v{n}/draft/{id}/`)."""
+    return f"{version_prefix}{DRAFTS}/{draft_id}/"
+
+
+def draft_prefix_of(key: str) -> str | None:
+    """`tenants/T/adapters/A/vN/draft/D/` of a key inside a draft adapter's folder, else None."""
+    parts = key.split("/")
+    if len(parts) < 8 or parts[5] != DRAFTS or not parts[6] or version_prefix_of(key) is None:
+        return None
+    return "/".join(parts[:7]) + "/"
 
 
 TENANTS_ROOT = ADAPTERS.template.split("{", 1)[0]  # "tenants/": where every adapter key starts

@@ -473,6 +473,9 @@ def delete_adapter(up: Uploader, name: str) -> tuple[Adapter, uuid.UUID]:
             .where(AdapterVersion.adapter_id == adapter.id)
             .values(status="deleting")
         )
+        from .draft_adapters import mark_deleting_with  # it builds on this module
+
+        mark_deleting_with(session, adapter_id=adapter.id)
         job = records.create_job(
             session,
             records.DELETE_OBJECTS,

@@ -14,6 +14,7 @@ from loraplex.platform.settings import Settings
 
 from . import audit
 from .adapters import drop_version_row, remove_version_objects
+from .draft_adapters import mark_deleting_with
 from .errors import Conflict, NotFound, Unavailable
 from .resolution_events import adapters_changed
 
@@ -47,6 +48,7 @@ def mark_version_deleting(
             code="version_busy",
         )
     version.status = "deleting"
+    mark_deleting_with(session, version_id=version.id)  # its draft adapters go with it
     audit.record(
         session,
         actor=actor,

@@ -5,7 +5,10 @@ Uploaded like a version (config and weights checked up front, stored, then valid
 validation job against the draft model, not the base), one per (target version, draft model).
 The target is looked up among the caller's own adapters only: another tenant's adapter is a 404,
 so no tenant can tie a draft adapter to it. Its files live in the target version's folder
-(`.../v{n}/draft/{id}/`) and its row goes with the version (ON DELETE CASCADE).
+(`.../v{n}/draft/{id}/`, built by `object_keys`) and its row goes with the version (ON DELETE
+CASCADE); deleting the version or its adapter marks its draft adapters `deleting` at once
+(`mark_deleting_with`), so they are neither tied nor counted while the objects go. A row is
+removed only after its objects: when storage fails it stays `deleting` for the reconciler.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ import uuid
 from typing import BinaryIO
 
 from sqlalchemy import delete, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
-from loraplex.platform.db.models import Deployment, DraftAdapter
+from loraplex.platform.db.models import AdapterVersion, Deployment, DraftAdapter
 from loraplex.platform.db.session import rowcount, session_scope
 from loraplex.platform.engine_spec.speculative import parse_speculative
+from loraplex.platform.object_keys import draft_adapter_prefix
 from loraplex.platform.services import job_records as records
+from loraplex.platform.settings import Settings
 
 from . import audit, objects
 from .adapters import (
@@ -29,7 +34,7 @@ from .adapters import (
     remove_version_objects,
     storage_unavailable,
 )
-from .errors import Conflict, InvalidInput, NotFound
+from .errors import Conflict, InvalidInput, NotFound, Unavailable
 from .resolution_events import adapters_changed
 from .upload_limits import reserve_upload
 
@@ -75,9 +80,16 @@ def _reserve(up: Uploader, name: str, n: int, deployment: str, size: int) -> Dra
     draft adapter's row `uploading` (committed on return); a failed one is replaced."""
     with session_scope(up.sessions) as session:
         adapter, version = get_version(session, up.tenant_id, name, n)
-        if version.status != "ready":
+        # Share-lock the target: a deletion of it (which marks its draft adapters) waits for
+        # this row, or this upload sees the version `deleting` and is refused.
+        status = session.execute(
+            select(AdapterVersion.status)
+            .where(AdapterVersion.id == version.id)
+            .with_for_update(read=True)
+        ).scalar_one()
+        if status != "ready":
             raise Conflict(
-                f"adapter {name!r} version {n} is {version.status}; a draft adapter is tied to "
+                f"adapter {name!r} version {n} is {status}; a draft adapter is tied to "
                 "a ready version",
                 code="version_not_ready",
             )
@@ -103,7 +115,7 @@ def _reserve(up: Uploader, name: str, n: int, deployment: str, size: int) -> Dra
             tenant_id=up.tenant_id,
             adapter_version_id=version.id,
             draft_model=draft_model,
-            object_prefix=f"{version.object_prefix}draft/{draft_id}/",
+            object_prefix=draft_adapter_prefix(version.object_prefix, draft_id),
             status="uploading",
             bytes=size,
         )
@@ -140,10 +152,18 @@ def upload_draft_adapter(
 
 
 def _discard(up: Uploader, row: DraftAdapter) -> None:
-    """Undo a reserved draft adapter: its objects (when storage allows), then its row."""
-    remove_version_objects(up.settings, row.object_prefix)
+    """Undo a reserved draft adapter: its objects, then its row; when the objects cannot be
+    removed now, the row stays `deleting` (with the reason) for the reconciler."""
+    removed = remove_version_objects(up.settings, row.object_prefix)
     with session_scope(up.sessions) as session:
-        session.execute(delete(DraftAdapter).where(DraftAdapter.id == row.id))
+        if removed:
+            session.execute(delete(DraftAdapter).where(DraftAdapter.id == row.id))
+        else:
+            session.execute(
+                update(DraftAdapter)
+                .where(DraftAdapter.id == row.id)
+                .values(status="deleting", error="the upload was discarded")
+            )
 
 
 def _start_validation(
@@ -201,7 +221,8 @@ def list_draft_adapters(
 
 def delete_draft_adapter(up: Uploader, name: str, n: int, draft_id: uuid.UUID) -> DraftAdapter:
     """Untie and remove one of the caller's draft adapters: replicas stop drafting with it at
-    the target's next request; its objects, then its row, are removed now."""
+    the target's next request; its objects, then its row, are removed now (the row stays
+    `deleting` for the reconciler when storage fails)."""
     with session_scope(up.sessions) as session:
         _, version = get_version(session, up.tenant_id, name, n)
         row = session.scalars(
@@ -214,24 +235,106 @@ def delete_draft_adapter(up: Uploader, name: str, n: int, draft_id: uuid.UUID) -
         if row is None:
             raise NotFound(f"no draft adapter {draft_id} for adapter {name!r} version {n}",
                            code="draft_adapter_not_found")  # fmt: skip
-        session.execute(
-            update(DraftAdapter).where(DraftAdapter.id == row.id).values(status="deleting")
-        )
-        audit.record(
-            session,
-            actor=up.actor,
-            action="draft_adapter.delete",
-            resource_type="draft_adapter",
-            resource_id=row.id,
-            tenant_id=up.tenant_id,
-            detail={"adapter_version_id": str(version.id)},
-        )
+        _mark_deleting(session, row, up.actor)
         session.expunge(row)
     adapters_changed(up.settings, up.tenant_id)
-    if remove_version_objects(up.settings, row.object_prefix):
-        with session_scope(up.sessions) as session:
-            session.execute(delete(DraftAdapter).where(DraftAdapter.id == row.id))
+    _drop_if_removed(up.settings, up.sessions, row)
     return row
+
+
+def _mark_deleting(session: Session, row: DraftAdapter, actor: str) -> None:
+    """Mark one draft adapter `deleting` (untied from now on) and audit it, in `session`."""
+    session.execute(update(DraftAdapter).where(DraftAdapter.id == row.id).values(status="deleting"))
+    audit.record(
+        session,
+        actor=actor,
+        action="draft_adapter.delete",
+        resource_type="draft_adapter",
+        resource_id=row.id,
+        tenant_id=row.tenant_id,
+        detail={"adapter_version_id": str(row.adapter_version_id)},
+    )
+
+
+def _drop_if_removed(
+    settings: Settings, sessions: sessionmaker[Session], row: DraftAdapter
+) -> bool:
+    """Remove a `deleting` draft adapter's objects, then its row; False (row kept) when
+    storage failed."""
+    if not remove_version_objects(settings, row.object_prefix):
+        return False
+    with session_scope(sessions) as session:
+        session.execute(
+            delete(DraftAdapter).where(DraftAdapter.id == row.id, DraftAdapter.status == "deleting")
+        )
+    return True
+
+
+# An operator may delete a draft adapter in these states (uploading / validating ones have a
+# client still writing or a job running: wait for them to end), as a version.
+DELETABLE = ("ready", "failed")
+
+
+def mark_draft_deleting(
+    session: Session, adapter_id: uuid.UUID, draft_id: uuid.UUID, *, actor: str
+) -> DraftAdapter:
+    """An operator's step 1 of deleting draft adapter `draft_id` of adapter `adapter_id` (in
+    the caller's transaction): marked `deleting` and audited. One not tied to a version of that
+    adapter (another adapter's, another tenant's) is not found."""
+    row = session.scalars(
+        select(DraftAdapter)
+        .join(AdapterVersion, AdapterVersion.id == DraftAdapter.adapter_version_id)
+        .where(
+            DraftAdapter.id == draft_id,
+            AdapterVersion.adapter_id == adapter_id,
+            DraftAdapter.tenant_id == AdapterVersion.tenant_id,
+        )
+        .with_for_update(of=DraftAdapter)
+    ).one_or_none()
+    if row is None:
+        raise NotFound(f"adapter {adapter_id} has no draft adapter {draft_id}",
+                       code="draft_adapter_not_found")  # fmt: skip
+    if row.status not in DELETABLE:
+        raise Conflict(
+            f"draft adapter {draft_id} is {row.status}; wait until it is ready or failed",
+            code="draft_adapter_busy",
+        )
+    _mark_deleting(session, row, actor)
+    session.expunge(row)
+    return row
+
+
+def finish_draft_delete(
+    settings: Settings, sessions: sessionmaker[Session], row: DraftAdapter
+) -> None:
+    """Step 2, after step 1 committed: its objects, then its row (kept `deleting`, and 503,
+    when storage fails: the reconciler finishes it)."""
+    adapters_changed(settings, row.tenant_id)
+    if not _drop_if_removed(settings, sessions, row):
+        raise Unavailable(
+            "object storage did not answer; the draft adapter stays marked deleting",
+            code="storage_unavailable",
+        )
+
+
+def mark_deleting_with(
+    session: Session, *, version_id: uuid.UUID | None = None, adapter_id: uuid.UUID | None = None
+) -> None:
+    """Mark the draft adapters of one version, or of every version of one adapter, `deleting`
+    (in the transaction deleting those): untied and uncounted at once; their objects go with
+    the versions' folders and their rows with the versions' rows."""
+    if (version_id is None) == (adapter_id is None):
+        raise ValueError("name exactly one of version_id and adapter_id")
+    versions = select(AdapterVersion.id).where(
+        AdapterVersion.id == version_id
+        if version_id is not None
+        else AdapterVersion.adapter_id == adapter_id
+    )
+    session.execute(
+        update(DraftAdapter)
+        .where(DraftAdapter.adapter_version_id.in_(versions.scalar_subquery()))
+        .values(status="deleting")
+    )
 
 
 def ready_drafts(
