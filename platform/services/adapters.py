@@ -21,7 +21,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from loraplex.adapters.validation import AdapterValidationError, parse_config, sniff_pickle
-from loraplex.platform.db.models import Adapter, AdapterVersion
+from loraplex.platform.db.models import Adapter, AdapterVersion, DraftAdapter
 from loraplex.platform.db.session import rowcount, session_scope
 from loraplex.platform.object_keys import adapter_prefix, adapter_version_prefix
 from loraplex.platform.services import job_records as records
@@ -473,9 +473,7 @@ def delete_adapter(up: Uploader, name: str) -> tuple[Adapter, uuid.UUID]:
             .where(AdapterVersion.adapter_id == adapter.id)
             .values(status="deleting")
         )
-        from .draft_adapters import mark_deleting_with  # it builds on this module
-
-        mark_deleting_with(session, adapter_id=adapter.id)
+        mark_drafts_deleting(session, adapter_id=adapter.id)
         job = records.create_job(
             session,
             records.DELETE_OBJECTS,
@@ -498,3 +496,23 @@ def delete_adapter(up: Uploader, name: str) -> tuple[Adapter, uuid.UUID]:
     adapters_changed(up.settings, up.tenant_id)
     up.dispatcher.send(records.DELETE_OBJECTS, job.id)
     return adapter, job.id
+
+
+def mark_drafts_deleting(
+    session: Session, *, version_id: uuid.UUID | None = None, adapter_id: uuid.UUID | None = None
+) -> None:
+    """Mark the draft adapters of one version, or of every version of one adapter, `deleting`
+    (in the transaction deleting those): untied and uncounted at once; their objects go with
+    the versions' folders and their rows with the versions' rows."""
+    if (version_id is None) == (adapter_id is None):
+        raise ValueError("name exactly one of version_id and adapter_id")
+    versions = select(AdapterVersion.id).where(
+        AdapterVersion.id == version_id
+        if version_id is not None
+        else AdapterVersion.adapter_id == adapter_id
+    )
+    session.execute(
+        update(DraftAdapter)
+        .where(DraftAdapter.adapter_version_id.in_(versions.scalar_subquery()))
+        .values(status="deleting")
+    )

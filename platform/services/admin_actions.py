@@ -13,8 +13,7 @@ from loraplex.platform.services import job_records as records
 from loraplex.platform.settings import Settings
 
 from . import audit
-from .adapters import drop_version_row, remove_version_objects
-from .draft_adapters import mark_deleting_with
+from .adapters import drop_version_row, mark_drafts_deleting, remove_version_objects
 from .errors import Conflict, NotFound, Unavailable
 from .resolution_events import adapters_changed
 
@@ -48,7 +47,7 @@ def mark_version_deleting(
             code="version_busy",
         )
     version.status = "deleting"
-    mark_deleting_with(session, version_id=version.id)  # its draft adapters go with it
+    mark_drafts_deleting(session, version_id=version.id)  # its draft adapters go with it
     audit.record(
         session,
         actor=actor,

@@ -7,7 +7,7 @@ The target is looked up among the caller's own adapters only: another tenant's a
 so no tenant can tie a draft adapter to it. Its files live in the target version's folder
 (`.../v{n}/draft/{id}/`, built by `object_keys`) and its row goes with the version (ON DELETE
 CASCADE); deleting the version or its adapter marks its draft adapters `deleting` at once
-(`mark_deleting_with`), so they are neither tied nor counted while the objects go. A row is
+(`adapters.mark_drafts_deleting`), so they are neither tied nor counted while the objects go. A row is
 removed only after its objects: when storage fails it stays `deleting` for the reconciler.
 """
 
@@ -315,26 +315,6 @@ def finish_draft_delete(
             "object storage did not answer; the draft adapter stays marked deleting",
             code="storage_unavailable",
         )
-
-
-def mark_deleting_with(
-    session: Session, *, version_id: uuid.UUID | None = None, adapter_id: uuid.UUID | None = None
-) -> None:
-    """Mark the draft adapters of one version, or of every version of one adapter, `deleting`
-    (in the transaction deleting those): untied and uncounted at once; their objects go with
-    the versions' folders and their rows with the versions' rows."""
-    if (version_id is None) == (adapter_id is None):
-        raise ValueError("name exactly one of version_id and adapter_id")
-    versions = select(AdapterVersion.id).where(
-        AdapterVersion.id == version_id
-        if version_id is not None
-        else AdapterVersion.adapter_id == adapter_id
-    )
-    session.execute(
-        update(DraftAdapter)
-        .where(DraftAdapter.adapter_version_id.in_(versions.scalar_subquery()))
-        .values(status="deleting")
-    )
 
 
 def ready_drafts(
