@@ -1,6 +1,7 @@
-"""Detail pages: one adapter (versions with their validation report, the replicas that hold
-it resident now, requests and tokens per day, its own TTFT p50/p95) and one deployment (its
-replicas' live state and cold starts, its audit trail of scale and option changes)."""
+"""Detail pages: one adapter (versions with their validation report and their draft adapters,
+delete a draft adapter, the replicas that hold it resident now, requests and tokens per day,
+its own TTFT p50/p95) and one deployment (its replicas' live state and cold starts, its audit
+trail of scale and option changes)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from loraplex.platform.services import console_details as cd
+from loraplex.platform.services import draft_adapters
 from loraplex.platform.services.operators import SignedIn
 
+from ..deps import get_sessions, get_settings
 from . import load_history
-from .auth import current_operator
-from .common import parse_uuid, transaction
+from .auth import current_operator, writer
+from .common import back_to, parse_uuid, transaction
 from .load_history import LoadHistory
 from .pages_tenants import usage_chart
 from .replicas import ReplicaView, replica_views
@@ -66,9 +69,24 @@ async def adapter_page(
                 ("Adapters", "/console/adapters"),
                 (data["tenant"].name, f"/console/tenants/{a.tenant_id}"),
             ],
+            msg=request.query_params.get("msg", ""),
             title=f"Adapter {a.name}",
         )  # fmt: skip
     )
+
+
+@router.post("/adapters/{adapter_id}/drafts/{draft_id}/delete")
+def draft_delete(
+    request: Request, adapter_id: str, draft_id: str, who: SignedIn = Depends(writer)
+) -> Response:
+    """Delete one of the adapter's draft adapters: untied from now on, its objects then its
+    row removed (kept `deleting` for the reconciler when storage fails: 503)."""
+    aid = parse_uuid(adapter_id, "adapter")
+    did = parse_uuid(draft_id, "draft_adapter")
+    with transaction(request, who) as session:
+        row = draft_adapters.mark_draft_deleting(session, aid, did, actor=who.actor)
+    draft_adapters.finish_draft_delete(get_settings(request), get_sessions(request), row)
+    return back_to(f"/console/adapters/{aid}", msg="Draft adapter deleted.")
 
 
 def _deployment(request: Request, did: uuid.UUID) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""The console's detail pages' reads: one adapter (its versions with their validation report,
-usage per day and its own TTFT percentiles) and one deployment (its row and its audit trail).
+"""The console's detail pages' reads: one adapter (its versions with their validation report and
+their draft adapters, usage per day and its own TTFT percentiles) and one deployment (its row
+and its audit trail).
 Each read is bounded and served by an index (usage by tenant and time, audit by time)."""
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from loraplex.platform.db.models import (
     AdapterVersion,
     AuditLog,
     Deployment,
+    DraftAdapter,
+    Job,
     Operator,
     Tenant,
     UsageRecord,
 )
 
+from . import job_records as records
 from .errors import NotFound
 
 USAGE_DAYS = 30
@@ -48,9 +52,66 @@ class VersionReport:
         return out
 
 
+@dataclass(frozen=True)
+class DraftView:
+    """One draft adapter as the adapter page shows it: the deployments drafting with its draft
+    model now (of the adapter's base model, speculating by `draft_adapter`) and, once failed,
+    its last validation's reason code."""
+
+    draft: DraftAdapter
+    n: int  # its target version's number
+    deployments: list[Deployment]
+    code: str | None
+
+
+def _draft_views(
+    session: Session, versions: list[AdapterVersion], deployments: list[Deployment]
+) -> list[DraftView]:
+    """The draft adapters tied to `versions` (newest version first, then oldest draft first),
+    with their adapter's tenant only."""
+    by_id = {v.id: v for v in versions}
+    if not by_id:
+        return []
+    drafts = list(
+        session.scalars(
+            select(DraftAdapter)
+            .where(DraftAdapter.adapter_version_id.in_(list(by_id)))
+            .order_by(DraftAdapter.created_at, DraftAdapter.id)
+        )
+    )
+    drafts = [d for d in drafts if d.tenant_id == by_id[d.adapter_version_id].tenant_id]
+    failed = [d.id for d in drafts if d.status == "failed"]
+    codes: dict[uuid.UUID, str] = {}
+    if failed:
+        code = Job.payload["code"].astext
+        rows = session.execute(  # a few validation attempts per draft adapter at most
+            select(Job.subject_id, code)
+            .where(Job.subject_id.in_(failed), Job.kind == records.VALIDATE, code.is_not(None))
+            .order_by(Job.created_at.desc(), Job.id)
+        ).all()
+        for subject, text in rows:  # newest first: the last attempt's code wins
+            if subject is not None:
+                codes.setdefault(subject, text)
+
+    def drafting(d: DraftAdapter) -> list[Deployment]:
+        return [
+            dep
+            for dep in deployments
+            if isinstance(dep.speculative, dict)
+            and dep.speculative.get("method") == "draft_adapter"
+            and dep.speculative.get("draft_model") == d.draft_model
+        ]
+
+    views = [
+        DraftView(d, by_id[d.adapter_version_id].n, drafting(d), codes.get(d.id)) for d in drafts
+    ]
+    return sorted(views, key=lambda view: -view.n)  # stable: oldest draft first per version
+
+
 def adapter_detail(session: Session, adapter_id: uuid.UUID) -> dict[str, Any]:
-    """An adapter, its tenant, base model and deployments, every version (newest first), its
-    requests and tokens per day (30 days) and TTFT p50/p95 over the last 24 hours."""
+    """An adapter, its tenant, base model and deployments, every version (newest first) and
+    their draft adapters, its requests and tokens per day (30 days) and TTFT p50/p95 over the
+    last 24 hours."""
     row = session.execute(
         select(Adapter, Tenant).join(Tenant, Tenant.id == Adapter.tenant_id)
         .where(Adapter.id == adapter_id)
@@ -104,6 +165,7 @@ def adapter_detail(session: Session, adapter_id: uuid.UUID) -> dict[str, Any]:
         "tenant": tenant,
         "base": adapter.base_model,
         "versions": reports,
+        "drafts": _draft_views(session, versions, deployments),
         "deployments": deployments,
         "usage": [r._mapping for r in usage],
         "latency": latency._mapping,

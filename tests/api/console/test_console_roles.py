@@ -62,6 +62,7 @@ def test_the_route_table_has_the_mutating_routes(console_app: Any) -> None:
     routes = mutating_routes(console_app)
     assert len(routes) >= 10, routes
     assert "/console/tenants" in routes and "/console/jobs/{job_id}/retry" in routes
+    assert "/console/adapters/{adapter_id}/drafts/{draft_id}/delete" in routes
 
 
 def test_viewer_is_refused_on_every_mutating_route(
