@@ -7,8 +7,9 @@ The target is looked up among the caller's own adapters only: another tenant's a
 so no tenant can tie a draft adapter to it. Its files live in the target version's folder
 (`.../v{n}/draft/{id}/`, built by `object_keys`) and its row goes with the version (ON DELETE
 CASCADE); deleting the version or its adapter marks its draft adapters `deleting` at once
-(`adapters.mark_drafts_deleting`), so they are neither tied nor counted while the objects go. A row is
-removed only after its objects: when storage fails it stays `deleting` for the reconciler.
+(`adapters.mark_drafts_deleting`), so they are neither tied nor counted while the objects go.
+A row is removed only after its objects: when storage fails it stays `deleting` for the
+reconciler (`jobs/reconcile.py`), which also collects a draft folder left without a row.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def _reserve(up: Uploader, name: str, n: int, deployment: str, size: int) -> Dra
                 f"{deployment!r}'s draft model ({old.status}); delete it first",
                 code="draft_adapter_exists",
             )
-        if old is not None:  # failed: its objects went with the failure
+        if old is not None:  # failed or deleting: its objects are gone, or left to the
+            # reconciler, which removes a draft folder without a row once past the grace period
             session.execute(delete(DraftAdapter).where(DraftAdapter.id == old.id))
         draft_id = uuid.uuid4()
         row = DraftAdapter(

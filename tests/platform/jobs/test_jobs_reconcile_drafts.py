@@ -282,3 +282,30 @@ def test_a_draft_upload_whose_objects_cannot_be_removed_leaves_its_row_deleting(
             ).all()
             == []
         )
+
+
+def test_a_draft_adapter_replaced_while_deleting_leaves_no_objects_behind(
+    cp_settings: Any, base_model: str, tenant_id: uuid.UUID, adapter_r4: Path,
+    draft_deployment: str,
+) -> None:  # fmt: skip
+    """Deleted while storage is down, then uploaded again for the same draft model before the
+    reconciler ran: the new upload replaces the `deleting` row, and the old folder, now without
+    a row, is collected as an orphan; the new draft adapter's objects stay."""
+    name, _, old = _ready_version_and_draft(
+        cp_settings, tenant_id, base_model, adapter_r4, draft_deployment
+    )
+    drafts_svc.delete_draft_adapter(_uploader(_broken(cp_settings), tenant_id), name, 1, old.id)
+    up = _uploader(cp_settings, tenant_id)
+    config, weights = adapter_files(adapter_r4)
+    new = drafts_svc.upload_draft_adapter(
+        up, name, 1, draft_deployment, config, io.BytesIO(weights), len(weights)
+    )
+    assert run_draft_validation(cp_settings, up.dispatcher.sent[-1]) == "ready"  # type: ignore[attr-defined]
+    assert _draft(cp_settings, old.id) is None and _keys(cp_settings, old.object_prefix)
+
+    report = reconcile_objects(cp_settings, grace_s=0)
+    assert set(report.orphan_keys) == {old.config_key, old.weights_key}
+    assert _keys(cp_settings, old.object_prefix) == []
+    assert sorted(_keys(cp_settings, new.object_prefix)) == sorted(
+        [new.config_key, new.weights_key]
+    )
