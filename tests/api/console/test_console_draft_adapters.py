@@ -198,3 +198,26 @@ def test_a_draft_adapter_is_found_only_through_its_own_adapter(
     assert busy.status_code == 409 and "draft_adapter_busy" in busy.text
     row = _row(console_settings, got["busy"].id)
     assert row is not None and row.status == "validating"
+
+
+def test_storage_down_answers_503_and_leaves_the_draft_adapter_to_the_reconciler(
+    owner: TestClient, console_settings: Any, base_model: str, drafting: str
+) -> None:
+    from loraplex.api.app import create_app
+    from loraplex.platform.jobs.reconcile import reconcile_objects
+
+    got = _setup(console_settings, base_model)
+    ready = got["ready"]
+    broken = console_settings.model_copy(update={"s3_endpoint_url": "http://127.0.0.1:9"})
+    c = TestClient(create_app(broken), raise_server_exceptions=False)  # no lifespan: no gateway
+    assert sign_in(c, "drafts-owner@example.com").status_code == 303
+    c.csrf = page_csrf(c)  # type: ignore[attr-defined]
+    resp = _delete(c, got["aid"], ready.id)
+    c.close()
+    assert resp.status_code == 503 and "storage_unavailable" in resp.text, resp.text[-500:]
+    row = _row(console_settings, ready.id)
+    assert row is not None and row.status == "deleting"
+    assert _keys(console_settings, ready.object_prefix)
+    assert ready.id in reconcile_objects(console_settings).deleted_drafts
+    assert _row(console_settings, ready.id) is None
+    assert _keys(console_settings, ready.object_prefix) == []
