@@ -15,10 +15,12 @@ from dataclasses import dataclass
 EMA = 0.2  # weight of the newest measurement
 EXPLORE_EVERY = 32
 MARGIN = 0.95  # drafting must measure at least 5% faster: marginal gains drown in noise
-# Below this batch the guard always allows: a step is then mostly its fixed cost, which the
-# controller's model holds, and a handful of requests whose acceptance changes by phase (a
-# stretch of spurious matches, then a loop) made the per-bucket average switch drafting off for
-# whole stretches where it paid (bench spec's batch-1 draft share ranged 0.06-0.20 run to run).
+# Below this batch the guard always allows prompt lookup: a step is then mostly its fixed cost,
+# which the controller's model holds, and a handful of requests whose acceptance changes by
+# phase (a stretch of spurious matches, then a loop) made the per-bucket average switch
+# drafting off for whole stretches where it paid (bench spec's batch-1 draft share ranged
+# 0.06-0.20 run to run). A draft model is guarded at every size (`min_batch` 1): each of its
+# forwards costs about a step, which the controller's model of the target's step cannot see.
 MIN_BATCH = 4
 
 
@@ -32,14 +34,15 @@ class _Bucket:
 class DraftGuard:
     """Measured seconds per output token with and without drafts, per batch-size bucket."""
 
-    def __init__(self, explore: int = EXPLORE_EVERY) -> None:
+    def __init__(self, explore: int = EXPLORE_EVERY, min_batch: int = MIN_BATCH) -> None:
         self.explore = explore
+        self.min_batch = min_batch
         self._buckets: dict[int, _Bucket] = {}
 
     def allows(self, batch: int) -> bool:
         """Whether a decode step of `batch` sequences may draft (counts it as one step);
-        always below `MIN_BATCH`."""
-        if batch < MIN_BATCH:
+        always below `min_batch`."""
+        if batch < self.min_batch:
             return True
         b = self._buckets.setdefault(batch.bit_length(), _Bucket())
         b.steps += 1

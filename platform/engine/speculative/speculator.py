@@ -61,7 +61,7 @@ class Speculator:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.controller = Controller(config.k_min, config.k_max, config.adaptive)
-        self.guard = DraftGuard()
+        self.guard = DraftGuard(min_batch=1) if drafter is not None else DraftGuard()
         self.tables = (
             AdapterTables(config.ngram_min, config.ngram_max, config.adapter_table_tokens)
             if config.adapter_tables

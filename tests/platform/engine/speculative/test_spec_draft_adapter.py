@@ -116,3 +116,13 @@ def test_draft_adapters_beyond_the_draft_slots_take_turns(world, tmp_path) -> No
             assert st.drafted - before > 30
             assert st.accepted == st.drafted, f"adapter {keys.index(key)} drafted without its own"
     assert spec.drafter is not None and spec.drafter.num_free_blocks == spec.drafter.num_blocks
+
+
+def test_a_draft_model_is_guarded_at_every_batch_size(world) -> None:
+    base, draft, _, _ = world
+    with_draft = LLM(base, **ARGS).core
+    with_draft.enable_speculation(SpecConfig(method="draft_model", draft_model=draft, k_max=2))
+    lookup = LLM(base, **ARGS).core
+    lookup.enable_speculation(SpecConfig())
+    assert with_draft.speculator.guard.min_batch == 1
+    assert lookup.speculator.guard.min_batch > 1  # prompt lookup costs next to nothing
