@@ -16,6 +16,8 @@ stack (float experts packed for oneDNN at load on a CPU).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -45,6 +47,44 @@ def expert_mm(x: torch.Tensor, w: ExpertWeights, expert: int) -> torch.Tensor:
     return torch.mm(x, w[expert].t())
 
 
+ExpertMatmul = Callable[[torch.Tensor, int, torch.Tensor | None], torch.Tensor]
+"""(x [M, K] contiguous, expert, out [M, N] or None) -> x @ W_expert^T, in `out` when given."""
+
+_NO_SCALARS = (None,)
+
+
+def bind_expert_mm(w: ExpertWeights, dtype: torch.dtype) -> ExpertMatmul:
+    """`expert_mm` bound to one stack for a loop over experts, writing into `out` when given.
+
+    A packed stack in the rows' dtype calls oneDNN's packed matmul directly (no per-call
+    checks: rows come contiguous from the loop's buffers); a plain stack multiplies straight
+    into `out` (no result to copy); anything else goes through `expert_mm`.
+    """
+    if isinstance(w, PackedExperts) and w.dtype == dtype:
+        packed, linear = w.packed, torch.ops.mkldnn._linear_pointwise
+
+        def packed_mm(x: torch.Tensor, expert: int, out: torch.Tensor | None) -> torch.Tensor:
+            y: torch.Tensor = linear(x, packed[expert], None, "none", _NO_SCALARS, "")
+            return y if out is None else out.copy_(y)
+
+        return packed_mm
+    if isinstance(w, torch.Tensor):
+        plain = w
+
+        def plain_mm(x: torch.Tensor, expert: int, out: torch.Tensor | None) -> torch.Tensor:
+            if out is None:
+                return torch.mm(x, plain[expert].t())
+            return torch.mm(x, plain[expert].t(), out=out)
+
+        return plain_mm
+
+    def other_mm(x: torch.Tensor, expert: int, out: torch.Tensor | None) -> torch.Tensor:
+        y = expert_mm(x, w, expert)
+        return y if out is None else out.copy_(y)
+
+    return other_mm
+
+
 def check_expert_weights(hidden: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights) -> None:
     """Refuse expert stacks whose shapes do not fit each other or the hidden size."""
     if w13.dim() != 3 or w2.dim() != 3:
@@ -59,22 +99,24 @@ def check_expert_weights(hidden: torch.Tensor, w13: ExpertWeights, w2: ExpertWei
 
 def expert_mlp(
     rows: torch.Tensor,
-    w13: ExpertWeights,
-    w2: ExpertWeights,
+    gate_up_mm: ExpertMatmul,
+    down_mm: ExpertMatmul,
     expert: int,
     act_buf: torch.Tensor,
+    out: torch.Tensor,
 ) -> torch.Tensor:
-    """One expert's MLP over its rows [n, H] -> [n, H]; `act_buf` [>=n, I] holds the activation.
+    """One expert's MLP over its rows [n, H] into `out` [n, H]; `act_buf` [>=n, I] holds the
+    activation.
 
     SiLU runs in place on the gate half and the product lands contiguous in `act_buf`, so the
     down projection reads one dense block (a packed oneDNN matmul would otherwise copy it).
     """
-    half = act_buf.shape[1]
-    gate_up = expert_mm(rows, w13, expert)
+    count, half = rows.shape[0], act_buf.shape[1]
+    gate_up = gate_up_mm(rows, expert, None)
     gate = gate_up[:, :half]
     F.silu(gate, inplace=True)
-    act = torch.mul(gate, gate_up[:, half:], out=act_buf[: rows.shape[0]])
-    return expert_mm(act, w2, expert)
+    act = torch.mul(gate, gate_up[:, half:], out=act_buf[:count])
+    return down_mm(act, expert, out)
 
 
 def run_sorted_rows(
@@ -88,13 +130,11 @@ def run_sorted_rows(
     out = rows.new_empty(rows.shape)
     out[total:].zero_()
     act_buf = rows.new_empty(max(counts, default=0), w2.shape[2])
-    start = 0
-    for expert, count in enumerate(counts):
-        if count:
-            out[start : start + count] = expert_mlp(
-                rows[start : start + count], w13, w2, expert, act_buf
-            )
-        start += count
+    gate_up_mm, down_mm = bind_expert_mm(w13, rows.dtype), bind_expert_mm(w2, rows.dtype)
+    pieces = zip(rows[:total].split(counts), out[:total].split(counts), strict=True)
+    for expert, (seg, dest) in enumerate(pieces):
+        if seg.shape[0]:
+            expert_mlp(seg, gate_up_mm, down_mm, expert, act_buf, dest)
     return out
 
 
@@ -184,11 +224,11 @@ def _run_gathered_rows(
     most = max(counts, default=0)
     rows_buf = hidden.new_empty(most, hidden.shape[1])
     act_buf = hidden.new_empty(most, w2.shape[2])
-    start = 0
-    for expert, tokens in enumerate(token_of_pair[:local].split(counts)):
+    gate_up_mm, down_mm = bind_expert_mm(w13, hidden.dtype), bind_expert_mm(w2, hidden.dtype)
+    pieces = zip(token_of_pair[:local].split(counts), out[:local].split(counts), strict=True)
+    for expert, (tokens, dest) in enumerate(pieces):
         count = tokens.shape[0]
         if count:
             rows = torch.index_select(hidden, 0, tokens, out=rows_buf[:count])
-            out[start : start + count].copy_(expert_mlp(rows, w13, w2, expert, act_buf))
-            start += count
+            expert_mlp(rows, gate_up_mm, down_mm, expert, act_buf, dest)
     return out

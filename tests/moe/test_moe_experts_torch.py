@@ -10,6 +10,7 @@ from loraplex.moe import experts_torch
 from loraplex.moe.align import align_block_size, sort_pairs_by_expert
 from loraplex.moe.experts_torch import expert_rows_torch, fused_experts_torch
 from loraplex.moe.packed_experts import PackedExperts, can_pack_experts
+from loraplex.moe.quant_experts import QuantizedExperts, quantize_rows
 
 
 def _reference(x, w13, w2, weights, ids, expert_map=None):
@@ -139,3 +140,27 @@ def test_weighted_pair_sum_follows_the_sort_order() -> None:
     got = experts_torch.weighted_pair_sum(pair_rows[order], order, weights)
     want = (pair_rows.view(tokens, top_k, hidden) * weights[..., None]).sum(1)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["plain", "packed", "quantized"])
+def test_bound_expert_mm_matches_expert_mm_into_out(kind: str) -> None:
+    """The loop's bound matmul gives `expert_mm`'s product, returned or written into `out`."""
+    if kind == "packed" and not can_pack_experts(torch.empty(1, 1, 1)):
+        pytest.skip("no oneDNN fp32 packing on this build")
+    _, w13, _, _, _ = _problem()
+    stack = {
+        "plain": lambda: w13,
+        "packed": lambda: PackedExperts(w13),
+        "quantized": lambda: QuantizedExperts(
+            "int8", *quantize_rows("int8", w13, 0, True, w13.dtype)
+        ),
+    }[kind]()
+    x = torch.randn(5, w13.shape[2], generator=torch.Generator().manual_seed(1))
+    mm = experts_torch.bind_expert_mm(stack, x.dtype)
+    want = experts_torch.expert_mm(x, stack, 3)
+    torch.testing.assert_close(mm(x, 3, None), want, atol=1e-6, rtol=1e-6)
+    out = torch.full((7, w13.shape[1]), float("nan"))
+    got = mm(x, 3, out[2:])
+    assert got.data_ptr() == out[2:].data_ptr()
+    torch.testing.assert_close(out[2:], want, atol=1e-6, rtol=1e-6)
+    assert out[:2].isnan().all()
