@@ -6,7 +6,8 @@ outputs landing in sorted pair order. At decode sizes one sorted copy of every p
 fewer small ops instead (`SORTED_COPY_BYTES`). One weighted gather-and-sum per token
 (`embedding_bag`: fp32 accumulation, one rounding) then combines each token's top-k rows,
 where a per-expert weighted scatter into an fp32 buffer cost a widening multiply and an
-`index_add_` per expert. No loop over tokens, no scan of all tokens per expert.
+`index_add_` per expert. No loop over tokens, no scan of all tokens per expert. Each stack's
+matmul is bound once per call (`bind_expert_mm`), not dispatched per expert.
 
 Weights follow transformers v5's fused layout: `w13` [E, 2I, H] (gate rows then up
 rows), `w2` [E, H, I]; either may be a `QuantizedExperts` stack (int8 / int4 / fp8), whose
