@@ -26,6 +26,7 @@ class TenantCaller:
 
     tenant_id: uuid.UUID
     api_key_id: uuid.UUID
+    requests_per_minute: int | None = None  # the tenant's own limit (None: the default)
 
     @property
     def actor(self) -> str:
@@ -112,4 +113,30 @@ def require_tenant(
         if ADAPTERS_SCOPE not in (key.scopes or []):
             raise HttpError(403, "This API key has no `adapters` scope.", code="insufficient_scope")
         touch_last_used(session, key)
-        return TenantCaller(tenant_id=key.tenant_id, api_key_id=key.id)
+        return TenantCaller(
+            tenant_id=key.tenant_id,
+            api_key_id=key.id,
+            requests_per_minute=key.tenant.requests_per_minute,
+        )
+
+
+async def within_tenant_rate(
+    request: Request, caller: TenantCaller = Depends(require_tenant)
+) -> None:
+    """The adapter API counts the tenant's requests per minute too, in a budget of its own
+    (managing adapters never spends inference's), before any work; a refusal is a 429 after
+    the tenant's pause (`gateway/refusal_pause.py`). Without the gateway (no Redis) there
+    are no rate limits, as inference is off then."""
+    gw = getattr(request.app.state, "gateway", None)
+    if gw is None:
+        return
+    rpm = caller.requests_per_minute
+    tenant = str(caller.tenant_id)
+    try:
+        await gw.api_limiter.admit_request(
+            tenant, rpm if rpm is not None else gw.settings.rate_limit_rpm
+        )
+    except HttpError as exc:
+        if exc.status == 429:
+            await gw.refusals.pause(tenant)
+        raise

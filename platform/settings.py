@@ -113,6 +113,10 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     rate_limit_rpm: int = 600
     rate_limit_tpm: int = 2_000_000
+    # Requests per minute are also held to their share over windows this long (600 a minute:
+    # at most 100 in any 10 s; `gateway/ratelimit.py`), so no tenant spends its minute in one
+    # flood; 0: per minute only.
+    rate_limit_burst_s: int = Field(default=10, ge=0, le=60)
     # Tokens (prompt + completion) a tenant may use per calendar month (UTC); None: no quota.
     # Each of these three is the default for tenants whose own limit is unset.
     monthly_token_quota: int | None = None

@@ -23,7 +23,15 @@ from loraplex.platform.services.upload_limits import check_upload_room
 from loraplex.platform.settings import Settings
 
 from .. import idempotent
-from ..deps import TenantCaller, get_db, get_dispatcher, get_sessions, get_settings, require_tenant
+from ..deps import (
+    TenantCaller,
+    get_db,
+    get_dispatcher,
+    get_sessions,
+    get_settings,
+    require_tenant,
+    within_tenant_rate,
+)
 from ..response_models import (
     AdapterDeleted,
     AdapterList,
@@ -41,7 +49,9 @@ from ..schemas import (
 )
 from ..upload_gate import UploadGate
 
-router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
+router = APIRouter(
+    prefix="/v1/adapters", tags=["adapters"], dependencies=[Depends(within_tenant_rate)]
+)
 
 FORM_FIELDS = ("name", "base_model")
 MAX_FIELD_BYTES = 4096

@@ -19,7 +19,15 @@ from loraplex.platform.services.errors import InvalidInput, NotFound
 from loraplex.platform.services.job_records import JobDispatcher
 from loraplex.platform.settings import Settings
 
-from ..deps import TenantCaller, get_db, get_dispatcher, get_sessions, get_settings, require_tenant
+from ..deps import (
+    TenantCaller,
+    get_db,
+    get_dispatcher,
+    get_sessions,
+    get_settings,
+    require_tenant,
+    within_tenant_rate,
+)
 from .adapters import (
     MAX_FIELD_BYTES,
     _check_room,
@@ -31,7 +39,9 @@ from .adapters import (
     _uploader,
 )
 
-router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
+router = APIRouter(
+    prefix="/v1/adapters", tags=["adapters"], dependencies=[Depends(within_tenant_rate)]
+)
 
 
 class DraftAdapterOut(BaseModel):

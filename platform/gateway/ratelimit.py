@@ -1,6 +1,9 @@
 """Per-tenant rate limits and monthly token quotas in Redis.
 
-Requests and tokens per minute use fixed one-minute windows; the quota counts a tenant's
+Requests and tokens per minute use fixed one-minute windows; requests are also held to their
+share of the minute over shorter windows (`burst_ms`; at least `BURST_FLOOR` a window), as
+OpenAI enforces its limits over shorter periods, so a tenant cannot spend a minute's requests
+in one flood against its neighbours. The quota counts a tenant's
 tokens per calendar month (UTC). One Lua script checks and charges all three atomically
 (Redis' clock for the windows, so gateways agree). A request is admitted in two steps, so
 limits are checked before any work is done for it: `admit` right after authentication
@@ -23,13 +26,17 @@ from loraplex.platform.errors import HttpError
 from loraplex.platform.settings import Settings
 
 WINDOW_MS = 60_000
+UNBOUNDED = 2**62  # a limit that never binds
+BURST_FLOOR = 10  # requests a short window always allows (a small limit keeps its burst)
 QUOTA_TTL_MS = 40 * 24 * 3600 * 1000  # a month's counter outlives its month, then goes
 
 # KEYS: window prefix, this month's quota counter.
 # ARGV: rpm, tpm, tokens wanted, window ms, quota (-1: none), quota counter TTL ms,
-# count the request (1) or only charge tokens (0).
+# count the request (1) or only charge tokens (0), short window ms (0: none), requests a short
+# window allows.
 # Returns {status, requests, tokens, reset_ms, window, quota_used}; status 1 allowed,
-# 0 over a per-minute limit, -1 over the monthly quota (nothing is charged unless 1).
+# 0 over a per-minute limit, 2 over the short window's share of the requests (reset_ms: its
+# end), -1 over the monthly quota (nothing is charged unless 1).
 # Admitting a request with no tokens yet needs one token left in the window and the quota.
 _CHECK = """
 local t = redis.call('TIME')
@@ -54,9 +61,22 @@ end
 if (count_req and req + 1 > rlim) or tok + need > tlim then
   return {0, req, tok, reset_ms, window, used}
 end
+local bms = tonumber(ARGV[8])
+local bkey = nil
+if count_req and bms > 0 then
+  local bwin = math.floor(now_ms / bms)
+  bkey = KEYS[1] .. ':burst:' .. bwin
+  if tonumber(redis.call('GET', bkey) or '0') + 1 > tonumber(ARGV[9]) then
+    return {2, req, tok, (bwin + 1) * bms - now_ms, window, used}
+  end
+end
 if count_req then
   req = redis.call('INCR', rkey)
   redis.call('PEXPIRE', rkey, tonumber(ARGV[4]) * 2)
+  if bkey then
+    redis.call('INCR', bkey)
+    redis.call('PEXPIRE', bkey, bms * 2)
+  end
 end
 if want > 0 then
   tok = redis.call('INCRBY', tkey, want)
@@ -147,6 +167,7 @@ class RateLimitResult:
     quota_used: int = 0
     quota_key: str | None = None
     over_quota: bool = False
+    over_burst: int = 0  # refused over a short window's share: the requests it allows
 
     def headers(self) -> dict[str, str]:
         """The `x-ratelimit-*` headers (plus `retry-after` when refused)."""
@@ -169,11 +190,16 @@ class RateLimiter:
     """Checks and charges per-tenant request, token and quota budgets in Redis."""
 
     def __init__(
-        self, redis: Redis, prefix: str = "loraplex:rl", window_ms: int = WINDOW_MS
+        self,
+        redis: Redis,
+        prefix: str = "loraplex:rl",
+        window_ms: int = WINDOW_MS,
+        burst_ms: int = 0,
     ) -> None:
         self._redis = redis
         self._prefix = prefix
         self._window_ms = window_ms
+        self._burst_ms = burst_ms if 0 < burst_ms < window_ms else 0
         self._script = redis.register_script(_CHECK)
         self._refund = redis.register_script(_REFUND)
 
@@ -200,6 +226,7 @@ class RateLimiter:
         known (and a quota set mid-month applies to it)."""
         qkey = self._quota_key(tenant_id, datetime.now(UTC))
         quota_arg = -1 if quota is None else quota
+        burst = self.burst_requests(rpm)
         status, req, tok, reset_ms, window, used = await self._script(
             keys=[self._key(tenant_id), qkey],
             args=[
@@ -210,6 +237,8 @@ class RateLimiter:
                 quota_arg,
                 QUOTA_TTL_MS,
                 1 if count_request else 0,
+                self._burst_ms if burst < rpm else 0,
+                burst,
             ],
         )
         status = int(status)
@@ -226,7 +255,15 @@ class RateLimiter:
             quota_used=int(used),
             quota_key=qkey,
             over_quota=status == -1,
+            over_burst=burst if status == 2 else 0,
         )
+
+    def burst_requests(self, rpm: int) -> int:
+        """The requests any short window allows: the window's share of `rpm`, at least
+        `BURST_FLOOR` (`rpm` itself when there are no short windows)."""
+        if not self._burst_ms:
+            return rpm
+        return max(math.ceil(rpm * self._burst_ms / self._window_ms), BURST_FLOOR)
 
     async def admit(self, tenant_id: str, limits: TenantLimits) -> RateLimitResult:
         """Charge one request before any work is done for it (429 when over its requests per
@@ -268,7 +305,13 @@ class RateLimiter:
             return result
         if result.over_quota:
             raise quota_error(result, tokens, datetime.now(UTC))
-        if tokens > tpm:
+        if result.over_burst:
+            message = (
+                f"Rate limit reached: {rpm} requests per minute, at most {result.over_burst} "
+                f"in any {self._burst_ms / 1000:g} seconds. "
+                f"Try again in {format_duration(result.reset_ms)}."
+            )
+        elif tokens > tpm:
             message = f"Request too large: it needs {tokens} tokens but the limit is {tpm} tokens per minute."
         else:
             message = (
@@ -278,16 +321,37 @@ class RateLimiter:
         raise HttpError(
             429,
             message,
-            type="requests" if count_request and result.used_requests + 1 > rpm else "tokens",
+            type="requests"
+            if result.over_burst or (count_request and result.used_requests + 1 > rpm)
+            else "tokens",
             code="rate_limit_exceeded",
             headers=result.headers(),
+        )
+
+    async def admit_request(self, tenant_id: str, rpm: int) -> RateLimitResult:
+        """Charge one request against `rpm` alone (a budget without tokens or quota: the
+        adapter API's); a refusal raises a 429 `HttpError` with the request headers."""
+        result = await self.check(tenant_id, 0, rpm, UNBOUNDED)
+        if result.allowed:
+            return result
+        burst = (
+            f", at most {result.over_burst} in any {self._burst_ms / 1000:g} seconds"
+            if result.over_burst
+            else ""
+        )
+        raise HttpError(
+            429,
+            f"Rate limit reached: {rpm} requests per minute{burst}. "
+            f"Try again in {format_duration(result.reset_ms)}.",
+            type="requests",
+            code="rate_limit_exceeded",
+            headers={k: v for k, v in result.headers().items() if "-tokens" not in k},
         )
 
     async def charge(self, tenant_id: str, tokens: int) -> None:
         """Count `tokens` used after the request was settled (this minute's window and the
         month's quota), whatever the limits: the work was done."""
-        unbounded = 2**62
-        await self.check(tenant_id, tokens, unbounded, unbounded, None, count_request=False)
+        await self.check(tenant_id, tokens, UNBOUNDED, UNBOUNDED, None, count_request=False)
 
     async def refund(self, tenant_id: str, result: RateLimitResult, used_tokens: int) -> None:
         """Settle a request: give back the tokens charged up front but not used (to this
@@ -324,6 +388,12 @@ class RateLimiter:
                 "limit": rpm,
                 "remaining": max(rpm - int(req or 0), 0),
                 "reset": reset,
+                # at most this many in any `seconds` (absent: the minute's limit only)
+                **(
+                    {"burst": {"limit": burst, "seconds": self._burst_ms // 1000}}
+                    if (burst := self.burst_requests(rpm)) < rpm
+                    else {}
+                ),
             },
             "tokens_per_minute": {
                 "limit": tpm,

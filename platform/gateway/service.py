@@ -57,7 +57,11 @@ class Gateway:
         self._s3_factory = s3_factory
         self.http = httpx.AsyncClient(limits=httpx.Limits(max_connections=1000))
         self.resolver = ModelResolver(redis, ttl_s=settings.resolve_cache_ttl_s)
-        self.limiter = RateLimiter(redis)
+        self.limiter = RateLimiter(redis, burst_ms=settings.rate_limit_burst_s * 1000)
+        # the adapter API's requests: the same limits, a budget of their own (`api/deps.py`)
+        self.api_limiter = RateLimiter(
+            redis, prefix="loraplex:rl-api", burst_ms=settings.rate_limit_burst_s * 1000
+        )
         self.registry = ReplicaRegistry(redis)
         if not settings.replica_secret:
             raise RuntimeError("the gateway needs LORAPLEX_REPLICA_SECRET to reach replicas")

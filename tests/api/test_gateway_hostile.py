@@ -257,3 +257,23 @@ def test_a_refused_large_body_closes_the_connection(stack: Stack) -> None:
                 break
         else:
             raise AssertionError("the connection stayed open")
+
+
+def test_the_adapter_api_is_held_to_the_tenants_request_rate(stack: Stack) -> None:
+    """The adapter API counts a tenant's requests per minute too (in a budget of its own, so
+    managing adapters never spends inference's), its 429s after the pause: a flood of refused
+    uploads or listings cost the API the CPU of each request, at the rate a client could send."""
+    key = _tenant_key(stack, requests_per_minute=2)
+    url = f"{stack.api.url}/v1/adapters"
+    for _ in range(2):
+        assert httpx.get(url, headers=_auth(key), timeout=30).status_code == 200
+    started = time.monotonic()
+    r = httpx.post(url, content=b"\0" * 1024, timeout=30,
+                   headers={**_auth(key), "Content-Type": "multipart/form-data; boundary=b"})  # fmt: skip
+    waited = time.monotonic() - started
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == "rate_limit_exceeded" and "retry-after" in r.headers
+    assert waited >= 0.8 * stack.settings.rate_limited_delay_s
+    body = {"model": stack.base, "prompt": "hi", "max_tokens": 1}
+    done = httpx.post(f"{stack.api.url}/v1/completions", json=body, headers=_auth(key), timeout=60)
+    assert done.status_code == 200, done.text  # inference's budget is its own

@@ -147,3 +147,47 @@ def test_next_month_start_rolls_the_year() -> None:
     )
     assert next_month_start(datetime(2026, 2, 3, tzinfo=UTC)) == datetime(2026, 3, 1, tzinfo=UTC)
     assert month_of(datetime(2026, 7, 9, tzinfo=UTC)) == "2026-07"
+
+
+def test_a_minutes_requests_cannot_be_spent_in_one_burst(redis_url: str) -> None:
+    """Requests per minute are also enforced over `burst_ms` windows, scaled (as OpenAI
+    enforces them over shorter periods): at 600 a minute, at most 100 in any 10 s, so a tenant
+    cannot spend its minute in a one-second flood against its neighbours. Below the floor
+    (`BURST_FLOOR` requests a window) a small limit keeps its whole burst."""
+    from loraplex.platform.gateway.ratelimit import BURST_FLOOR
+
+    async def body(_rl: RateLimiter, redis: Redis):
+        rl = RateLimiter(redis, prefix=f"test:rl:{uuid.uuid4().hex}", burst_ms=10_000)
+        admitted = 0
+        refusal = None
+        for _ in range(150):
+            try:
+                await rl.acquire("t", 0, rpm=600, tpm=10**9)
+                admitted += 1
+            except HttpError as exc:
+                refusal = exc
+        small = [
+            (await rl.check("s", 0, rpm=BURST_FLOOR, tpm=10**9)).allowed
+            for _ in range(BURST_FLOOR + 1)
+        ]
+        return admitted, refusal, small
+
+    admitted, refusal, small = _run(redis_url, body)
+    assert admitted in (100, 200)  # 100 a window (200 when the run crosses a boundary)
+    assert refusal is not None and refusal.status == 429 and refusal.type == "requests"
+    assert 1 <= int(refusal.headers["retry-after"]) <= 10  # the short window's end
+    assert small == [True] * BURST_FLOOR + [False]
+
+
+def test_the_limits_snapshot_names_the_short_window(redis_url: str) -> None:
+    from loraplex.platform.gateway.ratelimit import TenantLimits
+
+    async def body(_rl: RateLimiter, redis: Redis):
+        rl = RateLimiter(redis, prefix=f"test:rl:{uuid.uuid4().hex}", burst_ms=10_000)
+        big = await rl.snapshot("t", TenantLimits(600, 10**6, None))
+        small = await rl.snapshot("t", TenantLimits(5, 10**6, None))
+        return big["requests_per_minute"], small["requests_per_minute"]
+
+    big, small = _run(redis_url, body)
+    assert big["burst"] == {"limit": 100, "seconds": 10}
+    assert "burst" not in small
