@@ -148,6 +148,7 @@ async def sign_in(request: Request, email: str = Form(""), password: str = Form(
     address = client_of(request, limits)
     outcome = await _off_loop(_check_password, request, limits, _account(email), address, password)
     if isinstance(outcome, Refusal):
+        await limits.pause.pause(address)
         raise _too_many(outcome)
     if outcome is None:
         return await _off_loop(_sign_in_page, request, "Wrong email or password.", 401)
@@ -188,6 +189,7 @@ async def first_owner(
     address = client_of(request, limits)
     outcome = await _off_loop(_create_owner, request, limits, address, admin_key, email, password)
     if isinstance(outcome, Refusal):
+        await limits.pause.pause(address)
         raise _too_many(outcome)
     if isinstance(outcome, Response):
         return outcome

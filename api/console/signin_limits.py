@@ -10,6 +10,10 @@ ends. The address is the peer's, or, when the peer is one of `console_trusted_pr
 right-most address of `X-Forwarded-For` that is not itself a trusted proxy (a client cannot
 pick its own address by sending the header).
 
+A refused attempt is answered after the pause refused tenants get (`rate_limited_delay_s`,
+at most `rate_limited_held` held per address; `gateway/refusal_pause.py`): a flood from one
+address waits instead of costing a request's CPU at the rate it can send.
+
 Without Redis (an API with no `redis_url` nor Redis broker) the same counts are kept in this
 process, and that is logged once."""
 
@@ -26,6 +30,7 @@ from typing import Protocol
 
 import redis
 
+from loraplex.platform.gateway.refusal_pause import RefusalPause
 from loraplex.platform.settings import Settings
 
 log = logging.getLogger("loraplex.console")
@@ -143,6 +148,7 @@ class SignInLimits:
         self.address_limit = settings.console_signin_address_failures
         self.networks = trusted_networks(settings.console_trusted_proxies)
         self.counter = counter
+        self.pause = RefusalPause(settings.rate_limited_delay_s, settings.rate_limited_held)
 
     def delay_s(self, failures: int) -> float:
         """The wait after `failures` failures of one account (0 while they are free)."""

@@ -192,3 +192,27 @@ def test_limits_are_shared_by_every_api_process(console_settings) -> None:
             assert (await _attempt(a, "shared@example.com", PASSWORD)).status_code == 429
 
     asyncio.run(main())
+
+
+def test_a_refused_sign_in_is_answered_after_a_pause(console_settings) -> None:
+    """A refused attempt (the address or the account over its limit) gets its 429 after the
+    pause refused tenants get (`rate_limited_delay_s`): a flood from one address then waits
+    instead of costing the API a request's CPU at the rate it can send."""
+    app = _address_app(console_settings)  # 3 failures an address
+
+    async def main() -> tuple[float, float]:
+        async with _client(app, "192.0.2.77") as c:
+            for _ in range(3):
+                started = time.perf_counter()
+                assert (
+                    await _attempt(c, "nobody@example.com", "wrong password!!")
+                ).status_code == 401
+            failed_s = time.perf_counter() - started
+            started = time.perf_counter()
+            refused = await _attempt(c, "nobody@example.com", "wrong password!!")
+            assert refused.status_code == 429
+            return failed_s, time.perf_counter() - started
+
+    failed_s, refused_s = asyncio.run(main())
+    pause = console_settings.rate_limited_delay_s
+    assert pause > 0 and refused_s >= 0.8 * pause, (failed_s, refused_s)
