@@ -291,7 +291,8 @@ def test_a_replica_drafts_the_target_adapters_requests_with_the_tied_draft_adapt
 
     option = {"method": "draft_adapter", "draft_model": str(drafts["copy"]), "k_min": 3,
               "k_max": 3}  # fmt: skip
-    # Three requests: below the draft guard's batch floor, so with k_min 3 every step drafts.
+    # With k_min 3 and the draft guard's floor above the batch, every step drafts (the guard
+    # would judge a draft model's speed here, which this test is not about).
     prompts = [[(7 * i + 3 * j) % 200 + 10 for j in range(12)] for i in range(3)]
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 
@@ -301,6 +302,7 @@ def test_a_replica_drafts_the_target_adapters_requests_with_the_tied_draft_adapt
                   max_loras=2, max_lora_rank=8, speculative=json.dumps(option),
                   storage=storage)  # fmt: skip
         core = llm.core
+        core.speculator.guard.min_batch = len(prompts) + 1
         core.install_lora_runtime(LoraRuntime.for_engine(
             core, object_store=ObjectStore(storage), allow_local_paths=False))  # fmt: skip
         sent = ref if with_drafts else ref.model_copy(update={"drafts": None})
