@@ -181,12 +181,21 @@ class UsageList(_Out):
     data: list[UsageRow]
 
 
+class BurstWindow(_Out):
+    """The most requests any short window allows (`gateway/ratelimit.py`)."""
+
+    limit: int
+    seconds: int
+
+
 class RateWindow(_Out):
-    """A per-minute limit and what remains of it."""
+    """A per-minute limit and what remains of it (requests: with their short window's cap,
+    where it binds)."""
 
     limit: int
     remaining: int
     reset: str
+    burst: BurstWindow | None = None
 
 
 class MonthlyTokens(_Out):
