@@ -341,7 +341,7 @@ def _byte_token(model_dir: Path) -> int:
 
 def _window(
     info: StackInfo, bystander: Bystander, attacker: Attacker, names: list[str], args: Any
-) -> tuple[list[float], int, float]:
+) -> tuple[list[float], int, float, float]:
     """One window: the bystander streams while `names` attack (none: a quiet window); its
     TTFTs, errors, the API's peak memory growth (MiB) and the API's CPU (its parse process
     included) over the window, in cores."""
