@@ -131,12 +131,6 @@ async def within_tenant_rate(
     if gw is None:
         return
     rpm = caller.requests_per_minute
+    rpm = rpm if rpm is not None else gw.settings.rate_limit_rpm
     tenant = str(caller.tenant_id)
-    try:
-        await gw.api_limiter.admit_request(
-            tenant, rpm if rpm is not None else gw.settings.rate_limit_rpm
-        )
-    except HttpError as exc:
-        if exc.status == 429:
-            await gw.refusals.pause(tenant)
-        raise
+    await gw.refusals.paused(tenant, gw.api_limiter.admit_request(tenant, rpm))

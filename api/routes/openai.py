@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import date
@@ -33,7 +33,7 @@ from loraplex.platform.gateway.openai_models import (
     TextCompletion,
     UsageList,
 )
-from loraplex.platform.gateway.ratelimit import RateLimitResult, TenantLimits, tenant_limits
+from loraplex.platform.gateway.ratelimit import TenantLimits, tenant_limits
 from loraplex.platform.gateway.request_parsing import parse_elsewhere, parse_request
 from loraplex.platform.gateway.resolve import NoDeployment, with_named_deployment
 from loraplex.platform.gateway.service import Gateway
@@ -210,22 +210,12 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, Any])
             await gone
 
 
-async def _charged(gw: Gateway, tenant: str, charge: Awaitable[RateLimitResult]) -> RateLimitResult:
-    """A rate-limiter charge; its 429 goes out after the tenant's pause (`refusal_pause.py`)."""
-    try:
-        return await charge
-    except HttpError as exc:
-        if exc.status == 429:
-            await gw.refusals.pause(tenant)
-        raise
-
-
 async def _run(request: Request, endpoint: Endpoint, adapter: str | None) -> Response:
     gw = _gateway(request)
     caller = await _authenticate(gw, request)
     tenant_id, key_id, limits = caller.tenant_id, caller.key_id, caller.limits
     # Limits first: a request over them costs no parsing, templating or tokenizing.
-    admitted = await _charged(gw, str(tenant_id), gw.limiter.admit(str(tenant_id), limits))
+    admitted = await gw.refusals.paused(str(tenant_id), gw.limiter.admit(str(tenant_id), limits))
     request.state.response_headers = admitted.headers()
     parsed, size = await _parsed_body(gw, request, endpoint, adapter, str(tenant_id))
     model = adapter if adapter is not None else parsed.model
@@ -242,8 +232,8 @@ async def _run(request: Request, endpoint: Endpoint, adapter: str | None) -> Res
     else:
         job = await gw.text.run_for(str(tenant_id), endpoint.build_job, *args)
     tokens = len(job.prompt_ids) + job.n * job.max_tokens
-    job.limit = await _charged(
-        gw, str(tenant_id), gw.limiter.acquire_tokens(str(tenant_id), tokens, limits)
+    job.limit = await gw.refusals.paused(
+        str(tenant_id), gw.limiter.acquire_tokens(str(tenant_id), tokens, limits)
     )
     headers = job.limit.headers()
     request.state.response_headers = headers  # errors from here on carry them too

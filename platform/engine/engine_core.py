@@ -340,7 +340,7 @@ class EngineCore:
         finished = {
             r.request_id for r in self.scheduler.update(sched, result.sampled, result.accepted)
         }
-        emitted = self._emitted(result) if drafted else {}
+        emitted = self._emitted(result) if spec is not None else {}
         if spec is not None and drafted:  # no drafts this step: nothing to settle
             spec.settle(sched, emitted)
         now = time.monotonic()
@@ -366,11 +366,7 @@ class EngineCore:
             deltas.append(self._delta(r, kept, lps[: len(kept)]))
         self._update_gauges()
         if spec is not None:
-            num_emitted = (
-                sum(len(t) for t in emitted.values())
-                if drafted
-                else sum(1 for t in result.sampled.values() if t is not None)
-            )
+            num_emitted = sum(len(t) for t in emitted.values())
             spec.end_step(sched, drafted, num_emitted, time.perf_counter() - step_start)
         return deltas
 

@@ -306,11 +306,7 @@ class RateLimiter:
         if result.over_quota:
             raise quota_error(result, tokens, datetime.now(UTC))
         if result.over_burst:
-            message = (
-                f"Rate limit reached: {rpm} requests per minute, at most {result.over_burst} "
-                f"in any {self._burst_ms / 1000:g} seconds. "
-                f"Try again in {format_duration(result.reset_ms)}."
-            )
+            message = self._requests_message(rpm, result)
         elif tokens > tpm:
             message = f"Request too large: it needs {tokens} tokens but the limit is {tpm} tokens per minute."
         else:
@@ -334,18 +330,24 @@ class RateLimiter:
         result = await self.check(tenant_id, 0, rpm, UNBOUNDED)
         if result.allowed:
             return result
+        raise HttpError(
+            429,
+            self._requests_message(rpm, result),
+            type="requests",
+            code="rate_limit_exceeded",
+            headers={k: v for k, v in result.headers().items() if "-tokens" not in k},
+        )
+
+    def _requests_message(self, rpm: int, result: RateLimitResult) -> str:
+        """A refusal over the requests per minute, or over their short window's share."""
         burst = (
             f", at most {result.over_burst} in any {self._burst_ms / 1000:g} seconds"
             if result.over_burst
             else ""
         )
-        raise HttpError(
-            429,
+        return (
             f"Rate limit reached: {rpm} requests per minute{burst}. "
-            f"Try again in {format_duration(result.reset_ms)}.",
-            type="requests",
-            code="rate_limit_exceeded",
-            headers={k: v for k, v in result.headers().items() if "-tokens" not in k},
+            f"Try again in {format_duration(result.reset_ms)}."
         )
 
     async def charge(self, tenant_id: str, tokens: int) -> None:

@@ -12,6 +12,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from loraplex.platform.errors import HttpError
+
+T = TypeVar("T")
 
 
 class RefusalPause:
@@ -33,3 +39,12 @@ class RefusalPause:
             self._held[tenant] -= 1
             if self._held[tenant] <= 0:
                 del self._held[tenant]
+
+    async def paused(self, tenant: str, charge: Awaitable[T]) -> T:
+        """Await a limiter's `charge` for `tenant`; its 429 goes out after the pause."""
+        try:
+            return await charge
+        except HttpError as exc:
+            if exc.status == 429:
+                await self.pause(tenant)
+            raise
