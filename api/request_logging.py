@@ -6,6 +6,7 @@ from the `Route` the gateway fills while it serves it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from datetime import UTC, datetime, timedelta
@@ -27,6 +28,7 @@ from loraplex.platform.services.request_log import (
 from loraplex.platform.settings import Settings
 
 PREFIX = "/v1/"
+GATHER_S = 0.5  # the first entry's flush waits this long, so a burst is written at once
 _BODY_PEEK = 16_384  # an error body is small; more than this is not parsed
 _TOKEN_CAP = 512
 # An SSE error event starts a frame so: JSON in a data line escapes the quotes of any text the
@@ -69,15 +71,21 @@ def _event_of(chunk: bytes) -> bytes:
 
 
 class RequestLogMiddleware:
-    """Pure ASGI (streams pass through untouched); writes happen after the answer is sent,
-    batched, in a worker thread, one flush at a time per process."""
+    """Pure ASGI (streams pass through untouched); writes happen after the answer is sent, in
+    a worker thread, one flush at a time per process: the first entry starts a flush
+    `GATHER_S` later, so the entries of a burst share one transaction (a flood of refusals
+    would otherwise cost a database write each on the API's shared threads). What is queued
+    at shutdown is written before the app reports it has stopped."""
 
     def __init__(self, app: ASGIApp, writer: RequestLogWriter | None) -> None:
         self.app = app
         self.writer = writer
-        self._flushing = False
+        self._flush_task: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.writer is not None and scope["type"] == "lifespan":
+            await self.app(scope, receive, self._flushing_at_shutdown(send))
+            return
         if self.writer is None or scope["type"] != "http" or not scope["path"].startswith(PREFIX):
             await self.app(scope, receive, send)
             return
@@ -112,7 +120,7 @@ class RequestLogMiddleware:
             status = 500 if crashed is not None and seen["status"] < 400 else seen["status"]
             if status >= 400 or seen["event"]:
                 self._add(scope, status, seen, began, crashed, route)
-        await self._flush()
+                self._schedule_flush()
 
     def _add(
         self,
@@ -147,15 +155,30 @@ class RequestLogMiddleware:
             )
         )
 
-    async def _flush(self) -> None:
-        """Write what is queued, unless this process is writing already (that flush loops
-        until the queue is empty)."""
+    def _schedule_flush(self) -> None:
+        """Start a flush `GATHER_S` from now, unless one is started or running already (that
+        one loops until the queue is empty)."""
+        if self._flush_task is None or self._flush_task.done():
+            self._flush_task = asyncio.get_running_loop().create_task(self._flush(GATHER_S))
+
+    async def _flush(self, after_s: float) -> None:
+        """Wait `after_s` (entries gather), then write what is queued, in a worker thread."""
         assert self.writer is not None
-        if self._flushing:
-            return
-        self._flushing = True
-        try:
-            while self.writer.pending():
+        await asyncio.sleep(after_s)
+        while self.writer.pending():
+            await anyio.to_thread.run_sync(self.writer.flush)
+
+    def _flushing_at_shutdown(self, send: Send) -> Send:
+        """The lifespan's `send`, writing what is queued before shutdown is reported done."""
+
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "lifespan.shutdown.complete":
+                task = self._flush_task
+                if task is not None and not task.done():
+                    task.cancel()  # a write under way finishes first (threads are not cut)
+                    await asyncio.gather(task, return_exceptions=True)
+                assert self.writer is not None
                 await anyio.to_thread.run_sync(self.writer.flush)
-        finally:
-            self._flushing = False
+            await send(message)
+
+        return wrapped

@@ -163,3 +163,40 @@ def test_a_stream_that_ends_well_is_not_logged(stack: dict[str, Any]) -> None:
     _logged(stack, refused.headers["x-request-id"])  # a later request: written by now
     with stack["sessions"]() as session:
         assert request_log.find(session, r.headers["x-request-id"]) is None
+
+
+def test_a_burst_of_refusals_is_written_in_a_few_transactions(stack: dict[str, Any]) -> None:
+    """A flood of refused requests must not cost a database transaction each (the writes
+    run on the API's shared threads): entries that arrive together are written together.
+    Each row's `xmin` names the transaction that inserted it."""
+    from sqlalchemy import text
+
+    rids = [_chat(stack, "no-such-model").headers["x-request-id"] for _ in range(40)]
+    _logged(stack, rids[-1])
+    with stack["sessions"]() as session:
+        rows = session.execute(
+            text("SELECT request_id, xmin::text FROM request_log WHERE request_id = ANY(:ids)"),
+            {"ids": rids},
+        ).all()
+    assert len(rows) == len(rids)  # every refusal is logged
+    transactions = {xmin for _, xmin in rows}
+    assert len(transactions) <= 4, f"{len(rids)} refusals took {len(transactions)} transactions"
+
+
+def test_refusals_queued_at_shutdown_are_written(
+    pg_url: str, settings: Any, s3_client: Any, tmp_path_factory: Any
+) -> None:
+    """Entries wait a moment to be written together; an API stopping meanwhile writes them
+    before it reports it has stopped."""
+    from loraplex.api.app import create_app
+    from loraplex.platform.db.session import make_sessionmaker
+    from loraplex.platform.services import request_log
+
+    with control_plane(pg_url, settings, s3_client, "reqlog-stop") as cp:
+        with TestClient(create_app(cp), raise_server_exceptions=False) as client:
+            r = client.post(
+                "/v1/completions", headers={"Authorization": "Bearer nope"}, json={"model": "m"}
+            )
+        assert r.status_code == 401
+        with make_sessionmaker(cp.database_url)() as session:
+            assert request_log.find(session, r.headers["x-request-id"]) is not None
