@@ -147,25 +147,33 @@ def prefill_attention_torch(
     scale: float,
     scales: KVScales = NO_SCALES,
 ) -> torch.Tensor:
-    """One sequence's chunk q [n, Hq, D] at positions context_len.. over its cached context."""
+    """One sequence's chunk q [n, Hq, D] at positions context_len.. over its cached context.
+
+    Batched 4-D inputs let SDPA pick its fused (flash) CPU kernel, which never holds the
+    [n, L] scores; 3-D ones fell to the math path (a 1,500-token prompt's attention cost
+    2.5x as much). A whole prompt is plainly causal (the kernel skips the masked blocks); a
+    later chunk's causal mask is offset by its context, so it is given explicitly.
+    """
     n, hq, d = q.shape
     bs, hkv = kv_cache.shape[2], kv_cache.shape[3]
     num_blocks = -(-seq_len // bs)
     k, v = gather_kv(kv_cache, block_table[None, :], num_blocks)
-    k = from_cache(k[0, :seq_len], q.dtype, scales.k).transpose(0, 1)  # [Hkv, L, D]
-    v = from_cache(v[0, :seq_len], q.dtype, scales.v).transpose(0, 1)
-    q_pos = torch.arange(n, device=q.device) + context_len
-    key_pos = torch.arange(seq_len, device=q.device)
-    mask = key_pos[None, :] <= q_pos[:, None]  # [n, L]
+    k = from_cache(k[:, :seq_len], q.dtype, scales.k).transpose(1, 2)  # [1, Hkv, L, D]
+    v = from_cache(v[:, :seq_len], q.dtype, scales.v).transpose(1, 2)
+    mask = None
+    if seq_len != n:  # keys before the chunk: the causal mask is offset
+        q_pos = torch.arange(n, device=q.device) + context_len
+        mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]  # [n, L]
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1),
+        q.transpose(0, 1)[None],
         k,
         v,
         attn_mask=mask,
+        is_causal=mask is None,
         scale=scale,
         enable_gqa=hq != hkv,
     )
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)
 
 
 @dataclass
