@@ -100,6 +100,7 @@ class EngineCore:
             config.max_num_batched_tokens,
             max_len,
             config.enable_chunked_prefill,
+            shared_step_s=config.shared_step_s,
         )
         self.runner = ModelRunner(
             self.model,
@@ -335,6 +336,7 @@ class EngineCore:
         if self.before_forward is not None:
             self.before_forward(sched)
         result = self.runner.execute(sched)
+        self.scheduler.observe_step(sched, time.perf_counter() - step_start)
         for rid, entries in result.prompt_logprobs.items():
             self.scheduler.requests[rid].prompt_logprobs.extend(entries)
         finished = {

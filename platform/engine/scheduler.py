@@ -7,7 +7,7 @@ blocks run out, then admits waiting requests while the token budget
 admission policy allow. Admission is fair across tenants (`tenant_fairness.py`): round-robin,
 the tenant with the fewest running requests first, and running prefill chunks leave room for
 the first prompt of a tenant that has nothing running; one tenant alone is served in arrival
-order. A request's progress is one number, `num_computed_tokens`, so a
+order; while tenants share, prefill chunks keep a step near `shared_step_s`. A request's progress is one number, `num_computed_tokens`, so a
 prefill chunk and a decode are the same thing: "run the next N tokens".
 """
 
@@ -21,7 +21,13 @@ from typing import Protocol
 
 from loraplex.platform.engine.prefix_cache import KVCacheManager
 from loraplex.platform.engine.request import Request, RequestStatus
-from loraplex.platform.engine.tenant_fairness import fair_order, prefill_reserve
+from loraplex.platform.engine.tenant_fairness import (
+    MIN_SHARED_PREFILL,
+    SharedStepBudget,
+    fair_order,
+    prefill_reserve,
+    shared,
+)
 
 
 class AdmissionPolicy(Protocol):
@@ -105,6 +111,7 @@ class Scheduler:
         max_model_len: int,
         enable_chunked_prefill: bool = True,
         policy: AdmissionPolicy | None = None,
+        shared_step_s: float = 0.0,
     ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -112,6 +119,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.enable_chunked_prefill = enable_chunked_prefill
         self.policy: AdmissionPolicy = policy or AdmitAll()
+        self.step_budget = SharedStepBudget(shared_step_s)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -162,14 +170,15 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         seats = self.max_num_seqs - len(self.running)
-        reserve = prefill_reserve(self.waiting, self.running, budget, seats)
+        room = self._prefill_room(budget)
+        reserve = prefill_reserve(self.waiting, self.running, room, seats)
         kept: list[Request] = []
         # Decodes first (stable: running order within each kind).
         queue = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
         while queue and budget > 0:
             request = queue.pop(0)
             left = request.num_tokens - request.num_computed_tokens
-            n = min(left, budget if left <= 1 else budget - reserve)
+            n = min(left, budget if left <= 1 else min(budget, room) - reserve)
             if n <= 0:  # a prefill chunk waits a step: its room is held for a new tenant
                 kept.append(request)
                 continue
@@ -183,10 +192,11 @@ class Scheduler:
                 kept.append(request)
                 out.scheduled.append(ScheduledRequest(request, n, request.num_computed_tokens))
                 budget -= n
+                room -= n if left > 1 else 0
         kept.extend(queue)  # running requests the budget did not reach stay running
         self.running = kept
         if not out.preempted:
-            self._admit_waiting(out, budget)
+            self._admit_waiting(out, min(budget, room))
         now = time.monotonic()
         for s in out.scheduled:
             if s.request.scheduled_time is None:
@@ -194,6 +204,20 @@ class Scheduler:
         if out.scheduled:
             self.num_steps += 1
         return out
+
+    def _prefill_room(self, budget: int) -> int:
+        """Tokens this step's prefill chunks may take: all of `budget`, unless tenants share
+        the engine (then what keeps the step near `shared_step_s`, past the decodes)."""
+        if self.step_budget.target_s <= 0 or not shared(self.waiting, self.running):
+            return budget
+        decodes = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens <= 1)
+        return max(MIN_SHARED_PREFILL, self.step_budget.tokens(budget) - decodes)
+
+    def observe_step(self, out: SchedulerOutput, seconds: float) -> None:
+        """A step of `out` took `seconds` (what sizes shared steps; decode-only steps say
+        little of a prefill token's cost and are not counted)."""
+        if out.num_tokens > len(out.scheduled):
+            self.step_budget.observe(out.num_tokens, seconds)
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         if not self.waiting or budget <= 0 or len(self.running) >= self.max_num_seqs:
