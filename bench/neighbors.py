@@ -384,7 +384,8 @@ def measure(info: StackInfo, args: argparse.Namespace) -> dict[str, float]:
     bystander = Bystander(url, info[1], "bench-0", args.streams, args.bystander_nice)
     out: dict[str, float] = {}
     _, log_offset = _stalls_since(info.api_log, 0)
-    windows = [[a] for a in args.attacks] + ([list(args.attacks)] if args.all_at_once else [])
+    singles = [[a] for a in args.attacks] if args.each else []
+    windows = singles + ([list(args.attacks)] if args.all_at_once else [])
     for names in windows:
         label = names[0] if len(names) == 1 else "all"
         console.print(f"quiet, then attack: {label}")
@@ -415,6 +416,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upload-mb", type=int, default=512, help="size of each attacking upload")
     p.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=ATTACKS)
     p.add_argument("--no-all-at-once", dest="all_at_once", action="store_false")
+    p.add_argument(
+        "--only-all-at-once",
+        dest="each",
+        action="store_false",
+        help="skip the windows of one attack each (the attacks together only)",
+    )
     p.add_argument("--stall-ms", type=float, default=20.0, help="API loop stalls logged past")
     p.add_argument("--keep-logs", type=Path, help="copy the stack's logs here at the end")
     p.add_argument(
