@@ -104,3 +104,18 @@ def test_requests_arriving_together_verify_a_new_key_once(
     uses = client.portal.call(wave)
     assert len({u.key_id for u in uses}) == 1
     assert len(key_queries) - before == 1, len(key_queries) - before
+
+
+def test_the_adapter_api_verifies_a_known_key_from_the_cache_too(
+    client: TestClient, admin_headers: dict[str, str], key_queries: list[str]
+) -> None:
+    """The adapter API's requests (and its refusals: a flood of refused uploads) cost no key
+    query and no write once the key is known; a revocation still applies at once."""
+    _, key_id, headers = _tenant_with_key(client, admin_headers)
+    assert client.get("/v1/adapters", headers=headers).status_code == 200
+    first = len(key_queries)
+    for _ in range(5):
+        assert client.get("/v1/adapters", headers=headers).status_code == 200
+    assert len(key_queries) == first
+    assert client.delete(f"/admin/v1/api-keys/{key_id}", headers=admin_headers).status_code == 200
+    assert client.get("/v1/adapters", headers=headers).status_code == 401
