@@ -100,7 +100,7 @@ class EngineCore:
             config.max_num_batched_tokens,
             max_len,
             config.enable_chunked_prefill,
-            shared_step_s=config.shared_step_s,
+            shared_prefill_s=config.shared_prefill_s,
         )
         self.runner = ModelRunner(
             self.model,

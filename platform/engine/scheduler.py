@@ -7,7 +7,7 @@ blocks run out, then admits waiting requests while the token budget
 admission policy allow. Admission is fair across tenants (`tenant_fairness.py`): round-robin,
 the tenant with the fewest running requests first, and running prefill chunks leave room for
 the first prompt of a tenant that has nothing running; one tenant alone is served in arrival
-order; while tenants share, prefill chunks keep a step near `shared_step_s`. A request's progress is one number, `num_computed_tokens`, so a
+order; while tenants share, prefill chunks add about `shared_prefill_s` to a step. A request's progress is one number, `num_computed_tokens`, so a
 prefill chunk and a decode are the same thing: "run the next N tokens".
 """
 
@@ -22,7 +22,6 @@ from typing import Protocol
 from loraplex.platform.engine.prefix_cache import KVCacheManager
 from loraplex.platform.engine.request import Request, RequestStatus
 from loraplex.platform.engine.tenant_fairness import (
-    MIN_SHARED_PREFILL,
     SharedStepBudget,
     fair_order,
     prefill_reserve,
@@ -111,7 +110,7 @@ class Scheduler:
         max_model_len: int,
         enable_chunked_prefill: bool = True,
         policy: AdmissionPolicy | None = None,
-        shared_step_s: float = 0.0,
+        shared_prefill_s: float = 0.0,
     ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -119,7 +118,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.enable_chunked_prefill = enable_chunked_prefill
         self.policy: AdmissionPolicy = policy or AdmitAll()
-        self.step_budget = SharedStepBudget(shared_step_s)
+        self.step_budget = SharedStepBudget(shared_prefill_s)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -207,17 +206,15 @@ class Scheduler:
 
     def _prefill_room(self, budget: int) -> int:
         """Tokens this step's prefill chunks may take: all of `budget`, unless tenants share
-        the engine (then what keeps the step near `shared_step_s`, past the decodes)."""
+        the engine (then what adds about `shared_prefill_s` to the step)."""
         if self.step_budget.target_s <= 0 or not shared(self.waiting, self.running):
             return budget
-        decodes = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens <= 1)
-        return max(MIN_SHARED_PREFILL, self.step_budget.tokens(budget) - decodes)
+        return self.step_budget.tokens(budget)
 
     def observe_step(self, out: SchedulerOutput, seconds: float) -> None:
-        """A step of `out` took `seconds` (what sizes shared steps; decode-only steps say
-        little of a prefill token's cost and are not counted)."""
-        if out.num_tokens > len(out.scheduled):
-            self.step_budget.observe(out.num_tokens, seconds)
+        """A step of `out` took `seconds` (what sizes shared steps' prefill)."""
+        prefill = sum(s.num_tokens for s in out.scheduled if not s.samples or s.num_tokens > 1)
+        self.step_budget.observe(out.num_tokens - prefill, prefill, seconds)
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         if not self.waiting or budget <= 0 or len(self.running) >= self.max_num_seqs:

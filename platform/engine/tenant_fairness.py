@@ -10,13 +10,14 @@ tenant alone is served first come, first served. Preempted requests keep their p
 head: they were running.
 
 A step is every running request's wait, so while more than one tenant has work its prefill
-chunks are sized to keep the step near a target time (`SharedStepBudget`): one tenant's long
-prompts in full-budget steps would hold another's first token for two such steps.
+chunks are sized to add about a target time to the step (`SharedStepBudget`): one tenant's
+long prompts in full-budget steps would hold another's first token for two such steps.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 
@@ -96,30 +97,67 @@ _NOBODY = object()
 
 
 class SharedStepBudget:
-    """Tokens a step may hold while tenants share the engine, so that it lasts about
-    `target_s`: the target over the measured seconds per token of recent steps with prefill
-    work (an average over the step's fixed cost too, so the sizes settle where a step's whole
-    time meets the target). 0 turns it off; no cap before a step was measured."""
+    """Prefill tokens a step may hold while tenants share the engine, so that the prefill
+    chunks add about `target_s` to it: the target over the marginal seconds of a prefill
+    token, fitted online over recent steps (step time = fixed + per decode x decodes + per
+    prefill token x prefill tokens, recursive least squares with forgetting), so many running
+    decodes do not squeeze prefill out. Before the fit has two kinds of steps to tell the
+    costs apart, the average seconds per token of recent steps stands in (an overestimate:
+    smaller chunks). 0 turns it off; no cap before a step was measured."""
 
+    FORGET = 0.95
     SMOOTHING = 0.5
+    P_CAP = 1e6
 
     def __init__(self, target_s: float) -> None:
         self.target_s = target_s
-        self.seconds_per_token: float | None = None
+        self._reset()
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        """A step with prefill work ran `tokens` tokens in `seconds`."""
+    def _reset(self) -> None:
+        self.average: float | None = None  # seconds per token, all tokens of a step
+        self._theta = [0.0, 0.0, 0.0]
+        self._p = [[self.P_CAP if i == j else 0.0 for j in range(3)] for i in range(3)]
+        self._fits = 0
+
+    def observe(self, decodes: int, prefill: int, seconds: float) -> None:
+        """A step ran `decodes` decode tokens and `prefill` prefill tokens in `seconds`."""
+        tokens = decodes + prefill
         if tokens <= 0 or seconds <= 0:
             return
         rate = seconds / tokens
-        old = self.seconds_per_token
-        self.seconds_per_token = rate if old is None else old + self.SMOOTHING * (rate - old)
+        self.average = rate if self.average is None else (
+            self.average + self.SMOOTHING * (rate - self.average)
+        )  # fmt: skip
+        x = (1.0, float(decodes), float(prefill))
+        px = [sum(self._p[i][j] * x[j] for j in range(3)) for i in range(3)]
+        gain = [v / (self.FORGET + sum(x[i] * px[i] for i in range(3))) for v in px]
+        error = seconds - sum(self._theta[i] * x[i] for i in range(3))
+        self._theta = [self._theta[i] + gain[i] * error for i in range(3)]
+        self._p = [
+            [(self._p[i][j] - gain[i] * px[j]) / self.FORGET for j in range(3)] for i in range(3)
+        ]
+        self._fits += 1
+        # Steps of one kind only (say, decodes for minutes) let the forgetting grow the
+        # covariance without bound in the unseen direction: cap it, and start over on nonsense.
+        big = max(self._p[i][i] for i in range(3))
+        if not all(map(math.isfinite, [*self._theta, big])):
+            self._reset()
+        elif big > self.P_CAP:
+            self._p = [[v * self.P_CAP / big for v in row] for row in self._p]
+
+    def seconds_per_prefill_token(self) -> float | None:
+        """The marginal cost of a prefill token (None before any step was measured)."""
+        fitted = self._theta[2]
+        if self._fits >= 4 and fitted > 0 and self.average is not None:
+            return min(fitted, self.average * 4)  # a wild early fit cannot starve prefill
+        return self.average
 
     def tokens(self, budget: int) -> int:
-        """This step's tokens while tenants share (at most `budget`)."""
-        if self.target_s <= 0 or not self.seconds_per_token:
+        """This step's prefill tokens while tenants share (at most `budget`)."""
+        cost = self.seconds_per_prefill_token()
+        if self.target_s <= 0 or not cost:
             return budget
-        return max(MIN_SHARED_PREFILL, min(budget, int(self.target_s / self.seconds_per_token)))
+        return max(MIN_SHARED_PREFILL, min(budget, int(self.target_s / cost)))
 
 
 __all__ = [

@@ -98,10 +98,10 @@ class EngineConfig:
     gpu_memory_utilization: float = _opt(0.9, "share of free GPU memory for the KV cache")
     max_num_seqs: int = _opt(64, "sequences in one step, at most")
     max_num_batched_tokens: int = _opt(2048, "tokens in one step, at most")
-    shared_step_s: float = _opt(
-        0.025, "while more than one tenant has work, prefill chunks are sized so a step lasts "
-        "about this long (measured from recent steps; a step is every running request's wait); "
-        "0: always max_num_batched_tokens",
+    shared_prefill_s: float = _opt(
+        0.025, "while more than one tenant has work, a step's prefill chunks are sized to add "
+        "about this long to it (their cost per token fitted from recent steps; a step is every "
+        "running request's wait); 0: always up to max_num_batched_tokens",
     )  # fmt: skip
     max_model_len: int | None = _opt(None, "context length (default: the model's)")
     enable_prefix_caching: bool = _opt(True, "share KV blocks of equal prefixes")
@@ -188,8 +188,8 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
-        if self.shared_step_s < 0:
-            raise ValueError("shared_step_s must be >= 0")
+        if self.shared_prefill_s < 0:
+            raise ValueError("shared_prefill_s must be >= 0")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
         if self.max_model_len is not None and self.max_model_len < 2:
