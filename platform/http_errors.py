@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraplex.platform.errors import GENERIC_MESSAGE, LoraplexError, error_body, error_type
@@ -149,6 +150,15 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     )
 
 
+async def _client_gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
+    """The client left before its body arrived: it closed its request (499, what a client
+    leaving during the work gets), no server error to report. Nobody reads the answer; the
+    request log keeps it."""
+    return error_response(
+        499, "The client closed the request.", code="client_closed", headers=_headers(request)
+    )
+
+
 async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
     rid = _request_id(request)
     log.error("request %s: unhandled %s", rid, type(exc).__name__, exc_info=exc)
@@ -165,5 +175,6 @@ def install_error_handlers(app: FastAPI, *, trust_incoming_request_id: bool = Fa
     app.add_exception_handler(LoraplexError, _loraplex_error)  # type: ignore[arg-type]  # hinted over Exception; called for its class
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]  # hinted over Exception; called for its class
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]  # hinted over Exception; called for its class
+    app.add_exception_handler(ClientDisconnect, _client_gone)  # type: ignore[arg-type]  # hinted over Exception; called for its class
     app.add_exception_handler(Exception, _unhandled)
     app.add_middleware(RequestIdMiddleware, trust_incoming=trust_incoming_request_id)

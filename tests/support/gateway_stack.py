@@ -67,7 +67,8 @@ class Api:
     """The API app (`loraplex.api.app:create_app`) under uvicorn."""
 
     def __init__(self, env: dict[str, str], workdir: Path) -> None:
-        self.url, self.proc = start_api_process(env, workdir / f"api-{os.urandom(4).hex()}.log")
+        self.log = workdir / f"api-{os.urandom(4).hex()}.log"
+        self.url, self.proc = start_api_process(env, self.log)
 
     def stop(self) -> None:
         """Stop the server."""
