@@ -146,10 +146,8 @@ class Settings(BaseSettings):
     # A tenant past its rate limit or quota gets its 429 after this pause (at most
     # `rate_limited_held` held per tenant; `gateway/refusal_pause.py`); 0: at once.
     rate_limited_delay_s: float = Field(default=0.5, ge=0.0, le=10.0)
-    # Completion bodies this large with many values are parsed in the gateway's parse process
-    # (validating them would hold the GIL the event loop needs for milliseconds); smaller ones,
-    # and large ones of few values (`request_parsing.PARSE_HERE_MAX_SEPARATORS`: a long prompt
-    # string), on a text worker.
+    # Completion bodies this large are parsed in the gateway's parse process (their JSON would
+    # hold the GIL the event loop needs for milliseconds); smaller ones on a text worker.
     parse_process_min_bytes: int = Field(default=1 << 20, ge=0)
     rate_limited_held: int = Field(default=32, ge=0)
     # When an adapter version turns ready, warm it into the host tier of this many of the

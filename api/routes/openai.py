@@ -34,7 +34,7 @@ from loraplex.platform.gateway.openai_models import (
     UsageList,
 )
 from loraplex.platform.gateway.ratelimit import TenantLimits, tenant_limits
-from loraplex.platform.gateway.request_parsing import parse_by_cost, parse_request
+from loraplex.platform.gateway.request_parsing import parse_elsewhere, parse_request
 from loraplex.platform.gateway.resolve import NoDeployment, with_named_deployment
 from loraplex.platform.gateway.service import Gateway
 from loraplex.platform.gateway.streaming import bounded_relay
@@ -165,8 +165,8 @@ async def _parsed_body(
         return parse_request(raw, endpoint, adapter), len(raw)
     if len(raw) < gw.settings.parse_process_min_bytes:
         return await gw.text.run_for(tenant, parse_request, raw, endpoint, adapter), len(raw)
-    # in the tenant's turn on a text worker (which waits on the parse process for many values)
-    parsed = await gw.text.run_for(tenant, parse_by_cost, gw.parser, raw, endpoint, adapter)
+    # in the tenant's turn on a text worker, which waits on the parse process
+    parsed = await gw.text.run_for(tenant, parse_elsewhere, gw.parser, raw, endpoint, adapter)
     return parsed, len(raw)
 
 

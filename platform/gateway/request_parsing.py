@@ -16,12 +16,6 @@ from loraplex.platform.gateway.parse_process import ParseProcess
 
 ENDPOINTS: dict[str, Endpoint] = {CHAT.name: CHAT, TEXT.name: TEXT}
 
-PARSE_HERE_MAX_SEPARATORS = 20_000
-"""Bodies with at most this many `,` and `:` (about as many JSON values: some 5 ms of
-validation at 0.25 us each) are parsed in place. A 4 MB prompt parsed in 3.5 ms here, while
-its trip to the parse process (pipes, pickling both ways) cost about 45 ms of CPU on the same
-core; 200,000 token ids took 50 ms to validate."""
-
 
 def parse_request(raw: bytes, endpoint: Endpoint, adapter: str | None) -> Any:
     """The body's bytes as the request model of `endpoint`, parsed straight into it (400 for
@@ -37,16 +31,6 @@ def _parse_in_child(raw: bytes, endpoint: str, adapter: str | None) -> tuple[Any
         return ("ok", parse_request(raw, ENDPOINTS[endpoint], adapter))
     except LoraplexError as exc:
         return ("error", exc.status, exc.message, exc.type, exc.param, exc.code)
-
-
-def parse_by_cost(
-    process: ParseProcess, raw: bytes, endpoint: Endpoint, adapter: str | None
-) -> Any:
-    """`parse_request` in place when the body has few values, else in the parse process
-    (call from a worker thread: counting the separators of 4 MB takes about 2 ms)."""
-    if raw.count(b",") + raw.count(b":") <= PARSE_HERE_MAX_SEPARATORS:
-        return parse_request(raw, endpoint, adapter)
-    return parse_elsewhere(process, raw, endpoint, adapter)
 
 
 def parse_elsewhere(

@@ -62,25 +62,3 @@ def test_the_same_refusals_as_parsing_in_place(parser: ParseProcess, raw: bytes)
     assert (got.status, got.message, got.code, got.param, got.type) == (
         want.status, want.message, want.code, want.param, want.type,
     )  # fmt: skip
-
-
-def test_a_long_string_is_parsed_in_place_and_many_values_elsewhere() -> None:
-    """What a parse costs is its values, not its bytes: a 4 MB prompt parses in about 3.5 ms
-    (1 ms a MB), while shipping it to the parse process and its model back cost about ten
-    times that in pipes and pickling on the same core. 200,000 token ids (1.5 MB) take about
-    50 ms to validate: those go to the process."""
-    from loraplex.platform.gateway.request_parsing import parse_by_cost
-
-    fresh = ParseProcess()
-    try:
-        prompt = json.dumps({"model": "m", "prompt": "word " * 800_000, "max_tokens": 4})
-        parsed = parse_by_cost(fresh, prompt.encode(), TEXT, None)
-        assert parsed == parse_request(prompt.encode(), TEXT, None)
-        assert fresh._pool is None  # the process was never needed
-        ids = json.dumps({"model": "m", "prompt": list(range(1, 200_000)), "max_tokens": 4})
-        assert parse_by_cost(fresh, ids.encode(), TEXT, None) == parse_request(
-            ids.encode(), TEXT, None
-        )
-        assert fresh._pool is not None
-    finally:
-        fresh.close()
