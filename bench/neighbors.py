@@ -435,7 +435,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     """Entry point of `loraplex bench neighbors`."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not (args.each or args.all_at_once):
+        parser.error("--only-all-at-once and --no-all-at-once leave no window to measure")
     overrides: dict[str, Any] = {"loop_stall_log_ms": args.stall_ms}
     split = split_cores() if args.isolate_replica else None
     engine: dict[str, Any] = {}

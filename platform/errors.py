@@ -82,6 +82,11 @@ class HttpError(LoraplexError):
         super().__init__(message, status=status, **kw)
 
 
+def client_closed() -> HttpError:
+    """The client left before its answer (499): during the work, or before its body arrived."""
+    return HttpError(499, "The client closed the request.", code="client_closed")
+
+
 class InternalError(LoraplexError):
     """Our failure, not the caller's: the caller gets the generic message (and the request
     id); `detail` says what happened, in the log."""

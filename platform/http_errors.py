@@ -21,7 +21,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from loraplex.platform.errors import GENERIC_MESSAGE, LoraplexError, error_body, error_type
+from loraplex.platform.errors import (
+    GENERIC_MESSAGE,
+    LoraplexError,
+    client_closed,
+    error_body,
+    error_type,
+)
 
 log = logging.getLogger("loraplex.errors")
 
@@ -151,12 +157,10 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 
 
 async def _client_gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
-    """The client left before its body arrived: it closed its request (499, what a client
+    """The client left before its body arrived: it closed its request (the 499 a client
     leaving during the work gets), no server error to report. Nobody reads the answer; the
     request log keeps it."""
-    return error_response(
-        499, "The client closed the request.", code="client_closed", headers=_headers(request)
-    )
+    return await _loraplex_error(request, client_closed())
 
 
 async def _unhandled(request: Request, exc: Exception) -> JSONResponse:

@@ -20,7 +20,7 @@ import anyio
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from loraplex.platform.errors import HttpError
+from loraplex.platform.errors import HttpError, client_closed
 from loraplex.platform.gateway import completion, responses
 from loraplex.platform.gateway.deployment_choice import DEPLOYMENT_HEADER
 from loraplex.platform.gateway.endpoints import CHAT, TEXT, Endpoint
@@ -201,7 +201,7 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, Any])
         task.cancel()
         with contextlib.suppress(BaseException):
             await task
-        raise HttpError(499, "The client closed the request.", code="client_closed")
+        raise client_closed()
     finally:
         for t in (task, gone):
             if not t.done():

@@ -7,8 +7,9 @@ blocks run out, then admits waiting requests while the token budget
 admission policy allow. Admission is fair across tenants (`tenant_fairness.py`): round-robin,
 the tenant with the fewest running requests first, and running prefill chunks leave room for
 the first prompt of a tenant that has nothing running; one tenant alone is served in arrival
-order; while tenants share, prefill chunks add about `shared_prefill_s` to a step. A request's progress is one number, `num_computed_tokens`, so a
-prefill chunk and a decode are the same thing: "run the next N tokens".
+order; while tenants share, prefill chunks add about `shared_prefill_s` to a step. A
+request's progress is one number, `num_computed_tokens`, so a prefill chunk and a decode are
+the same thing: "run the next N tokens".
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Protocol
 from loraplex.platform.engine.prefix_cache import KVCacheManager
 from loraplex.platform.engine.request import Request, RequestStatus
 from loraplex.platform.engine.tenant_fairness import (
-    SharedStepBudget,
+    SharedPrefillBudget,
     fair_order,
     prefill_reserve,
     shared,
@@ -118,7 +119,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.enable_chunked_prefill = enable_chunked_prefill
         self.policy: AdmissionPolicy = policy or AdmitAll()
-        self.step_budget = SharedStepBudget(shared_prefill_s)
+        self.prefill_budget = SharedPrefillBudget(shared_prefill_s)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -207,14 +208,17 @@ class Scheduler:
     def _prefill_room(self, budget: int) -> int:
         """Tokens this step's prefill chunks may take: all of `budget`, unless tenants share
         the engine (then what adds about `shared_prefill_s` to the step)."""
-        if self.step_budget.target_s <= 0 or not shared(self.waiting, self.running):
+        if self.prefill_budget.target_s <= 0 or not shared(self.waiting, self.running):
             return budget
-        return self.step_budget.tokens(budget)
+        return self.prefill_budget.tokens(budget)
 
     def observe_step(self, out: SchedulerOutput, seconds: float) -> None:
-        """A step of `out` took `seconds` (what sizes shared steps' prefill)."""
+        """A step of `out` took `seconds` (what sizes shared steps' prefill; nothing when the
+        cap is off)."""
+        if self.prefill_budget.target_s <= 0:
+            return
         prefill = sum(s.num_tokens for s in out.scheduled if not s.samples or s.num_tokens > 1)
-        self.step_budget.observe(out.num_tokens - prefill, prefill, seconds)
+        self.prefill_budget.observe(out.num_tokens - prefill, prefill, seconds)
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         if not self.waiting or budget <= 0 or len(self.running) >= self.max_num_seqs:

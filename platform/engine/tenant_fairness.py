@@ -10,7 +10,7 @@ tenant alone is served first come, first served. Preempted requests keep their p
 head: they were running.
 
 A step is every running request's wait, so while more than one tenant has work its prefill
-chunks are sized to add about a target time to the step (`SharedStepBudget`): one tenant's
+chunks are sized to add about a target time to the step (`SharedPrefillBudget`): one tenant's
 long prompts in full-budget steps would hold another's first token for two such steps.
 """
 
@@ -20,6 +20,7 @@ import heapq
 import math
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
+from itertools import chain
 
 from loraplex.platform.engine.request import Request, RequestStatus
 
@@ -82,21 +83,13 @@ def prefill_reserve(
 
 
 def shared(waiting: Iterable[Request], running: Iterable[Request]) -> bool:
-    """Whether more than one tenant has work (running or waiting)."""
-    first: object = _NOBODY
-    for request in (*running, *waiting):
-        tenant = tenant_of(request)
-        if first is _NOBODY:
-            first = tenant
-        elif tenant != first:
-            return True
-    return False
+    """Whether more than one tenant has work (running or waiting); stops at the second."""
+    tenants = (tenant_of(r) for r in chain(running, waiting))
+    first = next(tenants, None)
+    return any(t != first for t in tenants)
 
 
-_NOBODY = object()
-
-
-class SharedStepBudget:
+class SharedPrefillBudget:
     """Prefill tokens a step may hold while tenants share the engine, so that the prefill
     chunks add about `target_s` to it: the target over the marginal seconds of a prefill
     token, fitted online over recent steps (step time = fixed + per decode x decodes + per
@@ -161,8 +154,7 @@ class SharedStepBudget:
 
 
 __all__ = [
-    "MIN_SHARED_PREFILL",
-    "SharedStepBudget",
+    "SharedPrefillBudget",
     "fair_order",
     "prefill_reserve",
     "shared",

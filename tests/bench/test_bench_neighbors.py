@@ -47,3 +47,9 @@ def test_a_short_run_prints_each_result(capsys: pytest.CaptureFixture[str]) -> N
     assert float(got["nested_json_bystander_errors"]) == 0
     assert float(got["nested_json_api_cpu_cores"]) > 0  # the API answered the attack
     assert float(got["nested_json_quiet_api_cpu_cores"]) > 0  # and the bystander
+
+
+def test_flags_that_leave_no_window_are_refused_before_anything_starts() -> None:
+    with pytest.raises(SystemExit) as exited:
+        neighbors.main(["--only-all-at-once", "--no-all-at-once"])
+    assert exited.value.code == 2

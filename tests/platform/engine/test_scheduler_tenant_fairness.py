@@ -141,13 +141,15 @@ def test_one_tenant_alone_gets_the_whole_step_budget() -> None:
 def test_the_cost_fit_survives_long_runs_of_one_kind_of_step() -> None:
     """Minutes of decode-only steps, then prefill again: the fit neither overflows nor
     forgets how to size a chunk."""
-    from loraplex.platform.engine.tenant_fairness import SharedStepBudget
+    from loraplex.platform.engine.tenant_fairness import SharedPrefillBudget
 
-    fit = SharedStepBudget(0.03)
+    fit = SharedPrefillBudget(0.03)
     for _ in range(20):
         fit.observe(8, 200, 0.004 + 8 * 0.0004 + 200 * 0.00014)
     for _ in range(20_000):
         fit.observe(8, 0, 0.004 + 8 * 0.0004)
     for _ in range(10):
         fit.observe(8, 200, 0.004 + 8 * 0.0004 + 200 * 0.00014)
+    cost = fit.seconds_per_prefill_token()
+    assert cost is not None and abs(cost - 0.00014) < 0.00002, cost  # the fit, not a fallback
     assert 150 <= fit.tokens(2048) <= 260
