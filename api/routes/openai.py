@@ -22,6 +22,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from loraplex.platform.errors import HttpError, client_closed
 from loraplex.platform.gateway import completion, responses
+from loraplex.platform.gateway.assets import ModelAssets
+from loraplex.platform.gateway.completion import check_prompt_size
 from loraplex.platform.gateway.deployment_choice import DEPLOYMENT_HEADER
 from loraplex.platform.gateway.endpoints import CHAT, TEXT, Endpoint
 from loraplex.platform.gateway.errors import model_not_found
@@ -34,8 +36,14 @@ from loraplex.platform.gateway.openai_models import (
     UsageList,
 )
 from loraplex.platform.gateway.ratelimit import TenantLimits, tenant_limits
-from loraplex.platform.gateway.request_parsing import parse_elsewhere, parse_request
-from loraplex.platform.gateway.resolve import NoDeployment, with_named_deployment
+from loraplex.platform.gateway.request_parsing import (
+    Parked,
+    drop,
+    park_elsewhere,
+    parse_request,
+    take,
+)
+from loraplex.platform.gateway.resolve import NoDeployment, ResolvedModel, with_named_deployment
 from loraplex.platform.gateway.service import Gateway
 from loraplex.platform.gateway.streaming import bounded_relay
 from loraplex.platform.services import model_catalog, request_log
@@ -150,10 +158,11 @@ async def _authenticate(gw: Gateway, request: Request) -> Caller:
 
 async def _parsed_body(
     gw: Gateway, request: Request, endpoint: Endpoint, adapter: str | None, tenant: str
-) -> tuple[Any, int]:
+) -> tuple[Any, bytes]:
     """The body, read under the route's byte limit (the body-limit middleware refuses it as
     the bytes pass the limit), parsed and validated off the event loop (in `tenant`'s turn)
-    when it is large; returns it with the body's size."""
+    when it is large; returns it with the body's bytes. The largest are `Parked` in the parse
+    process, to be taken once the model they name is known (`_resolved`)."""
     raw = await request.body()
     if len(raw) > gw.settings.max_request_bytes:
         raise HttpError(
@@ -162,12 +171,37 @@ async def _parsed_body(
             code="request_too_large",
         )
     if len(raw) <= INLINE_PARSE_BYTES:
-        return parse_request(raw, endpoint, adapter), len(raw)
+        return parse_request(raw, endpoint, adapter), raw
     if len(raw) < gw.settings.parse_process_min_bytes:
-        return await gw.text.run_for(tenant, parse_request, raw, endpoint, adapter), len(raw)
+        return await gw.text.run_for(tenant, parse_request, raw, endpoint, adapter), raw
     # in the tenant's turn on a text worker, which waits on the parse process
-    parsed = await gw.text.run_for(tenant, parse_elsewhere, gw.parser, raw, endpoint, adapter)
-    return parsed, len(raw)
+    return await gw.text.run_for(tenant, park_elsewhere, gw.parser, raw, endpoint, adapter), raw
+
+
+async def _resolved(
+    gw: Gateway, request: Request, parsed: Any, raw: bytes, endpoint: Endpoint,
+    adapter: str | None, tenant_id: uuid.UUID,
+) -> tuple[Any, ResolvedModel, ModelAssets]:  # fmt: skip
+    """The model the request names, resolved, with its assets, and the body: a parked one
+    is refused here if its prompt's size alone is too long for the model (so a refused
+    prompt never crosses back from the parse process), else taken."""
+    model = adapter if adapter is not None else parsed.model
+    try:
+        _check_model_name(model)
+        resolved = await gw.resolver.resolve(gw.session_factory, tenant_id, model)
+        resolved = with_named_deployment(resolved, request.headers.get(DEPLOYMENT_HEADER))
+        request_log.note_route(resolved, [])  # a refusal from here on still names the version
+        assets = await gw.model_assets(resolved)
+        if isinstance(parsed, Parked):
+            if parsed.prompt is not None:
+                check_prompt_size(parsed.prompt, assets)
+            args = (gw.parser, parsed, raw, endpoint, adapter)
+            parsed = await gw.text.run_for(str(tenant_id), take, *args)
+    except BaseException:
+        if isinstance(parsed, Parked):
+            drop(gw.parser, parsed)
+        raise
+    return parsed, resolved, assets
 
 
 def _check_model_name(model: str) -> None:
@@ -217,17 +251,15 @@ async def _run(request: Request, endpoint: Endpoint, adapter: str | None) -> Res
     # Limits first: a request over them costs no parsing, templating or tokenizing.
     admitted = await gw.refusals.paused(str(tenant_id), gw.limiter.admit(str(tenant_id), limits))
     request.state.response_headers = admitted.headers()
-    parsed, size = await _parsed_body(gw, request, endpoint, adapter, str(tenant_id))
+    parsed, raw = await _parsed_body(gw, request, endpoint, adapter, str(tenant_id))
+    parsed, resolved, assets = await _resolved(
+        gw, request, parsed, raw, endpoint, adapter, tenant_id
+    )
     model = adapter if adapter is not None else parsed.model
-    _check_model_name(model)
-    resolved = await gw.resolver.resolve(gw.session_factory, tenant_id, model)
-    resolved = with_named_deployment(resolved, request.headers.get(DEPLOYMENT_HEADER))
-    request_log.note_route(resolved, [])  # a refusal from here on still names the version
-    assets = await gw.model_assets(resolved)
     salt = resolved.cache_salt(tenant_id, gw.replica_secret)
     args = (parsed, resolved, assets, tenant_id, key_id, gw.settings.default_max_tokens, model,
             salt)  # fmt: skip
-    if size <= INLINE_BUILD_BYTES:
+    if len(raw) <= INLINE_BUILD_BYTES:
         job = endpoint.build_job(*args)
     else:
         job = await gw.text.run_for(str(tenant_id), endpoint.build_job, *args)

@@ -81,9 +81,10 @@ class ModelAssets:
         if self.max_token_bytes <= 0:
             self.max_token_bytes = max_token_bytes(self.tokenizer)
 
-    def min_tokens(self, text: str) -> int:
-        """The fewest tokens `text` can encode to (its UTF-8 length over the longest token)."""
-        return -(-len(text.encode("utf-8", "surrogatepass")) // self.max_token_bytes)
+    def min_tokens(self, size: int) -> int:
+        """The fewest tokens a text of `size` UTF-8 bytes can encode to (over the longest
+        token)."""
+        return -(-size // self.max_token_bytes)
 
     @classmethod
     def load(cls, model_dir: Path) -> ModelAssets:

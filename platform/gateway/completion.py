@@ -123,14 +123,44 @@ def max_tokens_for(
     return requested
 
 
+@dataclass(frozen=True)
+class PromptSize:
+    """A prompt's UTF-8 size, known from the parsed body alone, with what its check needs:
+    a route can refuse a prompt too long for the model before the text itself moves."""
+
+    size: int
+    requested: int | None
+    param: str
+
+
+def utf8_size(text: str) -> int:
+    """`text`'s length in UTF-8 bytes (lone surrogates, which JSON can carry, count as 3)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def prompt_size(body: Any) -> PromptSize | None:
+    """The size `check_prompt_length` will check, when the body alone says it: a text
+    completion's prompt string (a chat's is known only once its template is rendered)."""
+    if isinstance(body, oa.CompletionRequest):
+        prompt = body.prompt_text_or_ids()
+        if isinstance(prompt, str):
+            return PromptSize(utf8_size(prompt), body.requested_max_tokens(), "prompt")
+    return None
+
+
 def check_prompt_length(text: str, assets: ModelAssets, requested: int | None, param: str) -> None:
     """Refuse a prompt whose length in bytes alone proves it cannot fit the context (with
     `requested` completion tokens), before any time is spent tokenizing it."""
-    floor = assets.min_tokens(text)
+    check_prompt_size(PromptSize(utf8_size(text), requested, param), assets)
+
+
+def check_prompt_size(prompt: PromptSize, assets: ModelAssets) -> None:
+    """`check_prompt_length` on a prompt's size."""
+    size, requested, param = prompt.size, prompt.requested, prompt.param
+    floor = assets.min_tokens(size)
     ctx = assets.context_length
     if floor < ctx and (requested is None or floor + requested <= ctx):
         return
-    size = len(text.encode("utf-8", "surrogatepass"))
     if floor >= ctx:
         message = (
             f"This model's maximum context length is {ctx} tokens; the prompt's {size} bytes "

@@ -5,6 +5,7 @@ of every other request wins the CPU over a tenant's megabytes of JSON."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import threading
 from concurrent.futures import ProcessPoolExecutor
@@ -32,6 +33,11 @@ class ParseProcess:
         """`fn(*args)` in the process (a module-level function; call from a worker thread:
         this waits for it)."""
         return self._executor().submit(fn, *args).result()
+
+    def post(self, fn: Any, *args: Any) -> None:
+        """`fn(*args)` in the process, not waited for (its result and errors are dropped)."""
+        with contextlib.suppress(RuntimeError):  # closed, or shutting down: nothing to do
+            self._executor().submit(fn, *args)
 
     def close(self) -> None:
         """Stop the process (calls waiting on it fail)."""

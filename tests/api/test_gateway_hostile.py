@@ -6,6 +6,7 @@ while it happens another caller's requests are not held up."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -168,6 +169,22 @@ def test_long_prompts_do_not_delay_other_callers(stack: Stack) -> None:
         for t in attackers:
             t.join()
     assert max(waits) < 1.0, sorted(waits)[-5:]
+
+
+def test_a_large_body_whose_prompt_fits_is_served(stack: Stack) -> None:
+    """A body past the parse process's threshold is parked there while the model is resolved
+    and its prompt's size checked, then taken: this one (mostly whitespace) is answered."""
+    key = _tenant_key(stack, requests_per_minute=100)
+    head = json.dumps({"model": stack.base, "prompt": "Hello", "max_tokens": 3, "ignore_eos": True})
+    raw = head[:-1] + " " * (1_200_000) + "}"
+    r = httpx.post(
+        f"{stack.api.url}/v1/completions",
+        content=raw.encode(),
+        headers={**_auth(key), "Content-Type": "application/json"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 3
 
 
 @pytest.mark.parametrize(

@@ -5,14 +5,23 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from collections.abc import Iterator
 
 import pytest
 
 from loraplex.platform.errors import HttpError
+from loraplex.platform.gateway.completion import PromptSize
 from loraplex.platform.gateway.endpoints import CHAT, TEXT
 from loraplex.platform.gateway.parse_process import ParseProcess
-from loraplex.platform.gateway.request_parsing import parse_elsewhere, parse_request
+from loraplex.platform.gateway.request_parsing import (
+    MAX_PARKED,
+    drop,
+    park_elsewhere,
+    parse_elsewhere,
+    parse_request,
+    take,
+)
 
 
 @pytest.fixture(scope="module")
@@ -20,6 +29,12 @@ def parser() -> Iterator[ParseProcess]:
     p = ParseProcess()
     yield p
     p.close()
+
+
+def _parked_count() -> int:
+    from loraplex.platform.gateway import request_parsing
+
+    return len(request_parsing._parked)
 
 
 def test_it_runs_in_another_process(parser: ParseProcess) -> None:
@@ -56,9 +71,51 @@ def test_the_same_models_as_parsing_in_place(parser: ParseProcess) -> None:
 def test_the_same_refusals_as_parsing_in_place(parser: ParseProcess, raw: bytes) -> None:
     with pytest.raises(HttpError) as here:
         parse_request(raw, TEXT, None)
-    with pytest.raises(HttpError) as there:
-        parse_elsewhere(parser, raw, TEXT, None)
-    got, want = there.value, here.value
-    assert (got.status, got.message, got.code, got.param, got.type) == (
-        want.status, want.message, want.code, want.param, want.type,
-    )  # fmt: skip
+    want = here.value
+    for elsewhere in (parse_elsewhere, park_elsewhere):
+        with pytest.raises(HttpError) as there:
+            elsewhere(parser, raw, TEXT, None)
+        got = there.value
+        assert (got.status, got.message, got.code, got.param, got.type) == (
+            want.status, want.message, want.code, want.param, want.type,
+        )  # fmt: skip
+
+
+def test_a_parked_body_crosses_back_as_its_model_and_prompt_size_only(
+    parser: ParseProcess,
+) -> None:
+    """A 4 MB prompt refused for its length never crosses back from the parse process: the
+    route decides on the model's name and the prompt's UTF-8 size, and takes the body only
+    when it goes on."""
+    prompt = "wörd " * (800 * 1024)  # 4.7 MB in UTF-8, 4 MB of characters
+    raw = json.dumps({"model": "m", "prompt": prompt, "max_tokens": 7}).encode()
+    parked = park_elsewhere(parser, raw, TEXT, None)
+    assert len(pickle.dumps(parked)) < 1024
+    assert parked.model == "m"
+    assert parked.prompt == PromptSize(len(prompt.encode()), 7, "prompt")
+    assert take(parser, parked, raw, TEXT, None) == parse_request(raw, TEXT, None)
+
+
+def test_a_chats_prompt_size_waits_for_its_template(parser: ParseProcess) -> None:
+    raw = json.dumps({"messages": [{"role": "user", "content": "x" * 300_000}]}).encode()
+    parked = park_elsewhere(parser, raw, CHAT, "my-adapter")
+    assert parked.model == "my-adapter" and parked.prompt is None
+    drop(parser, parked)
+
+
+def test_a_body_the_process_no_longer_has_is_parsed_again(parser: ParseProcess) -> None:
+    """Dropped (or lost with a restarted process): `take` still returns the body."""
+    raw = json.dumps({"model": "m", "prompt": "y" * 300_000}).encode()
+    parked = park_elsewhere(parser, raw, TEXT, None)
+    drop(parser, parked)
+    assert take(parser, parked, raw, TEXT, None) == parse_request(raw, TEXT, None)
+
+
+def test_the_process_keeps_a_bounded_number_of_parked_bodies(parser: ParseProcess) -> None:
+    """Bodies of routes that vanished between parking and taking do not pile up."""
+    raw = json.dumps({"model": "m", "prompt": "z" * 1000}).encode()
+    first = [park_elsewhere(parser, raw, TEXT, None) for _ in range(MAX_PARKED + 5)]
+    assert parser.call(_parked_count) == MAX_PARKED
+    for parked in first:
+        drop(parser, parked)
+    assert parser.call(_parked_count) == 0
