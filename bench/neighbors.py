@@ -183,17 +183,19 @@ class Attacker:
         self.url, self.key, self.model = info[0], key, model
         self.byte_token = byte_token
         self.upload_mb = upload_mb
+        # Bodies built once: the attacker's client shares this machine, and its own CPU
+        # (4 MB of JSON per request) would be counted against the platform.
+        long_prompt = "word " * (780 * 1024)  # ~3.9 MB: under the body limit, past the context
+        self._long_body = json.dumps({"model": model, "prompt": long_prompt, "max_tokens": 4})
+        self._leave_body = json.dumps(
+            {"model": model, "prompt": "word " * 1500, "max_tokens": 64, "stream": True}
+        ).encode()
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"}
 
     def long_prompts(self, client: httpx.Client) -> None:
-        prompt = "word " * (780 * 1024)  # ~3.9 MB: under the body limit, far over the context
-        client.post(
-            f"{self.url}/v1/completions",
-            json={"model": self.model, "prompt": prompt, "max_tokens": 4},
-            headers=self._headers(),
-        )
+        client.post(f"{self.url}/v1/completions", content=self._long_body, headers=self._headers())
 
     def huge_bodies(self, client: httpx.Client) -> None:
         head = (
@@ -252,14 +254,11 @@ class Attacker:
                 pass
 
     def leave_early(self, client: httpx.Client) -> None:
-        prompt = "word " * 1500
         head = (
             f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {self.key}\r\n"
             "Content-Type: application/json\r\n"
         ).encode()
-        body = json.dumps(
-            {"model": self.model, "prompt": prompt, "max_tokens": 64, "stream": True}
-        ).encode()
+        body = self._leave_body
         with _raw(self.url, head + b"Content-Length: %d\r\n\r\n" % len(body) + body):
             time.sleep(0.02)  # gone before the first token
 
