@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import re
 import socket
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -387,27 +388,56 @@ def measure(info: StackInfo, args: argparse.Namespace) -> dict[str, float]:
     windows = singles + ([list(args.attacks)] if args.all_at_once else [])
     for names in windows:
         label = names[0] if len(names) == 1 else "all"
-        console.print(f"quiet, then attack: {label}")
-        quiet, quiet_errors, _, quiet_cores = _window(info, bystander, attacker, [], args)
-        _, log_offset = _stalls_since(info.api_log, log_offset)
-        ttfts, errors, growth, cores = _window(info, bystander, attacker, names, args)
-        (stall, gc_pause), log_offset = _stalls_since(info.api_log, log_offset)
+        quiet: list[float] = []
+        ttfts: list[float] = []
+        errors, growth, stall, gc_pause = 0, 0.0, 0.0, 0.0
+        cores: list[float] = []
+        quiet_cores: list[float] = []
+        for round_ in range(args.rounds):
+            console.print(f"quiet, then attack: {label} (round {round_ + 1} of {args.rounds})")
+            got_quiet, quiet_errors, _, got_quiet_cores = _window(
+                info, bystander, attacker, [], args
+            )
+            _, log_offset = _stalls_since(info.api_log, log_offset)
+            got, got_errors, got_growth, got_cores = _window(info, bystander, attacker, names, args)
+            (got_stall, got_gc), log_offset = _stalls_since(info.api_log, log_offset)
+            quiet += got_quiet
+            ttfts += got
+            errors += got_errors + quiet_errors
+            growth, stall = max(growth, got_growth), max(stall, got_stall)
+            gc_pause = max(gc_pause, got_gc)
+            cores.append(got_cores)
+            quiet_cores.append(got_quiet_cores)
         quiet_p95 = pct(quiet, 95)
         out[f"{label}_quiet_ttft_p95_ms"] = quiet_p95 * 1000
         out[f"{label}_bystander_ttft_p95_over_quiet"] = pct(ttfts, 95) / quiet_p95
-        out[f"{label}_bystander_errors"] = float(errors + quiet_errors)
+        out[f"{label}_bystander_errors"] = float(errors)
         out[f"{label}_api_peak_rss_growth_mb"] = growth
-        out[f"{label}_api_cpu_cores"] = cores
-        out[f"{label}_quiet_api_cpu_cores"] = quiet_cores
+        out[f"{label}_api_cpu_cores"] = statistics.fmean(cores)
+        out[f"{label}_quiet_api_cpu_cores"] = statistics.fmean(quiet_cores)
         out[f"{label}_loop_stall_max_ms"] = stall
         out[f"{label}_gc_pause_max_ms"] = gc_pause
     return out
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The benchmark's options."""
     p = argparse.ArgumentParser(prog="loraplex bench neighbors", description=__doc__)
     p.add_argument("--seconds", type=float, default=10.0, help="length of each window")
+    p.add_argument(
+        "--rounds",
+        type=_at_least_one,
+        default=1,
+        help="quiet and attack windows alternate this many times per attack, their TTFTs "
+        "pooled (a machine that drifts between windows weighs less)",
+    )
     p.add_argument("--streams", type=int, default=2, help="the bystander's concurrent streams")
     p.add_argument("--attack-threads", type=int, default=3, help="threads per attack")
     p.add_argument("--bystander-nice", type=int, default=-10,

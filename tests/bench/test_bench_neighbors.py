@@ -39,14 +39,25 @@ def test_the_bystanders_threads_run_above_the_platforms_priority() -> None:
 
 
 def test_a_short_run_prints_each_result(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--seconds", "2", "--attacks", "nested_json", "--no-all-at-once", "--upload-mb", "1"]
+    argv = ["--seconds", "1", "--rounds", "2", "--attacks", "nested_json", "--no-all-at-once",
+            "--upload-mb", "1"]  # fmt: skip
     assert neighbors.main(argv) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "nested_json (round 2 of 2)" in captured.err  # both rounds ran, pooled in one line
     got = dict(re.findall(r"^RESULT neighbors\.(\w+)=([-0-9.e+]+)$", out, flags=re.M))
     assert float(got["nested_json_bystander_ttft_p95_over_quiet"]) > 0
     assert float(got["nested_json_bystander_errors"]) == 0
     assert float(got["nested_json_api_cpu_cores"]) > 0  # the API answered the attack
     assert float(got["nested_json_quiet_api_cpu_cores"]) > 0  # and the bystander
+    assert out.count("RESULT neighbors.nested_json_bystander_ttft_p95_over_quiet=") == 1
+
+
+def test_rounds_are_at_least_one() -> None:
+    with pytest.raises(SystemExit) as exited:
+        neighbors.build_parser().parse_args(["--rounds", "0"])
+    assert exited.value.code == 2
+    assert neighbors.build_parser().parse_args(["--rounds", "3"]).rounds == 3
 
 
 def test_flags_that_leave_no_window_are_refused_before_anything_starts() -> None:
