@@ -388,33 +388,31 @@ def measure(info: StackInfo, args: argparse.Namespace) -> dict[str, float]:
     windows = singles + ([list(args.attacks)] if args.all_at_once else [])
     for names in windows:
         label = names[0] if len(names) == 1 else "all"
-        quiet: list[float] = []
-        ttfts: list[float] = []
-        errors, growth, stall, gc_pause = 0, 0.0, 0.0, 0.0
-        cores: list[float] = []
-        quiet_cores: list[float] = []
+        rounds = []
         for round_ in range(args.rounds):
             console.print(f"quiet, then attack: {label} (round {round_ + 1} of {args.rounds})")
-            got_quiet, quiet_errors, _, got_quiet_cores = _window(
-                info, bystander, attacker, [], args
-            )
+            calm = _window(info, bystander, attacker, [], args)
             _, log_offset = _stalls_since(info.api_log, log_offset)
-            got, got_errors, got_growth, got_cores = _window(info, bystander, attacker, names, args)
-            (got_stall, got_gc), log_offset = _stalls_since(info.api_log, log_offset)
-            quiet += got_quiet
-            ttfts += got
-            errors += got_errors + quiet_errors
-            growth, stall = max(growth, got_growth), max(stall, got_stall)
-            gc_pause = max(gc_pause, got_gc)
-            cores.append(got_cores)
-            quiet_cores.append(got_quiet_cores)
+            attacked = _window(info, bystander, attacker, names, args)
+            stalls, log_offset = _stalls_since(info.api_log, log_offset)
+            rounds.append((calm, attacked, stalls))
+        # Pooled over the rounds: TTFTs, errors and CPU of both windows; growth and stalls of
+        # the attack windows, at their worst.
+        quiet = [t for calm, _, _ in rounds for t in calm[0]]
+        ttfts = [t for _, attacked, _ in rounds for t in attacked[0]]
+        errors = sum(calm[1] + attacked[1] for calm, attacked, _ in rounds)
+        growth = max(attacked[2] for _, attacked, _ in rounds)
+        cores = statistics.fmean(attacked[3] for _, attacked, _ in rounds)
+        quiet_cores = statistics.fmean(calm[3] for calm, _, _ in rounds)
+        stall = max(stalls[0] for _, _, stalls in rounds)
+        gc_pause = max(stalls[1] for _, _, stalls in rounds)
         quiet_p95 = pct(quiet, 95)
         out[f"{label}_quiet_ttft_p95_ms"] = quiet_p95 * 1000
         out[f"{label}_bystander_ttft_p95_over_quiet"] = pct(ttfts, 95) / quiet_p95
         out[f"{label}_bystander_errors"] = float(errors)
         out[f"{label}_api_peak_rss_growth_mb"] = growth
-        out[f"{label}_api_cpu_cores"] = statistics.fmean(cores)
-        out[f"{label}_quiet_api_cpu_cores"] = statistics.fmean(quiet_cores)
+        out[f"{label}_api_cpu_cores"] = cores
+        out[f"{label}_quiet_api_cpu_cores"] = quiet_cores
         out[f"{label}_loop_stall_max_ms"] = stall
         out[f"{label}_gc_pause_max_ms"] = gc_pause
     return out

@@ -181,10 +181,10 @@ async def _parsed_body(
 async def _resolved(
     gw: Gateway, request: Request, parsed: Any, raw: bytes, endpoint: Endpoint,
     adapter: str | None, tenant_id: uuid.UUID,
-) -> tuple[Any, ResolvedModel, ModelAssets]:  # fmt: skip
-    """The model the request names, resolved, with its assets, and the body: a parked one
-    is refused here if its prompt's size alone is too long for the model (so a refused
-    prompt never crosses back from the parse process), else taken."""
+) -> tuple[Any, str, ResolvedModel, ModelAssets]:  # fmt: skip
+    """The body, the model name the request uses, that model resolved, and its assets: a
+    parked body is refused here if its prompt's size alone is too long for the model (so a
+    refused prompt never crosses back from the parse process), else taken."""
     model = adapter if adapter is not None else parsed.model
     try:
         _check_model_name(model)
@@ -201,7 +201,7 @@ async def _resolved(
         if isinstance(parsed, Parked):
             drop(gw.parser, parsed)
         raise
-    return parsed, resolved, assets
+    return parsed, model, resolved, assets
 
 
 def _check_model_name(model: str) -> None:
@@ -252,10 +252,9 @@ async def _run(request: Request, endpoint: Endpoint, adapter: str | None) -> Res
     admitted = await gw.refusals.paused(str(tenant_id), gw.limiter.admit(str(tenant_id), limits))
     request.state.response_headers = admitted.headers()
     parsed, raw = await _parsed_body(gw, request, endpoint, adapter, str(tenant_id))
-    parsed, resolved, assets = await _resolved(
+    parsed, model, resolved, assets = await _resolved(
         gw, request, parsed, raw, endpoint, adapter, tenant_id
     )
-    model = adapter if adapter is not None else parsed.model
     salt = resolved.cache_salt(tenant_id, gw.replica_secret)
     args = (parsed, resolved, assets, tenant_id, key_id, gw.settings.default_max_tokens, model,
             salt)  # fmt: skip
