@@ -126,8 +126,10 @@ def note_stream_error(exc: BaseException) -> None:
         route.stream_detail = f"{type(exc).__name__}: {exc}"
 
 
-def _cap(text: str | None) -> str | None:
-    return None if text is None else text[:_TEXT_CAP]
+def _text(text: str | None, cap: int = _TEXT_CAP) -> str | None:
+    """A column's text: at most `cap` characters, NUL (a client can put one in a path or a
+    name, and PostgreSQL text refuses it, failing the whole batch) shown as U+FFFD."""
+    return None if text is None else text[:cap].replace("\x00", "\ufffd")
 
 
 class RequestLogWriter:
@@ -208,22 +210,22 @@ def write(session: Session, entries: list[Entry]) -> int:
         r = e.route or Route()
         values.append(
             {
-                "request_id": e.request_id[:128],
+                "request_id": _text(e.request_id, 128),
                 "created_at": e.created_at,
                 "tenant_id": tenant_id,
                 "api_key_id": key_id,
-                "method": e.method[:8],
-                "path": e.path[:256],
+                "method": _text(e.method, 8),
+                "path": _text(e.path, 256),
                 "status": e.status,
-                "code": (e.code or None) and e.code[:64],
-                "message": _cap(e.message),
-                "detail": _cap(e.detail),
+                "code": _text(e.code or None, 64),
+                "message": _text(e.message),
+                "detail": _text(e.detail),
                 "latency_ms": e.latency_ms,
-                "deployment": r.deployment and r.deployment[:128],
+                "deployment": _text(r.deployment, 128),
                 "adapter_id": r.adapter_id,
-                "adapter": r.adapter and r.adapter[:128],
+                "adapter": _text(r.adapter, 128),
                 "adapter_version": r.adapter_version,
-                "replica": ", ".join(r.replicas)[:256] or None,
+                "replica": _text(", ".join(r.replicas) or None, 256),
                 "in_stream": e.in_stream,
             }
         )

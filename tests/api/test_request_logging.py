@@ -183,6 +183,18 @@ def test_a_burst_of_refusals_is_written_in_a_few_transactions(stack: dict[str, A
     assert len(transactions) <= 4, f"{len(rids)} refusals took {len(transactions)} transactions"
 
 
+def test_a_nul_in_a_refused_path_loses_no_entry_of_its_burst(stack: dict[str, Any]) -> None:
+    """A refusal whose path holds a NUL (which PostgreSQL text refuses) is written like any
+    other, and so is the rest of the burst it arrives in."""
+    client, auth = stack["client"], stack["auth"]
+    nul = client.get("/v1/adapters/a%00b", headers=auth)
+    assert nul.status_code == 400
+    other = _chat(stack, "no-such-model")
+    assert _logged(stack, other.headers["x-request-id"]) is not None
+    path = _logged(stack, nul.headers["x-request-id"])["RequestLog"].path
+    assert path == "/v1/adapters/a\ufffdb"
+
+
 def test_refusals_queued_at_shutdown_are_written(
     pg_url: str, settings: Any, s3_client: Any, tmp_path_factory: Any
 ) -> None:
