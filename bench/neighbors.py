@@ -6,7 +6,8 @@ errors, the API process's peak memory growth, the API's CPU over the window (in 
 parse process included; beside the quiet window's) and the longest event-loop stall the API
 logged (`loop_stall_log_ms`, CPU time on the loop), its own work apart from garbage collection.
 The bystander's client threads run above the platform's priority and the attacker's client at
-the lowest: each stands for a client on a machine of its own.
+the lowest (in a session of its own: the kernel shares a core between sessions before it ranks
+threads by nice): each stands for a client on a machine of its own.
 
 Attacks: 4 MB prompts, 200 MB bodies (sent chunked), deeply nested JSON, byte-token floods
 (the attacker's adapter pushed onto lone UTF-8 continuation bytes with `logit_bias`),
@@ -21,6 +22,7 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import socket
 import statistics
 import threading
@@ -34,6 +36,7 @@ from rich.console import Console
 
 from loraplex.bench.serve import pct
 from loraplex.bench.serve_stack import StackInfo, local_stack
+from loraplex.platform.embedded.process import die_with_parent
 from loraplex.platform.settings import Settings
 
 console = Console(stderr=True)
@@ -89,6 +92,21 @@ def _raise_priority(nice: int = -10) -> None:
     the lowest priority). Needs the right to lower a nice value (root); else it stays at 0."""
     with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+
+
+def _lowest_priority() -> None:
+    """Run this (attacker client) process below everything else on the machine. A nice value
+    alone is not enough where the kernel groups tasks by session (autogroup, on by default):
+    it then ranks threads only against their own session, and the session as a whole gets an
+    equal share beside the API's. So: a session of its own, that session at the lowest weight,
+    and nice 19 inside it. Out of the bench's session, Ctrl-C no longer reaches it: it dies
+    with the bench instead."""
+    die_with_parent(signal.SIGTERM)()
+    with contextlib.suppress(OSError):
+        os.setsid()
+    with contextlib.suppress(OSError):
+        Path("/proc/self/autogroup").write_text("19")
+    os.nice(19)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -268,7 +286,7 @@ class Attacker:
         until `stop` is set. The process runs at the lowest priority: on this one machine its
         own CPU (building 4 MB prompts, pushing 200 MB bodies) would otherwise be measured as
         the platform's; a real attacker's client runs on its own machine."""
-        os.nice(19)
+        _lowest_priority()
 
         def loop(fn: Callable[[httpx.Client], None]) -> None:
             with httpx.Client(timeout=30) as client:

@@ -127,7 +127,10 @@ def as_user(user: str | None) -> UserArgs:
     return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
 
-def _die_with_parent(sig: int) -> Callable[[], None]:
+def die_with_parent(sig: int) -> Callable[[], None]:
+    """A function that, run in a child process, has the kernel send it `sig` when its parent
+    dies (a `preexec_fn`; a no-op where the OS has no such setting)."""
+
     def preexec() -> None:
         # Runs in the child after any uid switch, so the kernel keeps the setting.
         with contextlib.suppress(OSError, AttributeError):
@@ -182,7 +185,7 @@ class ServiceProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent(death_signal),
+                preexec_fn=die_with_parent(death_signal),
                 pass_fds=tuple(pass_fds),
                 **as_user(user),
             )

@@ -3,10 +3,14 @@ what they claim to."""
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing
 import os
 import re
+import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +68,31 @@ def test_flags_that_leave_no_window_are_refused_before_anything_starts() -> None
     with pytest.raises(SystemExit) as exited:
         neighbors.main(["--only-all-at-once", "--no-all-at-once"])
     assert exited.value.code == 2
+
+
+def test_the_attackers_client_runs_in_a_session_of_its_own_at_the_lowest_weight() -> None:
+    """Where the kernel groups tasks by session (autogroup), a nice value ranks a thread only
+    inside its session: the attacker's client must have a session of its own at the lowest
+    weight, or its threads take as much of a shared core as the API's whole session."""
+    ctx = multiprocessing.get_context("fork")
+    ours, theirs = ctx.Pipe()
+
+    def child() -> None:
+        attacker = object.__new__(neighbors.Attacker)
+        attacker._threads([], 1, ctx.Event())  # no attack: only its priority is set
+        group = Path("/proc/self/autogroup")
+        text = group.read_text() if group.exists() else None
+        death = ctypes.c_int(0)  # the signal the kernel sends it when the bench dies
+        ctypes.CDLL(None).prctl(2, ctypes.byref(death))  # PR_GET_PDEATHSIG
+        theirs.send((os.getsid(0), os.getpid(), os.nice(0), text, death.value))
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    proc.join(30)
+    sid, pid, nice, group, death = ours.recv()
+    assert sid == pid != os.getsid(0)  # a session of its own (Ctrl-C no longer reaches it)
+    assert death == signal.SIGTERM  # so it dies with the bench
+    assert nice == 19
+    if group is None:
+        pytest.skip("this kernel does not group tasks by session")
+    assert group.split()[-1] == "19"  # "/autogroup-N nice 19"
