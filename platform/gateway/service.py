@@ -84,7 +84,8 @@ class Gateway:
         # requests with one key arriving together, uncached, verify it once
         self._verifying: SingleFlight[tuple[str, bytes | None], KeyUse | None] = SingleFlight()
         self.refusals = RefusalPause(settings.rate_limited_delay_s, settings.rate_limited_held)
-        self.parser = ParseProcess()  # large bodies: parsed away from this process's GIL
+        # large bodies: parsed away from this process's GIL (the parser loaded as it starts)
+        self.parser = ParseProcess(preload="loraplex.platform.gateway.request_parsing")
         self.text = TextWorkers(settings.text_workers, settings.text_queue_limit)
 
     @classmethod
@@ -110,9 +111,10 @@ class Gateway:
         )
 
     async def start(self) -> None:
-        """Start background work (usage flusher, adapter warming)."""
+        """Start background work (usage flusher, adapter warming, the parse process)."""
         self.usage.start()
         self.warmer.start()
+        self.parser.start()
 
     async def close(self) -> None:
         """Flush usage, let pending replica aborts go out, and close connections."""
