@@ -5,9 +5,9 @@ run (a quiet window just before each attack): the bystander's TTFT p95 over quie
 errors, the API process's peak memory growth, the API's CPU over the window (in cores, its
 parse process included; beside the quiet window's) and the longest event-loop stall the API
 logged (`loop_stall_log_ms`, CPU time on the loop), its own work apart from garbage collection.
-The bystander's client threads run above the platform's priority and the attacker's client at
-the lowest (in a session of its own: the kernel shares a core between sessions before it ranks
-threads by nice): each stands for a client on a machine of its own.
+The bystander's client runs above the platform's priority and the attacker's client at the
+lowest, each in a process and session of its own (the kernel shares a core between sessions
+before it ranks threads by nice): each stands for a client on a machine of its own.
 
 Attacks: 4 MB prompts, 200 MB bodies (sent chunked), deeply nested JSON, byte-token floods
 (the attacker's adapter pushed onto lone UTF-8 continuation bytes with `logit_bias`),
@@ -94,18 +94,24 @@ def _raise_priority(nice: int = -10) -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
 
 
-def _lowest_priority() -> None:
-    """Run this (attacker client) process below everything else on the machine. A nice value
-    alone is not enough where the kernel groups tasks by session (autogroup, on by default):
-    it then ranks threads only against their own session, and the session as a whole gets an
-    equal share beside the API's. So: a session of its own, that session at the lowest weight,
-    and nice 19 inside it. Out of the bench's session, Ctrl-C no longer reaches it: it dies
-    with the bench instead."""
+def _own_session(nice: int) -> None:
+    """Give this (client) process a session of its own, weighted as nice `nice` against the
+    platform's. A nice value alone is not enough where the kernel groups tasks by session
+    (autogroup, on by default): it then ranks threads only against their own session, and
+    each session as a whole gets an equal share of a busy core. Out of the bench's session,
+    Ctrl-C no longer reaches it: it dies with the bench instead. A weight above the default
+    needs root (else it stays at the default)."""
     die_with_parent(signal.SIGTERM)()
     with contextlib.suppress(OSError):
         os.setsid()
     with contextlib.suppress(OSError):
-        Path("/proc/self/autogroup").write_text("19")
+        Path("/proc/self/autogroup").write_text(str(nice))
+
+
+def _lowest_priority() -> None:
+    """Run this (attacker client) process below everything else on the machine: a session of
+    its own at the lowest weight, and nice 19 inside it."""
+    _own_session(19)
     os.nice(19)
 
 
@@ -130,17 +136,17 @@ def rss_kib(pid: int) -> int:
 
 
 class Bystander:
-    """Steady streamed chat requests from another tenant; TTFT and errors per window."""
+    """Steady streamed chat requests from another tenant, sent from a process of its own (a
+    session above the platform's weight: see `_own_session`); TTFT and errors per window."""
 
     def __init__(self, url: str, key: str, model: str, streams: int, nice: int = -10) -> None:
         self.url, self.key, self.model, self.streams = url, key, model, streams
         self.nice = nice
-        self.ttfts: list[float] = []
-        self.errors = 0
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._proc: Any = None
+        self._stop: Any = None
+        self._results: Any = None
 
-    def _loop(self) -> None:
+    def _loop(self, stop: Any, ttfts: list[float], errors: list[int]) -> None:
         body = {
             "model": self.model,
             "messages": [{"role": "user", "content": "tell me a story"}],
@@ -150,42 +156,61 @@ class Bystander:
         headers = {"Authorization": f"Bearer {self.key}"}
         _raise_priority(self.nice)
         with httpx.Client(timeout=60) as client:
-            while not self._stop.is_set():
+            while not stop.is_set():
                 started = time.monotonic()
                 try:
                     with client.stream(
                         "POST", f"{self.url}/v1/chat/completions", json=body, headers=headers
                     ) as resp:
                         if resp.status_code != 200:
-                            self.errors += 1
+                            errors.append(resp.status_code)
                             continue
                         first = None
                         for line in resp.iter_lines():
                             if first is None and line.startswith("data: {"):
                                 first = time.monotonic() - started
                         if first is None:
-                            self.errors += 1
+                            errors.append(0)
                         else:
-                            self.ttfts.append(first)
+                            ttfts.append(first)
                 except httpx.HTTPError:
-                    self.errors += 1
+                    errors.append(0)
                 time.sleep(0.05)
 
-    def start(self) -> None:
-        """Start the streams."""
-        self._stop.clear()
-        self._threads = [threading.Thread(target=self._loop) for _ in range(self.streams)]
-        for t in self._threads:
+    def _serve(self, stop: Any, results: Any) -> None:
+        """In the bystander's process: the streams until `stop`, then their TTFTs and error
+        count back through `results`."""
+        _own_session(self.nice)
+        ttfts: list[float] = []
+        errors: list[int] = []
+        threads = [
+            threading.Thread(target=self._loop, args=(stop, ttfts, errors))
+            for _ in range(self.streams)
+        ]
+        for t in threads:
             t.start()
+        for t in threads:
+            t.join()
+        results.send((ttfts, len(errors)))
+
+    def start(self) -> None:
+        """Start the streams (in a process of their own)."""
+        ctx = multiprocessing.get_context("fork")
+        self._stop = ctx.Event()
+        self._results, theirs = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=self._serve, args=(self._stop, theirs), daemon=True)
+        self._proc.start()
+        theirs.close()
 
     def stop(self) -> tuple[list[float], int]:
-        """Stop; the window's TTFTs and error count (and reset them)."""
+        """Stop; the window's TTFTs and error count."""
         self._stop.set()
-        for t in self._threads:
-            t.join()
-        out, errors = self.ttfts, self.errors
-        self.ttfts, self.errors = [], 0
-        return out, errors
+        if not self._results.poll(120):
+            raise RuntimeError("the bystander's process did not report its window")
+        ttfts, errors = self._results.recv()
+        self._proc.join(60)
+        self._results.close()
+        return list(ttfts), int(errors)
 
 
 def _raw(url: str, head: bytes) -> socket.socket:
@@ -305,8 +330,8 @@ class Attacker:
             t.join()
 
     def run(self, names: list[str], threads: int, stop: Any) -> list[Any]:
-        """Start the attacks in a process of their own (its threads never hold the GIL the
-        bystander's client needs); returns it, to join once `stop` is set."""
+        """Start the attacks in a process of their own; returns it, to join once `stop` is
+        set."""
         if not names:
             return []
         proc = multiprocessing.get_context("fork").Process(
@@ -457,7 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--streams", type=int, default=2, help="the bystander's concurrent streams")
     p.add_argument("--attack-threads", type=int, default=3, help="threads per attack")
     p.add_argument("--bystander-nice", type=int, default=-10,
-                   help="the bystander's client threads' nice value (0: the platform's)")  # fmt: skip
+                   help="the bystander's client's weight as a nice value (0: the platform's)")  # fmt: skip
     p.add_argument("--upload-mb", type=int, default=512, help="size of each attacking upload")
     p.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=ATTACKS)
     p.add_argument("--no-all-at-once", dest="all_at_once", action="store_false")
@@ -489,7 +514,7 @@ def main(argv: list[str]) -> int:
     engine: dict[str, Any] = {}
     if split is not None:
         # The replica gets cores of its own, as it would get its own GPU node; the API, the
-        # services and this process (attacker and bystander clients) share the rest.
+        # services and the clients (this process's children) share the rest.
         os.sched_setaffinity(0, split[1])  # children start here and inherit it
         engine["cpu_threads"] = len(split[0])
         console.print(f"replica on cores {sorted(split[0])}, the rest on {sorted(split[1])}")

@@ -96,3 +96,25 @@ def test_the_attackers_client_runs_in_a_session_of_its_own_at_the_lowest_weight(
     if group is None:
         pytest.skip("this kernel does not group tasks by session")
     assert group.split()[-1] == "19"  # "/autogroup-N nice 19"
+
+
+def test_the_bystanders_client_runs_in_a_session_of_its_own_above_the_platform() -> None:
+    """Its nice value would rank its threads only inside the bench's session: the bystander's
+    client gets a session of its own, weighted above the platform's (as root)."""
+    bystander = neighbors.Bystander("http://127.0.0.1:9", "key", "model", streams=0, nice=-7)
+    bystander.start()
+    try:
+        pid = bystander._proc.pid
+        deadline = time.monotonic() + 30
+        while os.getsid(pid) != pid:
+            assert time.monotonic() < deadline, "the bystander kept the bench's session"
+            time.sleep(0.01)
+        group = Path(f"/proc/{pid}/autogroup")
+        text = group.read_text() if group.exists() else None
+    finally:
+        assert bystander.stop() == ([], 0)
+    if text is None:
+        pytest.skip("this kernel does not group tasks by session")
+    if os.geteuid() != 0:
+        pytest.skip("a weight above the default needs root")
+    assert text.split()[-1] == "-7"
