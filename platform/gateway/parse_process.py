@@ -8,15 +8,34 @@ from __future__ import annotations
 import contextlib
 import importlib
 import multiprocessing
+import os
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from loraplex.platform.low_priority import lower_priority
 
+# How often the process checks that the gateway that started it is still there.
+PARENT_POLL_S = 1.0
+
+
+def _exit_with(parent: int) -> None:
+    """In the process: exit once `parent` is gone. A parent killed outright (SIGKILL, the OOM
+    killer) sends no shutdown, and the queue the process waits on never ends: it holds the
+    queue's write end itself. (The kernel's parent-death signal would follow the thread that
+    spawned it, which may be any worker thread.)"""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(0)
+
 
 def _prepare(preload: str | None) -> None:
-    """In the process, as it starts: its priority lowered, and `preload` imported."""
+    """In the process, as it starts: its end tied to its parent's, its priority lowered, and
+    `preload` imported."""
+    threading.Thread(
+        target=_exit_with, args=(os.getppid(),), name="exit-with-parent", daemon=True
+    ).start()
     lower_priority()
     if preload is not None:
         importlib.import_module(preload)

@@ -7,8 +7,11 @@ import json
 import multiprocessing
 import os
 import pickle
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +149,42 @@ def test_starting_spawns_the_process_with_the_parser_loaded_before_the_first_bod
             bare.close()
     finally:
         process.close()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+GATEWAY = """
+import os, time
+from loraplex.platform.gateway.parse_process import ParseProcess
+
+if __name__ == "__main__":
+    process = ParseProcess()
+    print(process.call(os.getpid), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_the_parse_process_ends_when_its_gateway_is_killed(tmp_path: Path) -> None:
+    """A gateway killed outright (SIGKILL, the OOM killer) sends its parse process no shutdown,
+    and the queue that process waits on never ends (it holds the queue's write end itself):
+    it must notice its parent is gone, not live on (100 MB each) for the machine's life."""
+    script = tmp_path / "gateway.py"
+    script.write_text(GATEWAY)
+    gateway = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert gateway.stdout is not None
+        worker = int(gateway.stdout.readline())
+    finally:
+        gateway.kill()
+        gateway.wait()
+    deadline = time.monotonic() + 30
+    while _running(worker):
+        assert time.monotonic() < deadline, "the parse process outlived its gateway"
+        time.sleep(0.1)
