@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from support.up_process import ctrl_c_reaches_it
+
 CLI = [sys.executable, "-m", "loraplex.platform.cli"]
 
 
@@ -68,6 +70,7 @@ def running_up(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=ctrl_c_reaches_it,
     )
     lines: list[str] = printed_lines if printed_lines is not None else []
     reader = threading.Thread(

@@ -18,6 +18,13 @@ import pytest
 START_TIMEOUT_S = 180
 
 
+def ctrl_c_reaches_it() -> None:
+    """A `preexec_fn`: SIGINT back to its default in the child. A shell starts a background job
+    with SIGINT ignored and every child inherits that, so a suite run as one would see each
+    `up` it stops with Ctrl-C ignore it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class UpProcess:
     """A running `loraplex up` and the lines it printed so far."""
 
@@ -37,6 +44,7 @@ class UpProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=ctrl_c_reaches_it,
         )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
