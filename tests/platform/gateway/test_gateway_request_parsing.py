@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.up_process import alive
 
 from loraplex.platform.errors import HttpError
 from loraplex.platform.gateway.completion import PromptSize
@@ -151,15 +152,6 @@ def test_starting_spawns_the_process_with_the_parser_loaded_before_the_first_bod
         process.close()
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie waiting to be reaped."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
 GATEWAY = """
 import os, time
 from loraplex.platform.gateway.parse_process import ParseProcess
@@ -185,6 +177,6 @@ def test_the_parse_process_ends_when_its_gateway_is_killed(tmp_path: Path) -> No
         gateway.kill()
         gateway.wait()
     deadline = time.monotonic() + 30
-    while _running(worker):
+    while alive(worker):  # and not a zombie
         assert time.monotonic() < deadline, "the parse process outlived its gateway"
         time.sleep(0.1)
