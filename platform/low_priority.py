@@ -14,6 +14,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from loraplex.platform.cores import usable_cores
+
 NICE = 10
 T = TypeVar("T")
 
@@ -27,7 +29,7 @@ def lower_priority() -> None:
 
 
 _pool = ThreadPoolExecutor(
-    max_workers=max(1, os.cpu_count() or 1),
+    max_workers=usable_cores(),
     thread_name_prefix="low-priority",
     initializer=lower_priority,
 )

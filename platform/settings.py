@@ -123,7 +123,8 @@ class Settings(BaseSettings):
     max_request_bytes: int = 4 * 1024 * 1024
     default_max_tokens: int = 1024
     # Templating and tokenizing run in a bounded pool off the event loop: its threads (0: one
-    # per core) and how many requests may wait for it before new ones get 503 `server_busy`.
+    # per core the API may run on, `platform/cores.py`) and how many requests may wait for it
+    # before new ones get 503 `server_busy`.
     text_workers: int = 0
     text_queue_limit: int = 256
     # Multipart uploads spool to disk: at most this many bytes at once in one API process.

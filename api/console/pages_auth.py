@@ -8,7 +8,6 @@ API nor fill its memory."""
 from __future__ import annotations
 
 import hmac
-import os
 import threading
 import uuid
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from fastapi import APIRouter, Depends, Form, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from loraplex.platform.cores import usable_cores
 from loraplex.platform.db.models import Operator
 from loraplex.platform.db.session import session_scope
 from loraplex.platform.errors import HttpError
@@ -45,7 +45,7 @@ from .views import render
 router = APIRouter()
 
 
-_HASHING = threading.BoundedSemaphore(max(1, os.cpu_count() or 1))
+_HASHING = threading.BoundedSemaphore(usable_cores())
 MAX_WAITING = 64
 _waiting = 0
 _waiting_lock = threading.Lock()

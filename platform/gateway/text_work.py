@@ -11,12 +11,12 @@ few as its own) is answered 503 at once instead of queueing without end."""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
+from loraplex.platform.cores import usable_cores
 from loraplex.platform.errors import HttpError
 
 P = ParamSpec("P")
@@ -40,7 +40,7 @@ class TextWorkers:
     waiting (the largest tenant's newest job makes way for another tenant's)."""
 
     def __init__(self, workers: int = 0, queue_limit: int = 256) -> None:
-        self.workers = workers if workers > 0 else (os.cpu_count() or 1)
+        self.workers = workers if workers > 0 else usable_cores()
         self.queue_limit = queue_limit
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="loraplex-text")
         self._pending = 0
