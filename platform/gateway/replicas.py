@@ -182,24 +182,36 @@ def http_health_check(url: str, timeout_s: float = 2.0) -> Callable[[], bool | N
     return check
 
 
+# KEYS[1]: a deployment's sorted set; ARGV[1]: now (ms); ARGV[2]: the records' key prefix.
+# Prunes the expired ids, then answers the records of the others that still exist.
+_LIVE_RECORDS = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local out = {}
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local raw = redis.call('GET', ARGV[2] .. id)
+  if raw then out[#out + 1] = raw end
+end
+return out
+"""
+
+
 class ReplicaRegistry:
     """The gateway's read side: live replicas of a deployment (stale ones pruned)."""
 
     def __init__(self, redis: Redis, prefix: str = DEFAULT_PREFIX) -> None:
         self._redis = redis
         self._prefix = prefix
+        self._live_records = redis.register_script(_LIVE_RECORDS)
 
     async def live(self, deployment: str) -> list[ReplicaInfo]:
-        """Replicas of `deployment` whose heartbeat has not expired."""
-        dep_key = _dep_key(self._prefix, deployment)
+        """Replicas of `deployment` whose heartbeat has not expired: one round trip (every
+        request routes through this; three waits on Redis were three chances to queue
+        behind other work on a busy core)."""
         now_ms = int(time.time() * 1000)
-        await self._redis.zremrangebyscore(dep_key, "-inf", now_ms)
-        raw_ids = await self._redis.zrange(dep_key, 0, -1)
-        if not raw_ids:
-            return []
-        ids = [i.decode() if isinstance(i, bytes) else str(i) for i in raw_ids]
-        raws = await self._redis.mget([_rep_key(self._prefix, i) for i in ids])
-        return [ReplicaInfo.from_json(r) for r in raws if r is not None]
+        raws = await self._live_records(
+            keys=[_dep_key(self._prefix, deployment)], args=[now_ms, _rep_key(self._prefix, "")]
+        )
+        return [ReplicaInfo.from_json(r) for r in raws]
 
     async def starting(self, deployment: str) -> int:
         """How many replicas of `deployment` are starting (announced, not ready yet)."""

@@ -91,3 +91,39 @@ def test_a_busy_replica_keeps_its_registration_for_a_grace_then_loses_it(redis_u
     finally:
         for hb in beats.values():
             hb.stop()
+
+
+def test_listing_live_replicas_is_one_round_trip(redis_url: str) -> None:
+    """Every request lists the live replicas: one call to Redis (it was three), which prunes
+    the expired ids and skips ids whose record is gone."""
+    prefix = f"test:reps:{uuid.uuid4().hex}"
+
+    async def body() -> tuple[set[str], int, list[bytes]]:
+        redis = Redis.from_url(redis_url)
+        try:
+            registry = ReplicaRegistry(redis, prefix)
+            for port in (1, 2, 3):
+                info = ReplicaInfo("dep", f"http://127.0.0.1:{port}", replica_id=f"r{port}")
+                await registry.register(info, ttl_s=60)
+            await redis.zadd(f"{prefix}:dep:dep", {"r2": 1})  # expired long ago
+            await redis.delete(f"{prefix}:rep:r3")  # its record gone before its id
+            await registry.live("dep")  # loads the script
+            calls = 0
+            sent = redis.execute_command
+
+            async def counted(*args: object, **kwargs: object) -> object:
+                nonlocal calls
+                calls += 1
+                return await sent(*args, **kwargs)
+
+            redis.execute_command = counted  # type: ignore[method-assign]
+            found = {r.url for r in await registry.live("dep")}
+            redis.execute_command = sent  # type: ignore[method-assign]
+            return found, calls, await redis.zrange(f"{prefix}:dep:dep", 0, -1)
+        finally:
+            await redis.aclose()
+
+    found, calls, ids = asyncio.run(body())
+    assert found == {"http://127.0.0.1:1"}
+    assert calls == 1
+    assert sorted(ids) == [b"r1", b"r3"]  # the expired id pruned
