@@ -43,7 +43,12 @@ from loraplex.platform.gateway.request_parsing import (
     parse_request,
     take,
 )
-from loraplex.platform.gateway.resolve import NoDeployment, ResolvedModel, with_named_deployment
+from loraplex.platform.gateway.resolve import (
+    Generation,
+    NoDeployment,
+    ResolvedModel,
+    with_named_deployment,
+)
 from loraplex.platform.gateway.service import Gateway
 from loraplex.platform.gateway.streaming import bounded_relay
 from loraplex.platform.services import model_catalog, request_log
@@ -119,11 +124,13 @@ def _gateway(request: Request) -> Gateway:
 
 @dataclass(frozen=True)
 class Caller:
-    """An authenticated inference request: the tenant, its key, and the tenant's limits."""
+    """An authenticated inference request: the tenant, its key, the tenant's limits, and its
+    resolution generation when read with the key (one round trip to Redis for both)."""
 
     tenant_id: uuid.UUID
     key_id: uuid.UUID
     limits: TenantLimits
+    names: Generation | None = None
 
 
 async def _authenticate(gw: Gateway, request: Request) -> Caller:
@@ -138,7 +145,7 @@ async def _authenticate(gw: Gateway, request: Request) -> Caller:
             type="invalid_request_error",
             code="invalid_api_key",
         )
-    use = await gw.key_use(token.strip())
+    use, names = await gw.key_check(token.strip())
     if use is None:
         raise HttpError(
             401,
@@ -153,7 +160,7 @@ async def _authenticate(gw: Gateway, request: Request) -> Caller:
             type="permission_error",
             code="insufficient_scope",
         )
-    return Caller(use.tenant_id, use.key_id, tenant_limits(use, gw.settings))
+    return Caller(use.tenant_id, use.key_id, tenant_limits(use, gw.settings), names)
 
 
 async def _parsed_body(
@@ -180,15 +187,16 @@ async def _parsed_body(
 
 async def _resolved(
     gw: Gateway, request: Request, parsed: Any, raw: bytes, endpoint: Endpoint,
-    adapter: str | None, tenant_id: uuid.UUID,
+    adapter: str | None, caller: Caller,
 ) -> tuple[Any, str, ResolvedModel, ModelAssets]:  # fmt: skip
     """The body, the model name the request uses, that model resolved, and its assets: a
     parked body is refused here if its prompt's size alone is too long for the model (so a
     refused prompt never crosses back from the parse process), else taken."""
     model = adapter if adapter is not None else parsed.model
+    tenant_id = caller.tenant_id
     try:
         _check_model_name(model)
-        resolved = await gw.resolver.resolve(gw.session_factory, tenant_id, model)
+        resolved = await gw.resolver.resolve(gw.session_factory, tenant_id, model, caller.names)
         resolved = with_named_deployment(resolved, request.headers.get(DEPLOYMENT_HEADER))
         request_log.note_route(resolved, [])  # a refusal from here on still names the version
         assets = await gw.model_assets(resolved)
@@ -253,7 +261,7 @@ async def _run(request: Request, endpoint: Endpoint, adapter: str | None) -> Res
     request.state.response_headers = admitted.headers()
     parsed, raw = await _parsed_body(gw, request, endpoint, adapter, str(tenant_id))
     parsed, model, resolved, assets = await _resolved(
-        gw, request, parsed, raw, endpoint, adapter, tenant_id
+        gw, request, parsed, raw, endpoint, adapter, caller
     )
     salt = resolved.cache_salt(tenant_id, gw.replica_secret)
     args = (parsed, resolved, assets, tenant_id, key_id, gw.settings.default_max_tokens, model,

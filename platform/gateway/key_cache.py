@@ -12,6 +12,7 @@ Unknown, revoked and suspended keys are never cached: each such request asks the
 from __future__ import annotations
 
 import time
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -41,17 +42,32 @@ class KeyCache:
         self._max = max_keys
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
 
+    @property
+    def enabled(self) -> bool:
+        """Whether keys are kept at all (a TTL of 0 turns the cache off)."""
+        return self._ttl > 0
+
     async def generation(self) -> bytes | None:
         """The current auth generation (None: Redis did not answer; trust no entry)."""
-        if self._ttl <= 0:
+        if not self.enabled:
             return None
         try:
-            gen = await self._redis.get(AUTH_GEN_KEY)
+            return self.as_generation(await self._redis.get(AUTH_GEN_KEY))
         except RedisError:
             return None
-        if gen is None:
+
+    @staticmethod
+    def as_generation(raw: bytes | str | None) -> bytes:
+        """The auth generation from the value of `AUTH_GEN_KEY` (never bumped: `b"0"`)."""
+        if raw is None:
             return b"0"
-        return gen if isinstance(gen, bytes) else str(gen).encode()
+        return raw if isinstance(raw, bytes) else str(raw).encode()
+
+    def tenant_of(self, digest: str) -> uuid.UUID | None:
+        """The tenant of the key with `digest` if it is kept, valid or not (for reading that
+        tenant's state in the same round trip as the generation that validates it)."""
+        entry = self._entries.get(digest)
+        return entry.use.tenant_id if entry is not None else None
 
     def get(self, digest: str, generation: bytes | None) -> KeyUse | None:
         """The cached use of the key with `digest`, if still valid at `generation`."""

@@ -320,6 +320,13 @@ def _raise_if_not_ready(
         raise HttpError(409, message, param="model", code="adapter_not_ready")
 
 
+@dataclass(frozen=True)
+class Generation:
+    """A tenant's cache generation as read for one request (`value` None: never bumped)."""
+
+    value: bytes | None
+
+
 class ModelResolver:
     """Cached resolution: one Redis GET per request instead of several SQL queries."""
 
@@ -340,10 +347,15 @@ class ModelResolver:
         # streams after an expiry asked 64)
         self._misses: SingleFlight[tuple[str, str, bytes | None], ResolvedModel] = SingleFlight()
 
+    @staticmethod
+    def generation_key(tenant_id: uuid.UUID | str) -> str:
+        """The Redis key of the tenant's cache generation (to read it beside other keys)."""
+        return GEN_KEY.format(tenant=tenant_id)
+
     async def generation(self, tenant_id: uuid.UUID | str) -> bytes | None:
         """The tenant's current cache generation."""
         # The gateway's client does not decode responses: bytes (or None), never str.
-        return cast("bytes | None", await self._redis.get(GEN_KEY.format(tenant=tenant_id)))
+        return cast("bytes | None", await self._redis.get(self.generation_key(tenant_id)))
 
     async def invalidate(self, tenant_id: uuid.UUID | str) -> None:
         """Async twin of `services.resolution_events.bump_generation`."""
@@ -372,11 +384,16 @@ class ModelResolver:
             self._cache[(str(tenant_id), model)] = (gen, time.monotonic() + self._ttl, resolved)
 
     async def resolve(
-        self, sessions: sessionmaker[Session], tenant_id: uuid.UUID, model: str
+        self,
+        sessions: sessionmaker[Session],
+        tenant_id: uuid.UUID,
+        model: str,
+        read: Generation | None = None,
     ) -> ResolvedModel:
         """Resolve through the cache; a miss runs its SQL in a worker thread, in a session of
-        its own (never on the event loop), once for all the requests that miss together."""
-        gen = await self.generation(tenant_id)
+        its own (never on the event loop), once for all the requests that miss together.
+        `read`: the tenant's generation as the request already read it (else read here)."""
+        gen = read.value if read is not None else await self.generation(tenant_id)
         hit = self.cached(tenant_id, model, gen)
         if hit is not None:
             return hit

@@ -119,3 +119,42 @@ def test_the_adapter_api_verifies_a_known_key_from_the_cache_too(
     assert len(key_queries) == first
     assert client.delete(f"/admin/v1/api-keys/{key_id}", headers=admin_headers).status_code == 200
     assert client.get("/v1/adapters", headers=headers).status_code == 401
+
+
+def test_a_known_key_and_its_tenants_names_are_read_in_one_round_trip(
+    client: TestClient, admin_headers: dict[str, str]
+) -> None:
+    """Every inference request checks the auth generation and its tenant's resolution
+    generation: one call to Redis for both once the key is known (it was two, each a wait
+    that a busy core stretches), and a bump of either is seen by the next request."""
+    tenant_id, _, headers = _tenant_with_key(client, admin_headers)
+    token = headers["Authorization"].removeprefix("Bearer ")
+    gw = client.app.state.gateway  # type: ignore[attr-defined]
+
+    async def check() -> tuple[Any, Any, int]:
+        calls = 0
+        sent = gw.redis.execute_command
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            return await sent(*args, **kwargs)
+
+        gw.redis.execute_command = counted
+        try:
+            use, names = await gw.key_check(token)
+        finally:
+            gw.redis.execute_command = sent
+        return use, names, calls
+
+    async def bump() -> None:
+        await gw.resolver.invalidate(tenant_id)
+
+    assert client.portal is not None
+    client.portal.call(check)  # the key verified and kept
+    use, names, calls = client.portal.call(check)
+    assert str(use.tenant_id) == tenant_id and calls == 1
+    client.portal.call(bump)
+    _, after, _ = client.portal.call(check)
+    assert after.value != names.value
+    assert after.value == client.portal.call(gw.resolver.generation, tenant_id)
