@@ -40,6 +40,7 @@ from loraplex.platform.gateway.deployment_choice import DEPLOYMENT_HEADER, Deplo
 from loraplex.platform.gateway.errors import model_not_found
 from loraplex.platform.gateway.replicas import DEFAULT_PREFIX
 from loraplex.platform.gateway.single_flight import SingleFlight
+from loraplex.platform.gateway.streaming import spawn
 from loraplex.platform.services.draft_adapters import ready_drafts
 from loraplex.platform.services.resolution_events import GEN_KEY
 from loraplex.platform.wire import AdapterRef, DraftAdapterRef
@@ -328,7 +329,9 @@ class Generation:
 
 
 class ModelResolver:
-    """Cached resolution: one Redis GET per request instead of several SQL queries."""
+    """Cached resolution: one Redis GET per request instead of several SQL queries. An answer
+    holds while its tenant's generation stands; past `ttl_s` (the bound when a bump is lost)
+    it is served once more while it is read again behind the request."""
 
     def __init__(
         self,
@@ -346,6 +349,7 @@ class ModelResolver:
         # concurrent misses of one (tenant, model, generation) share one query (a wave of 64
         # streams after an expiry asked 64)
         self._misses: SingleFlight[tuple[str, str, bytes | None], ResolvedModel] = SingleFlight()
+        self._refreshing: set[tuple[str, str, bytes | None]] = set()
 
     @staticmethod
     def generation_key(tenant_id: uuid.UUID | str) -> str:
@@ -363,16 +367,22 @@ class ModelResolver:
 
     def cached(
         self, tenant_id: uuid.UUID | str, model: str, gen: bytes | None
-    ) -> ResolvedModel | None:
-        """A cached answer still valid for `gen`, or None."""
+    ) -> tuple[ResolvedModel, bool] | None:
+        """A cached answer still valid for `gen`, and whether it is past its TTL (still
+        served once, while it is read again behind it); None when there is none."""
         with self._lock:
             hit = self._cache.get((str(tenant_id), model))
         if hit is None:
             return None
         hit_gen, expires, resolved = hit
-        if hit_gen != gen or expires < time.monotonic():
+        if hit_gen != gen:
             return None
-        return resolved
+        return resolved, expires < time.monotonic()
+
+    def forget(self, tenant_id: uuid.UUID | str, model: str) -> None:
+        """Drop the cached answer for `model` (its refresh failed: the next request asks)."""
+        with self._lock:
+            self._cache.pop((str(tenant_id), model), None)
 
     def store(
         self, tenant_id: uuid.UUID | str, model: str, gen: bytes | None, resolved: ResolvedModel
@@ -396,10 +406,32 @@ class ModelResolver:
         gen = read.value if read is not None else await self.generation(tenant_id)
         hit = self.cached(tenant_id, model, gen)
         if hit is not None:
-            return hit
+            resolved, expired = hit
+            if expired:
+                self._refresh_behind(sessions, tenant_id, model, gen)
+            return resolved
         return await self._misses.run(
             (str(tenant_id), model, gen), lambda: self._miss(sessions, tenant_id, model, gen)
         )
+
+    def _refresh_behind(
+        self, sessions: sessionmaker[Session], tenant_id: uuid.UUID, model: str, gen: bytes | None
+    ) -> None:
+        """Read an answer past its TTL again without a request waiting on it (that query
+        sat in one request's first token every `ttl_s`); a refresh that fails (the adapter
+        went away without a bump) drops the answer, so the next request resolves itself."""
+        key = (str(tenant_id), model, gen)
+        if key in self._refreshing:
+            return
+        self._refreshing.add(key)
+        task = spawn(self._misses.run(key, lambda: self._miss(sessions, tenant_id, model, gen)))
+
+        def done(fut: asyncio.Future[ResolvedModel]) -> None:
+            self._refreshing.discard(key)
+            if fut.cancelled() or fut.exception() is not None:
+                self.forget(tenant_id, model)
+
+        task.add_done_callback(done)
 
     async def _miss(
         self, sessions: sessionmaker[Session], tenant_id: uuid.UUID, model: str, gen: bytes | None

@@ -221,3 +221,83 @@ def resolve_queries(factory, tenant, model: str) -> list[str]:  # noqa: ANN001
     finally:
         event.remove(engine, "before_cursor_execute", count)
     return seen
+
+
+def test_an_answer_past_its_ttl_is_served_at_once_and_read_again_behind(
+    world, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The TTL still bounds a lost bump (a change with no generation bump is seen once the
+    refresh lands), but the query that reads an answer again runs behind the request, not in
+    its first token (it sat in one request's every `ttl_s`, a few ms at the p95)."""
+    import time
+
+    import loraplex.platform.gateway.resolve as resolve_module
+
+    factory, (t1, _, base, _) = world
+    with factory() as s, s.begin():
+        add_adapter_version(s, t1, base, "ttl")  # v1
+    real = resolve_module._resolve_in_session
+
+    def slow(*args):  # noqa: ANN002, ANN202
+        time.sleep(0.5)
+        return real(*args)
+
+    async def main():
+        redis = Redis.from_url(redis_url)
+        resolver = ModelResolver(redis, ttl_s=0.05)
+        try:
+            first = await resolver.resolve(factory, t1, "ttl")
+            with factory() as s, s.begin():
+                add_adapter_version(s, t1, base, "ttl")  # v2, and no bump: a lost one
+            await asyncio.sleep(0.1)  # past the TTL
+            monkeypatch.setattr(resolve_module, "_resolve_in_session", slow)
+            began = time.monotonic()
+            served = await resolver.resolve(factory, t1, "ttl")
+            took = time.monotonic() - began
+            await asyncio.sleep(0.8)  # the refresh lands
+            monkeypatch.setattr(resolve_module, "_resolve_in_session", real)
+            later = await resolver.resolve(factory, t1, "ttl")
+            return first, served, took, later
+        finally:
+            await redis.aclose()
+
+    first, served, took, later = asyncio.run(main())
+    assert first.adapter_version == 1 and served.adapter_version == 1
+    assert took < 0.3, took
+    assert later.adapter_version == 2
+
+
+def test_an_answer_whose_refresh_fails_is_dropped(world, redis_url: str) -> None:
+    """An adapter gone without a bump: the refresh behind the request fails, and the next
+    request resolves for itself (and gets the 404), not the dead answer again."""
+    from sqlalchemy import delete, select
+
+    from loraplex.platform.db.models import Adapter, AdapterVersion
+
+    factory, (t1, _, base, _) = world
+    with factory() as s, s.begin():
+        add_adapter_version(s, t1, base, "doomed")
+
+    async def main():
+        redis = Redis.from_url(redis_url)
+        resolver = ModelResolver(redis, ttl_s=0.05)
+        try:
+            first = await resolver.resolve(factory, t1, "doomed")
+            with factory() as s, s.begin():
+                adapter = s.execute(
+                    select(Adapter).where(Adapter.tenant_id == t1, Adapter.name == "doomed")
+                ).scalar_one()
+                s.execute(delete(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id))
+                s.delete(adapter)
+            await asyncio.sleep(0.1)
+            served = await resolver.resolve(factory, t1, "doomed")  # past its TTL: served once
+            await asyncio.sleep(0.5)  # the refresh fails
+            with pytest.raises(HttpError) as info:
+                await resolver.resolve(factory, t1, "doomed")
+            return first, served, info.value
+        finally:
+            await redis.aclose()
+
+    first, served, err = asyncio.run(main())
+    assert first.adapter_name == served.adapter_name == "doomed"
+    assert err.status == 404
