@@ -21,6 +21,8 @@ from typing import Any
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from loraplex.platform.transport_cycles import free_closed_transports
+
 DRAIN_RETRY_AFTER_S = 2
 _draining = threading.Event()
 
@@ -81,6 +83,7 @@ class GracefulServer(uvicorn.Server):
 def serve(app: Any, *, drain_timeout_s: float, **config: Any) -> int:
     """Run `app` (an ASGI app or an import string; `config` is uvicorn's: fd or host/port,
     log_level, factory) until SIGTERM/SIGINT, drain for up to `drain_timeout_s`; returns 0."""
+    free_closed_transports()  # full collections on the loop: see transport_cycles.py
     server = GracefulServer(
         uvicorn.Config(app, timeout_graceful_shutdown=drain_timeout_s, **config)  # type: ignore[arg-type]  # hinted int; asyncio waits a float
     )

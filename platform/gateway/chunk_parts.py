@@ -50,15 +50,19 @@ _HOLE_JSON = json.dumps(_HOLE).encode()
 class TextHoles:
     """A stream's content chunk per choice as encoded bytes around the text: built once by the
     same chunk builder and encoder as every other chunk (so the bytes are identical), then
-    filled with each new text (the common frame: new text, no logprobs, no finish)."""
+    filled with each new text (the common frame: new text, no logprobs, no finish). The
+    builder comes with each call, not kept: a writer keeping this and this keeping the
+    writer's method was a reference cycle per stream, the whole job freed only by a full
+    collection (a pause on the event loop)."""
 
-    def __init__(self, build: Callable[[int, str], bytes]) -> None:
-        self._build = build
+    def __init__(self) -> None:
         self._parts: dict[int, tuple[bytes, bytes]] = {}
 
-    def fill(self, index: int, text: str) -> bytes:
+    def fill(self, index: int, text: str, build: Callable[[int, str], bytes]) -> bytes:
+        """Choice `index`'s content chunk for `text`; `build(index, text)` makes the chunk
+        the first time (its bytes around the text are kept)."""
         parts = self._parts.get(index)
         if parts is None:
-            head, tail = self._build(index, _HOLE).split(_HOLE_JSON)
+            head, tail = build(index, _HOLE).split(_HOLE_JSON)
             parts = self._parts[index] = (head, tail)
         return parts[0] + json.dumps(text).encode() + parts[1]

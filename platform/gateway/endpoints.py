@@ -251,7 +251,10 @@ class _ChatStream:
             else {}
         )
         self.held: dict[int, list[dict[str, Any]]] = {i: [] for i in range(job.n)}
-        self.holes = TextHoles(lambda i, text: self._chunk(i, {"content": text}))
+        self.holes = TextHoles()
+
+    def _content_chunk(self, index: int, text: str) -> bytes:
+        return self._chunk(index, {"content": text})
 
     def _chunk(self, index: int, delta: dict[str, Any], **kw: Any) -> bytes:
         j = self.job
@@ -266,7 +269,7 @@ class _ChatStream:
     def frame(self, index: int, delta: DeltaEvent | None, finish: str | None) -> bytes:
         text = delta.text if delta is not None else ""
         if text and finish is None and self.job.top_n is None and index not in self.tools:
-            return self.holes.fill(index, text)
+            return self.holes.fill(index, text, self._content_chunk)
         lps = chat_logprobs(delta.logprobs) if delta is not None else []
         if index in self.tools:
             return self._tool_frames(index, text, lps, finish)
@@ -318,7 +321,10 @@ class _TextStream:
     def __init__(self, job: Job) -> None:
         self.job = job
         self.offsets = [0] * job.n
-        self.holes = TextHoles(lambda i, text: self._chunk(i, text, None, None))
+        self.holes = TextHoles()
+
+    def _content_chunk(self, index: int, text: str) -> bytes:
+        return self._chunk(index, text, None, None)
 
     def _chunk(
         self, index: int, text: str, lps: dict[str, Any] | None, finish: str | None
@@ -337,7 +343,7 @@ class _TextStream:
             return b""
         if self.job.top_n is None:
             return (
-                self.holes.fill(index, text)
+                self.holes.fill(index, text, self._content_chunk)
                 if finish is None
                 else self._chunk(index, text, None, finish)
             )

@@ -100,3 +100,27 @@ def test_content_chunks_are_the_bytes_the_chunk_builder_writes() -> None:
                         want = oa.text_chunk(job.cid, job.created, job.model, index, text,
                                              with_usage_field=usage)  # fmt: skip
                     assert got == sse(want), (endpoint.name, text)
+
+
+def test_a_stream_writer_is_freed_without_the_collector() -> None:
+    """A writer and its job go when the stream ends, by reference counting: a writer that
+    kept a lambda over itself (for its chunk template) was a cycle per stream, the whole job
+    left for a full collection, a pause on the event loop."""
+    import gc
+    import weakref
+
+    for endpoint in (CHAT, TEXT):
+        job = _job(endpoint, top_n=None)
+        writer = endpoint.stream_writer(job)
+        writer.opening()
+        writer.frame(0, DeltaEvent(token_ids=[7], text=" cat"), None)
+        writer.frame(0, DeltaEvent(token_ids=[8], text=" sat"), None)
+        gone = weakref.ref(writer)
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            del writer
+            assert gone() is None, endpoint
+        finally:
+            if enabled:
+                gc.enable()
