@@ -27,7 +27,9 @@ def free_closed_transports() -> None:
     """Make selector socket transports drop their self-referencing read callback when their
     connection is lost (once per process; a no-op where the transport has no such
     attribute)."""
-    cls: Any = selector_events._SelectorSocketTransport
+    cls: Any = getattr(selector_events, "_SelectorSocketTransport", None)
+    if cls is None:
+        return
     if getattr(cls, _MARK, False) or not hasattr(cls, "_read_ready__data_received"):
         return
     lost = cls._call_connection_lost

