@@ -27,6 +27,7 @@ ENGINE_SOURCES = (
     "platform/wire",
     "platform/errors.py",
     "platform/graceful.py",
+    "platform/transport_cycles.py",
     "platform/http_errors.py",
     "platform/settings.py",
     "platform/gateway/__init__.py",
