@@ -349,7 +349,6 @@ class ModelResolver:
         # concurrent misses of one (tenant, model, generation) share one query (a wave of 64
         # streams after an expiry asked 64)
         self._misses: SingleFlight[tuple[str, str, bytes | None], ResolvedModel] = SingleFlight()
-        self._refreshing: set[tuple[str, str, bytes | None]] = set()
 
     @staticmethod
     def generation_key(tenant_id: uuid.UUID | str) -> str:
@@ -421,13 +420,11 @@ class ModelResolver:
         sat in one request's first token every `ttl_s`); a refresh that fails (the adapter
         went away without a bump) drops the answer, so the next request resolves itself."""
         key = (str(tenant_id), model, gen)
-        if key in self._refreshing:
-            return
-        self._refreshing.add(key)
+        if self._misses.running(key):
+            return  # the refresh already under way will store (or drop) the answer
         task = spawn(self._misses.run(key, lambda: self._miss(sessions, tenant_id, model, gen)))
 
         def done(fut: asyncio.Future[ResolvedModel]) -> None:
-            self._refreshing.discard(key)
             if fut.cancelled() or fut.exception() is not None:
                 self.forget(tenant_id, model)
 

@@ -28,6 +28,10 @@ class SingleFlight(Generic[K, V]):
             running.add_done_callback(lambda fut: self._settled(key, fut))
         return await asyncio.shield(running)
 
+    def running(self, key: K) -> bool:
+        """Whether a call for `key` is under way."""
+        return key in self._running
+
     def _settled(self, key: K, fut: asyncio.Future[V]) -> None:
         self._running.pop(key, None)
         if not fut.cancelled():
